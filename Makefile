@@ -1,0 +1,70 @@
+# tfx-hpm: `make run` runs the taxi pipeline, `make test` runs the tests.
+# Both create .venv (Python 3.10) and install the pinned lock first.
+
+SHELL := /bin/bash
+VENV := .venv
+VPY := $(VENV)/bin/python
+export TF_USE_LEGACY_KERAS := 1
+export PYTHONUNBUFFERED := 1
+# Silence TF's C++ info logs; Python progress logging stays on.
+export TF_CPP_MIN_LOG_LEVEL ?= 1
+
+# The 3.10 interpreter: PYTHON=..., a working python3.10, or pyenv's 3.10.
+PYTHON ?= $(shell \
+  if python3.10 -c 'import sys' >/dev/null 2>&1; then command -v python3.10; \
+  elif command -v pyenv >/dev/null 2>&1 && \
+       PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.10(\.|$$)' | tail -1) \
+       pyenv which python3.10 >/dev/null 2>&1; then \
+    PYENV_VERSION=$$(pyenv versions --bare | grep -E '^3\.10(\.|$$)' | tail -1) pyenv which python3.10; \
+  fi)
+
+RUN_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: help venv run run-stock test test-fast test-slow bench kubeflow clean
+
+help:
+	@echo "make run        # full Chicago taxi pipeline with tfx-hpm components (LocalDagRunner)"
+	@echo "make run-stock  # the same pipeline with the stock Transform and Trainer"
+	@echo "make test       # the whole test suite"
+	@echo "make test-fast  # tests without end-to-end pipeline runs and clusters"
+	@echo "make bench      # side-by-side benchmarks -> benchmarks/results/"
+	@echo "make kubeflow   # compile the pipeline for Kubeflow Pipelines (v2 JSON)"
+
+$(VENV)/.installed: requirements.lock setup.py
+	@if [ -z "$(PYTHON)" ]; then \
+	  echo "error: no Python 3.10 found. Install it (e.g. 'pyenv install 3.10.13')" \
+	       "or pass PYTHON=/path/to/python3.10." >&2; exit 1; fi
+	@"$(PYTHON)" -c 'import sys; assert sys.version_info[:2] == (3, 10), sys.version' || \
+	  { echo "error: $(PYTHON) is not Python 3.10; TFX 1.16 needs 3.10." >&2; exit 1; }
+	@echo "Creating $(VENV) with $(PYTHON) and installing requirements.lock (about 4 min)..."
+	"$(PYTHON)" -m venv $(VENV)
+	$(VPY) -m pip install --quiet --no-deps --disable-pip-version-check -r requirements.lock
+	$(VPY) -m pip install --quiet --no-deps --disable-pip-version-check --no-build-isolation -e .
+	@touch $@
+
+venv: $(VENV)/.installed
+
+run: venv
+	$(VPY) -m pipelines.local_runner $(RUN_ARGS)
+
+run-stock: venv
+	$(VPY) -m pipelines.local_runner --stock --pipeline-root outputs/pipeline_stock $(RUN_ARGS)
+
+test: venv
+	$(VPY) -m pytest tests $(PYTEST_ARGS)
+
+test-fast: venv
+	$(VPY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
+
+test-slow: venv
+	$(VPY) -m pytest tests -m slow $(PYTEST_ARGS)
+
+bench: venv
+	$(VPY) -m benchmarks.run_all $(BENCH_ARGS)
+
+kubeflow: venv
+	$(VPY) -m kubeflow.runner --output outputs/kubeflow/taxi_hpm_pipeline.json
+
+clean:
+	rm -rf outputs

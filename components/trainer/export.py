@@ -1,0 +1,60 @@
+"""Serving signatures that apply the transform graph to raw tf.Examples.
+
+Both the managed training loop and module-provided `run_fn`s export through
+these, so every SavedModel the suite writes is usable by the stock Evaluator
+(`transform_features` preprocessing) and by serving (`serving_default`).
+"""
+
+from typing import Dict, Optional
+
+import tensorflow as tf
+import tensorflow_transform as tft
+
+
+def serving_signatures(model: tf.keras.Model,
+                       tf_transform_output: tft.TFTransformOutput,
+                       raw_label_key: Optional[str]) -> Dict[str, object]:
+  """Returns `serving_default` and `transform_features` signatures."""
+  # The layers are tracked on the model so that tf.saved_model.save keeps
+  # their assets (vocabularies) and variables.
+  model.tft_layer_inference = tf_transform_output.transform_features_layer()
+  model.tft_layer_eval = tf_transform_output.transform_features_layer()
+  raw_feature_spec = tf_transform_output.raw_feature_spec()
+  serving_feature_spec = dict(raw_feature_spec)
+  if raw_label_key:
+    serving_feature_spec.pop(raw_label_key, None)
+
+  @tf.function(input_signature=[
+      tf.TensorSpec(shape=[None], dtype=tf.string, name='examples')
+  ])
+  def serve_tf_examples_fn(serialized_tf_examples):
+    raw_features = tf.io.parse_example(serialized_tf_examples,
+                                       serving_feature_spec)
+    transformed = model.tft_layer_inference(raw_features)
+    model_inputs = {name: transformed[name] for name in model.input_names
+                    if name in transformed}
+    return {'outputs': model(model_inputs)}
+
+  @tf.function(input_signature=[
+      tf.TensorSpec(shape=[None], dtype=tf.string, name='examples')
+  ])
+  def transform_features_fn(serialized_tf_examples):
+    raw_features = tf.io.parse_example(serialized_tf_examples,
+                                       raw_feature_spec)
+    return model.tft_layer_eval(raw_features)
+
+  return {
+      'serving_default': serve_tf_examples_fn,
+      'transform_features': transform_features_fn,
+  }
+
+
+def export_saved_model(model: tf.keras.Model,
+                       tf_transform_output: tft.TFTransformOutput,
+                       raw_label_key: Optional[str],
+                       export_dir: str,
+                       signatures: Optional[Dict[str, object]] = None) -> None:
+  """Saves `model` with transform-aware signatures to `export_dir`."""
+  if signatures is None:
+    signatures = serving_signatures(model, tf_transform_output, raw_label_key)
+  tf.saved_model.save(model, export_dir, signatures=signatures)

@@ -1,0 +1,61 @@
+"""The JSON description of one training job, handed to training processes.
+
+The executor resolves everything a training process needs (files, output
+dirs, configs, the stable checkpoint dir) into a `TrainingTask`; every process
+of a local cluster, and the in-process trainer, starts from the same task. No
+TFX import, so child processes start fast and tests run without TFX.
+"""
+
+import dataclasses
+import json
+from typing import Any, Dict, List, Optional
+
+
+@dataclasses.dataclass
+class TrainingTask:
+  """Everything a training process needs, JSON-serializable."""
+  # The user module: `module_file` (path) or `module_path` (importable name).
+  module_file: Optional[str]
+  module_path: Optional[str]
+  # 'managed' (module has build_model; we own the loop) or 'run_fn'.
+  mode: str
+  train_files: List[str]
+  eval_files: List[str]
+  transform_output: Optional[str]
+  schema_path: Optional[str]
+  serving_model_dir: str
+  model_run_dir: str
+  train_steps: int
+  eval_steps: int
+  hparams: Dict[str, Any]
+  custom_config: Dict[str, Any]
+  # DistributionConfig.to_dict() (components/trainer/config.py).
+  distribution: Dict[str, Any]
+  # CheckpointConfig.to_dict() (components/trainer/checkpointing.py).
+  fault_tolerance: Dict[str, Any]
+  # Stable checkpoint location that survives executions (resolved by the
+  # executor from pipeline name, node id and the training fingerprint).
+  checkpoint_dir: str
+  # InputPipelineConfig.to_dict() from a TunedInputPipeline, or None.
+  input_pipeline: Optional[Dict[str, Any]] = None
+  # URI of a PartitionPlan artifact, or None.
+  partition_plan_uri: Optional[str] = None
+  # The full TFX executor inputs, for `run_fn` mode: the training process
+  # rebuilds the stock `fn_args` from them (artifacts as JSON).
+  executor_io: Optional[Dict[str, Any]] = None
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1)
+
+  @classmethod
+  def from_json(cls, text: str) -> 'TrainingTask':
+    return cls(**json.loads(text))
+
+  def save(self, path: str) -> None:
+    with open(path, 'w') as f:
+      f.write(self.to_json())
+
+  @classmethod
+  def load(cls, path: str) -> 'TrainingTask':
+    with open(path) as f:
+      return cls.from_json(f.read())

@@ -1,0 +1,219 @@
+"""The full Chicago taxi pipeline, with pluggable Transform and Trainer.
+
+`create_pipeline` builds CsvExampleGen -> StatisticsGen -> SchemaGen ->
+ExampleValidator -> Transform -> Trainer -> (latest blessed model) Resolver ->
+Evaluator -> Pusher. `make_transform` / `make_trainer` choose the Transform and
+Trainer implementations, so the tfx-hpm components can replace the stock ones
+one by one and a stock run stays available for side-by-side comparison.
+"""
+
+import dataclasses
+import os
+from typing import Callable, Dict, List, Optional
+
+import tensorflow_model_analysis as tfma
+from tfx import v1 as tfx
+from tfx.dsl.components.base import base_node
+
+from pipelines import data
+
+TRAINER_ID = 'Trainer'
+TRANSFORM_ID = 'Transform'
+
+
+@dataclasses.dataclass
+class TrainerInputs:
+  """What a Trainer factory gets: upstream channels and the step counts."""
+  examples: tfx.dsl.Channel
+  transform_graph: tfx.dsl.Channel
+  schema: tfx.dsl.Channel
+  module_file: str
+  train_steps: int
+  eval_steps: int
+  # Every output channel of the Transform step, for components that produce
+  # more than the stock Transform (e.g. a tuned input pipeline).
+  transform_outputs: Dict[str, tfx.dsl.Channel]
+  # Extra upstream channels (e.g. a partition plan), keyed by input name.
+  extra_inputs: Dict[str, tfx.dsl.Channel] = dataclasses.field(
+      default_factory=dict)
+
+
+TransformFactory = Callable[[tfx.dsl.Channel, tfx.dsl.Channel, str],
+                            base_node.BaseNode]
+TrainerFactory = Callable[[TrainerInputs], base_node.BaseNode]
+
+
+def stock_transform(examples, schema, module_file):
+  return tfx.components.Transform(
+      examples=examples, schema=schema, module_file=module_file)
+
+
+def stock_trainer(inputs: TrainerInputs):
+  return tfx.components.Trainer(
+      module_file=inputs.module_file,
+      examples=inputs.examples,
+      transform_graph=inputs.transform_graph,
+      schema=inputs.schema,
+      train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
+      eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps))
+
+
+def eval_config(accuracy_threshold: float) -> tfma.EvalConfig:
+  """Binary accuracy must reach the threshold and not regress."""
+  return tfma.EvalConfig(
+      model_specs=[
+          tfma.ModelSpec(
+              signature_name='serving_default',
+              label_key='tips_xf',
+              preprocessing_function_names=['transform_features'])
+      ],
+      slicing_specs=[tfma.SlicingSpec()],
+      metrics_specs=[
+          tfma.MetricsSpec(metrics=[
+              tfma.MetricConfig(
+                  class_name='BinaryAccuracy',
+                  threshold=tfma.MetricThreshold(
+                      value_threshold=tfma.GenericValueThreshold(
+                          lower_bound={'value': accuracy_threshold}),
+                      change_threshold=tfma.GenericChangeThreshold(
+                          direction=tfma.MetricDirection.HIGHER_IS_BETTER,
+                          absolute={'value': -1e-10}))),
+              tfma.MetricConfig(class_name='ExampleCount'),
+          ])
+      ])
+
+
+def create_pipeline(
+    *,
+    pipeline_name: str,
+    pipeline_root: str,
+    serving_model_dir: str,
+    data_root: Optional[str] = None,
+    module_file: Optional[str] = None,
+    metadata_path: Optional[str] = None,
+    train_steps: int = 1000,
+    eval_steps: int = 150,
+    accuracy_threshold: float = 0.6,
+    make_transform: TransformFactory = stock_transform,
+    make_trainer: TrainerFactory = stock_trainer,
+    extra_trainer_inputs: Optional[Callable[..., Dict]] = None,
+    beam_pipeline_args: Optional[List[str]] = None,
+    enable_cache: bool = False,
+) -> tfx.dsl.Pipeline:
+  """Builds the taxi pipeline.
+
+  Args:
+    pipeline_name: Name recorded in MLMD.
+    pipeline_root: Root of all artifacts; MLMD's SQLite file defaults to
+      `<pipeline_root>/metadata.db`.
+    serving_model_dir: Where Pusher copies a blessed model.
+    data_root: Folder of taxi CSVs; defaults to the copy inside the tfx wheel.
+    module_file: Module with preprocessing_fn/run_fn/build_model; defaults to
+      `pipelines/taxi_module.py`.
+    metadata_path: SQLite MLMD file; None uses the default under the root, ''
+      leaves the connection to the orchestrator (Kubeflow).
+    train_steps: Trainer training steps.
+    eval_steps: Trainer evaluation steps.
+    accuracy_threshold: Evaluator's lower bound on binary accuracy.
+    make_transform: Builds the Transform step from (examples, schema, module).
+    make_trainer: Builds the Trainer step from `TrainerInputs`.
+    extra_trainer_inputs: Optional callable taking (examples, transform) and
+      returning extra components and channels for the trainer, as
+      `(components, {input_name: channel})`; used to put e.g. a
+      GPipePartitioner between Transform and Trainer.
+    beam_pipeline_args: Beam flags for the Beam-based components.
+    enable_cache: Reuse unchanged executions from MLMD.
+  """
+  data_root = data_root or data.default_data_root()
+  module_file = module_file or data.default_module_file()
+  if metadata_path is None:
+    metadata_path = os.path.join(pipeline_root, 'metadata.db')
+
+  example_gen = tfx.components.CsvExampleGen(input_base=data_root)
+  statistics_gen = tfx.components.StatisticsGen(
+      examples=example_gen.outputs['examples'])
+  schema_gen = tfx.components.SchemaGen(
+      statistics=statistics_gen.outputs['statistics'],
+      infer_feature_shape=True)
+  example_validator = tfx.components.ExampleValidator(
+      statistics=statistics_gen.outputs['statistics'],
+      schema=schema_gen.outputs['schema'])
+  transform = make_transform(example_gen.outputs['examples'],
+                             schema_gen.outputs['schema'],
+                             module_file).with_id(TRANSFORM_ID)
+
+  extra_components, extra_channels = [], {}
+  if extra_trainer_inputs is not None:
+    extra_components, extra_channels = extra_trainer_inputs(
+        transform.outputs['transformed_examples'], transform.outputs,
+        module_file)
+  trainer = make_trainer(
+      TrainerInputs(
+          examples=transform.outputs['transformed_examples'],
+          transform_graph=transform.outputs['transform_graph'],
+          schema=schema_gen.outputs['schema'],
+          module_file=module_file,
+          train_steps=train_steps,
+          eval_steps=eval_steps,
+          transform_outputs=dict(transform.outputs),
+          extra_inputs=extra_channels)).with_id(TRAINER_ID)
+
+  model_resolver = tfx.dsl.Resolver(
+      strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+      model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+      model_blessing=tfx.dsl.Channel(
+          type=tfx.types.standard_artifacts.ModelBlessing)).with_id(
+              'latest_blessed_model_resolver')
+  evaluator = tfx.components.Evaluator(
+      examples=example_gen.outputs['examples'],
+      model=trainer.outputs['model'],
+      baseline_model=model_resolver.outputs['model'],
+      eval_config=eval_config(accuracy_threshold))
+  pusher = tfx.components.Pusher(
+      model=trainer.outputs['model'],
+      model_blessing=evaluator.outputs['blessing'],
+      push_destination=tfx.proto.PushDestination(
+          filesystem=tfx.proto.PushDestination.Filesystem(
+              base_directory=serving_model_dir)))
+
+  components = [
+      example_gen, statistics_gen, schema_gen, example_validator, transform,
+      *extra_components, trainer, model_resolver, evaluator, pusher
+  ]
+  return tfx.dsl.Pipeline(
+      pipeline_name=pipeline_name,
+      pipeline_root=pipeline_root,
+      components=components,
+      enable_cache=enable_cache,
+      metadata_connection_config=(
+          tfx.orchestration.metadata.sqlite_metadata_connection_config(
+              metadata_path) if metadata_path else None),
+      beam_pipeline_args=beam_pipeline_args or [
+          '--direct_running_mode=in_memory', '--direct_num_workers=1'
+      ])
+
+
+def hpm_factories(distribution: Optional[Dict] = None,
+                  tuning: Optional[Dict] = None) -> Dict[str, Callable]:
+  """`create_pipeline` keyword arguments that use the tfx-hpm components."""
+  # Imported lazily so a stock-only pipeline never imports our components.
+  from components import HighPerfTrainer, OptimizedTransform  # pylint: disable=g-import-not-at-top
+
+  def make_transform(examples, schema, module_file):
+    return OptimizedTransform(examples=examples, schema=schema,
+                              module_file=module_file, tuning=tuning or {})
+
+  def make_trainer(inputs: TrainerInputs):
+    return HighPerfTrainer(
+        module_file=inputs.module_file,
+        examples=inputs.examples,
+        transform_graph=inputs.transform_graph,
+        schema=inputs.schema,
+        tuned_input_pipeline=inputs.transform_outputs.get(
+            'tuned_input_pipeline'),
+        train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
+        eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps),
+        distribution=distribution or {},
+        **inputs.extra_inputs)
+
+  return {'make_transform': make_transform, 'make_trainer': make_trainer}

@@ -1,0 +1,28 @@
+"""tfx-hpm: high-performance modeling components for TFX."""
+
+import setuptools
+
+setuptools.setup(
+    name='tfx-hpm',
+    version='0.1.0',
+    description=('HighPerfTrainer, OptimizedTransform and GPipePartitioner: '
+                 'TFX components for fast, distributed, preemption-safe '
+                 'training.'),
+    python_requires='>=3.10,<3.11',
+    packages=setuptools.find_packages(
+        include=['components*', 'pipelines*', 'kubeflow*', 'benchmarks*']),
+    install_requires=[
+        'tfx>=1.16,<1.17',
+        'tensorflow>=2.16,<2.17',
+        'tf-keras>=2.16,<2.17',
+        'tensorflow-transform>=1.16,<1.17',
+        'apache-beam[gcp]>=2.60,<2.61',
+        'ml-metadata>=1.16,<1.17',
+        'kfp>=2.5,<2.6',
+        'portpicker>=1.6',
+        'matplotlib>=3.9,<3.10',
+    ],
+    extras_require={
+        'dev': ['pytest>=8.3', 'pytest-timeout>=2.3', 'nbformat>=5.10'],
+    },
+)
