@@ -43,14 +43,31 @@ TransformFactory = Callable[[tfx.dsl.Channel, tfx.dsl.Channel, str],
 TrainerFactory = Callable[[TrainerInputs], base_node.BaseNode]
 
 
+def is_module_file(module: str) -> bool:
+  """True for a .py path; False for an importable module name.
+
+  Kubeflow images have tfx-hpm installed, so compiled pipelines name the
+  module ('pipelines.taxi_module') instead of shipping a file.
+  """
+  return module.endswith('.py')
+
+
+def module_kwargs(module: str, function: str) -> Dict[str, str]:
+  """Stock TFX keyword arguments that point a component at `module`."""
+  if is_module_file(module):
+    return {'module_file': module}
+  return {function: f'{module}.{function}'}
+
+
 def stock_transform(examples, schema, module_file):
   return tfx.components.Transform(
-      examples=examples, schema=schema, module_file=module_file)
+      examples=examples, schema=schema,
+      **module_kwargs(module_file, 'preprocessing_fn'))
 
 
 def stock_trainer(inputs: TrainerInputs):
   return tfx.components.Trainer(
-      module_file=inputs.module_file,
+      **module_kwargs(inputs.module_file, 'run_fn'),
       examples=inputs.examples,
       transform_graph=inputs.transform_graph,
       schema=inputs.schema,
@@ -108,8 +125,8 @@ def create_pipeline(
       `<pipeline_root>/metadata.db`.
     serving_model_dir: Where Pusher copies a blessed model.
     data_root: Folder of taxi CSVs; defaults to the copy inside the tfx wheel.
-    module_file: Module with preprocessing_fn/run_fn/build_model; defaults to
-      `pipelines/taxi_module.py`.
+    module_file: Module with preprocessing_fn/run_fn/build_model: a .py path
+      or an importable module name; defaults to `pipelines/taxi_module.py`.
     metadata_path: SQLite MLMD file; None uses the default under the root, ''
       leaves the connection to the orchestrator (Kubeflow).
     train_steps: Trainer training steps.

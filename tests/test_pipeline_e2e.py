@@ -1,0 +1,61 @@
+"""End to end: the taxi pipeline runs under LocalDagRunner and pushes a model
+that serves raw tf.Examples."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from pipelines import summary
+
+pytestmark = pytest.mark.slow
+
+
+def _run_pipeline(tmp_path, data_root, *extra_flags):
+  root = tmp_path / 'root'
+  cmd = [sys.executable, '-m', 'pipelines.local_runner',
+         '--data-root', data_root, '--pipeline-root', str(root),
+         '--train-steps', '30', '--eval-steps', '5',
+         '--accuracy-threshold', '0.0', *extra_flags]
+  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+  return root, proc.stdout
+
+
+def _raw_eval_examples(root, count=16):
+  files = glob.glob(str(root / 'CsvExampleGen' / 'examples' / '*' /
+                        'Split-eval' / '*'))
+  assert files, 'CsvExampleGen wrote no eval split'
+  dataset = tf.data.TFRecordDataset(files, compression_type='GZIP')
+  return [record.numpy() for record in dataset.take(count)]
+
+
+@pytest.mark.parametrize('variant', ['stock', 'hpm'])
+def test_pipeline_runs_and_pushed_model_serves_raw_examples(
+    tmp_path, taxi_sample_dir, variant):
+  flags = ['--stock'] if variant == 'stock' else []
+  root, stdout = _run_pipeline(tmp_path, taxi_sample_dir, *flags)
+
+  run = summary.read_run(str(root / 'metadata.db'))
+  nodes = {e.node_id: e.state for e in run.executions}
+  assert set(nodes) >= {'CsvExampleGen', 'StatisticsGen', 'SchemaGen',
+                        'ExampleValidator', 'Transform', 'Trainer',
+                        'Evaluator', 'Pusher'}
+  assert all(state == 'COMPLETE' for state in nodes.values()), nodes
+  assert run.blessed is True
+  assert 'binary_accuracy' in run.metrics
+  assert '=== tfx-hpm pipeline summary ===' in stdout
+  assert run.pushed_model and os.path.isdir(run.pushed_model)
+
+  model = tf.saved_model.load(run.pushed_model)
+  serve = model.signatures['serving_default']
+  examples = _raw_eval_examples(root)
+  outputs = serve(examples=tf.constant(examples))['outputs'].numpy()
+  assert outputs.shape[0] == len(examples)
+  assert ((outputs >= 0) & (outputs <= 1)).all()
+  transformed = model.signatures['transform_features'](
+      examples=tf.constant(examples))
+  assert 'tips_xf' in transformed

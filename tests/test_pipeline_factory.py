@@ -1,0 +1,87 @@
+"""The taxi pipeline factory wires every component, stock or ours."""
+
+import os
+
+import pytest
+from tfx import v1 as tfx
+
+from pipelines import data
+from pipelines import taxi_pipeline
+
+EXPECTED_NODES = [
+    'CsvExampleGen', 'StatisticsGen', 'SchemaGen', 'ExampleValidator',
+    'Transform', 'Trainer', 'latest_blessed_model_resolver', 'Evaluator',
+    'Pusher'
+]
+
+
+def _build(tmp_path, **kwargs):
+  return taxi_pipeline.create_pipeline(
+      pipeline_name='factory_test',
+      pipeline_root=str(tmp_path / 'root'),
+      serving_model_dir=str(tmp_path / 'serving'),
+      **kwargs)
+
+
+def test_stock_pipeline_has_every_component_in_order(tmp_path):
+  pipeline = _build(tmp_path)
+  ids = [c.id for c in pipeline.components]
+  assert sorted(ids) == sorted(EXPECTED_NODES)
+  # Topological: every upstream node precedes its downstream nodes.
+  position = {node_id: i for i, node_id in enumerate(ids)}
+  for component in pipeline.components:
+    for upstream in component.upstream_nodes:
+      assert position[upstream.id] < position[component.id]
+  trainer = next(c for c in pipeline.components if c.id == 'Trainer')
+  assert isinstance(trainer, tfx.components.Trainer)
+  assert pipeline.metadata_connection_config.sqlite.filename_uri == str(
+      tmp_path / 'root' / 'metadata.db')
+
+
+def test_defaults_point_at_the_data_inside_the_tfx_wheel(tmp_path):
+  pipeline = _build(tmp_path)
+  example_gen = pipeline.components[0]
+  input_base = example_gen.exec_properties['input_base']
+  assert input_base == data.default_data_root()
+  assert os.path.isfile(os.path.join(input_base, 'data.csv'))
+  transform = next(c for c in pipeline.components if c.id == 'Transform')
+  assert transform.exec_properties['module_file'] == data.default_module_file()
+
+
+def test_module_name_instead_of_file_uses_function_paths(tmp_path):
+  pipeline = _build(tmp_path, module_file='pipelines.taxi_module')
+  by_id = {c.id: c for c in pipeline.components}
+  assert by_id['Transform'].exec_properties['preprocessing_fn'] == (
+      'pipelines.taxi_module.preprocessing_fn')
+  assert by_id['Trainer'].exec_properties['run_fn'] == (
+      'pipelines.taxi_module.run_fn')
+
+
+def test_factories_replace_transform_and_trainer(tmp_path):
+  seen = {}
+
+  def make_trainer(inputs):
+    seen['inputs'] = inputs
+    return taxi_pipeline.stock_trainer(inputs)
+
+  _build(tmp_path, make_trainer=make_trainer, train_steps=7, eval_steps=3)
+  inputs = seen['inputs']
+  assert (inputs.train_steps, inputs.eval_steps) == (7, 3)
+  assert 'transform_graph' in inputs.transform_outputs
+  assert inputs.examples is inputs.transform_outputs['transformed_examples']
+
+
+def test_write_sample_keeps_header_and_row_count(tmp_path):
+  out = data.write_sample(data.default_data_root(), str(tmp_path), 25)
+  with open(os.path.join(out, 'data.csv')) as f:
+    lines = f.read().splitlines()
+  assert len(lines) == 26
+  assert lines[0].startswith('pickup_community_area,fare,')
+
+
+@pytest.mark.parametrize('threshold', [0.0, 0.6])
+def test_eval_config_threshold(threshold):
+  config = taxi_pipeline.eval_config(threshold)
+  metric = config.metrics_specs[0].metrics[0]
+  assert metric.class_name == 'BinaryAccuracy'
+  assert metric.threshold.value_threshold.lower_bound.value == threshold
