@@ -1,0 +1,405 @@
+"""GPipePartitioner benchmark: partition quality, solve time, bubble, memory,
+step time. Writes benchmarks/results/partitioner.md.
+
+    python -m benchmarks.bench_partitioner
+
+- Partition quality: slowest stage / optimum of a uniform layer split and of
+  the block-partition heuristic (Barany-Grinberg, as in torchgpipe), on
+  profiles of real Keras models and on random heterogeneous costs.
+- Solve time of the exact partitioner for 1,000 layers x 64 stages.
+- On logical CPU devices: step time of GPipe against naive model parallelism
+  (M=1) and one device, and the measured bubble (idle fraction of the stages,
+  from a TF profiler trace) against (K-1)/(M+K-1).
+- Peak memory (CPU allocator) per re-materialization mode.
+
+The TensorFlow measurements run in fresh worker processes (this module with
+--worker), because logical devices and the allocator must be configured
+before TensorFlow starts.
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks import report
+from components.partitioner import partition
+from components.partitioner import plan as plan_lib
+
+LOGICAL_DEVICES = 4
+REAL_MODEL_MICROBATCH = 16
+STAGE_COUNTS = (2, 4, 8)
+PIPELINE_BATCH = 128
+PIPELINE_WIDTH = 512
+PIPELINE_LAYERS = 8
+# (stages, micro-batches, remat) for the step time and bubble table.
+PIPELINE_RUNS = [(1, 1, 'never'), (2, 1, 'never'), (2, 4, 'never'),
+                 (2, 16, 'never'), (2, 16, 'except_last'), (2, 16, 'always'),
+                 (4, 1, 'never'), (4, 4, 'never'), (4, 16, 'never')]
+TIMED_STEPS = 5
+MEMORY_BATCH = 2048
+MEMORY_WIDTH = 256
+MEMORY_MICROBATCHES = 8
+
+
+# ---------------------------------------------------------------- models
+
+
+def _real_models(tf):
+  """name -> (model, one micro-batch of inputs)."""
+  from pipelines import taxi_module  # pylint: disable=g-import-not-at-top
+  b = REAL_MODEL_MICROBATCH
+  models = {}
+
+  taxi = taxi_module.build_model()
+  models['taxi wide&deep'] = (taxi, tf.nest.map_structure(
+      lambda kt: tf.ones([b, 1], kt.dtype), taxi.input))
+
+  x = tf.keras.Input((256,))
+  h = x
+  for width in (64, 1024, 64, 2048, 128, 512, 32, 1024, 256, 64):
+    h = tf.keras.layers.Dense(width, activation='relu')(h)
+  mlp = tf.keras.Model(x, tf.keras.layers.Dense(1)(h))
+  models['heterogeneous MLP'] = (mlp, tf.random.normal([b, 256]))
+
+  image = tf.keras.Input((32, 32, 3))
+  h = image
+  for filters in (16, 16, None, 32, 32, None, 64, 64):
+    h = (tf.keras.layers.MaxPooling2D()(h) if filters is None else
+         tf.keras.layers.Conv2D(filters, 3, padding='same',
+                                activation='relu')(h))
+  h = tf.keras.layers.GlobalAveragePooling2D()(h)
+  cnn = tf.keras.Model(image, tf.keras.layers.Dense(10)(h))
+  models['small CNN'] = (cnn, tf.random.normal([b, 32, 32, 3]))
+
+  tokens = tf.keras.Input((32, 64))
+  h = tokens
+  for _ in range(4):
+    attended = tf.keras.layers.MultiHeadAttention(4, 16)(h, h)
+    h = tf.keras.layers.LayerNormalization()(
+        tf.keras.layers.Add()([h, attended]))
+    ffn = tf.keras.layers.Dense(256, activation='relu')(h)
+    ffn = tf.keras.layers.Dense(64)(ffn)
+    h = tf.keras.layers.LayerNormalization()(tf.keras.layers.Add()([h, ffn]))
+  encoder = tf.keras.Model(
+      tokens, tf.keras.layers.Dense(1)(
+          tf.keras.layers.GlobalAveragePooling1D()(h)))
+  models['transformer encoder (skips)'] = (encoder,
+                                           tf.random.normal([b, 32, 64]))
+  for model, _ in models.values():
+    model.compile(optimizer='adam', loss='mse')
+  return models
+
+
+def _mlp(tf, width, layers, seed=0):
+  tf.keras.utils.set_random_seed(seed)
+  model = tf.keras.Sequential(
+      [tf.keras.Input((width,))] +
+      [tf.keras.layers.Dense(width, activation='relu')
+       for _ in range(layers)] + [tf.keras.layers.Dense(1)])
+  model.compile(optimizer='adam', loss='mse')
+  return model
+
+
+def _even_boundaries(num_calls, num_stages):
+  # The hidden layers split evenly; the tiny head joins the last stage.
+  hidden = num_calls - 1
+  cuts = [s * hidden // num_stages for s in range(num_stages)]
+  return cuts + [num_calls]
+
+
+def _runner_plan(graph, num_stages, num_microbatches, remat, offload=False):
+  return {'num_stages': num_stages, 'num_microbatches': num_microbatches,
+          'remat': remat, 'offload_activations': offload,
+          'boundaries': _even_boundaries(graph.num_calls, num_stages),
+          'layer_signature': graph.class_names()}
+
+
+# --------------------------------------------------------------- workers
+
+
+def _worker_profiles(out_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from components.partitioner import profiling  # pylint: disable=g-import-not-at-top
+  profiles = {}
+  for name, (model, features) in _real_models(tf).items():
+    profiles[name] = json.loads(
+        profiling.profile_model(model, features, repeats=5).to_json())
+  with open(out_path, 'w') as f:
+    json.dump(profiles, f)
+
+
+def _task_intervals(trace_dir):
+  """(stage, microbatch, phase) -> [start, end] in seconds, from a trace."""
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
+  pattern = re.compile(r'gpipe/stage(\d+)/microbatch(\d+)/(forward|backward)')
+  (path,) = glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'),
+                      recursive=True)
+  space = xplane_pb2.XSpace()
+  with open(path, 'rb') as f:
+    space.ParseFromString(f.read())
+  intervals = {}
+  for plane in space.planes:
+    for line in plane.lines:
+      for event in line.events:
+        match = pattern.search(plane.event_metadata[event.metadata_id].name)
+        if not match:
+          continue
+        key = (int(match.group(1)), int(match.group(2)), match.group(3))
+        start = line.timestamp_ns * 1e-9 + event.offset_ps * 1e-12
+        end = start + event.duration_ps * 1e-12
+        old = intervals.get(key, [start, end])
+        intervals[key] = [min(old[0], start), max(old[1], end)]
+  return intervals
+
+
+def _measured_idle(intervals, num_stages):
+  """1 - busy stage-time / (stages x span of the step)."""
+  begin = min(start for start, _ in intervals.values())
+  finish = max(end for _, end in intervals.values())
+  busy = [0.0] * num_stages
+  for (stage, _, _), (start, end) in intervals.items():
+    busy[stage] += end - start
+  return 1.0 - sum(busy) / (num_stages * (finish - begin))
+
+
+def _worker_pipeline(out_path):
+  from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
+  gpipe.configure_logical_cpus(LOGICAL_DEVICES)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from components.partitioner import graph as graph_lib  # pylint: disable=g-import-not-at-top
+  # One core per op, like a device that computes one op at a time; stages
+  # then run in parallel only through inter-op parallelism.
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(LOGICAL_DEVICES)
+  features = tf.random.normal([PIPELINE_BATCH, PIPELINE_WIDTH])
+  labels = tf.random.normal([PIPELINE_BATCH, 1])
+  graph = graph_lib.LayerGraph(_mlp(tf, PIPELINE_WIDTH, PIPELINE_LAYERS))
+  rows = []
+  for num_stages, num_micro, remat in PIPELINE_RUNS:
+    plan = _runner_plan(graph, num_stages, num_micro, remat)
+    devices = gpipe.stage_devices(LOGICAL_DEVICES)[:num_stages]
+    build = lambda: _mlp(tf, PIPELINE_WIDTH, PIPELINE_LAYERS)  # pylint: disable=cell-var-from-loop
+    model = gpipe.build_model_on_devices(build, plan, devices)
+    runner = gpipe.GPipeRunner(model, plan, devices)
+    for _ in range(2):
+      runner.train_step(features, labels).numpy()
+    times = []
+    for _ in range(TIMED_STEPS):
+      start = time.perf_counter()
+      runner.train_step(features, labels).numpy()
+      times.append(time.perf_counter() - start)
+    with tempfile.TemporaryDirectory() as trace_dir:
+      tf.profiler.experimental.start(trace_dir)
+      runner.train_step(features, labels).numpy()
+      tf.profiler.experimental.stop()
+      intervals = _task_intervals(trace_dir)
+    rows.append({
+        'stages': num_stages, 'microbatches': num_micro, 'remat': remat,
+        'step_seconds': statistics.median(times),
+        'measured_idle': (_measured_idle(intervals, num_stages)
+                          if num_stages > 1 else 0.0),
+        'traced_tasks': len(intervals),
+    })
+  with open(out_path, 'w') as f:
+    json.dump(rows, f)
+
+
+def _worker_memory(out_path):
+  from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
+  gpipe.configure_logical_cpus(2)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from components.partitioner import graph as graph_lib  # pylint: disable=g-import-not-at-top
+  features = tf.random.normal([MEMORY_BATCH, MEMORY_WIDTH])
+  labels = tf.random.normal([MEMORY_BATCH, 1])
+  graph = graph_lib.LayerGraph(_mlp(tf, MEMORY_WIDTH, PIPELINE_LAYERS))
+  devices = gpipe.stage_devices(2)
+  rows = []
+  for remat, offload in (('never', False), ('except_last', False),
+                         ('always', False), ('always', True)):
+    plan = _runner_plan(graph, 2, MEMORY_MICROBATCHES, remat, offload)
+    model = gpipe.build_model_on_devices(
+        lambda: _mlp(tf, MEMORY_WIDTH, PIPELINE_LAYERS), plan, devices)
+    runner = gpipe.GPipeRunner(model, plan, devices)
+    runner.train_step(features, labels).numpy()  # Traces, creates slots.
+    tf.config.experimental.reset_memory_stats('CPU:0')
+    resident = tf.config.experimental.get_memory_info('CPU:0')['current']
+    runner.train_step(features, labels).numpy()
+    peak = tf.config.experimental.get_memory_info('CPU:0')['peak']
+    rows.append({'remat': remat, 'offload': offload, 'resident': resident,
+                 'peak': peak})
+    del runner, model
+  with open(out_path, 'w') as f:
+    json.dump(rows, f)
+
+
+WORKERS = {'profiles': _worker_profiles, 'pipeline': _worker_pipeline,
+           'memory': _worker_memory}
+
+
+def _run_worker(name, extra_env=None):
+  with tempfile.TemporaryDirectory() as scratch:
+    out_path = os.path.join(scratch, f'{name}.json')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TF_USE_LEGACY_KERAS='1', TF_CPP_MIN_LOG_LEVEL='2',
+               PYTHONPATH=root, **(extra_env or {}))
+    proc = subprocess.run(
+        [sys.executable, '-m', 'benchmarks.bench_partitioner', '--worker',
+         name, out_path], cwd=root, env=env, capture_output=True, text=True,
+        timeout=1800)
+    if proc.returncode:
+      raise RuntimeError(f'{name} worker failed:\n{proc.stderr[-5000:]}')
+    with open(out_path) as f:
+      return json.load(f)
+
+
+# --------------------------------------------------------------- sections
+
+
+def _ratios(costs, num_stages):
+  optimum = partition.optimal_partition(costs, num_stages).bottleneck
+  uniform = partition.evaluate(
+      partition.uniform_boundaries(len(costs), num_stages), costs).bottleneck
+  block = partition.evaluate(
+      partition.block_boundaries(costs, num_stages), costs).bottleneck
+  return uniform / optimum, block / optimum
+
+
+def quality_on_real_profiles(profiles):
+  rows = []
+  for name, profile_json in profiles.items():
+    profile = plan_lib.ModelProfile.from_json(json.dumps(profile_json))
+    for k in STAGE_COUNTS:
+      if k > profile.num_layers:
+        continue
+      costs = plan_lib.layer_costs(profile, 4 * k, 'except_last')
+      uniform, block = _ratios(costs, k)
+      rows.append([name, profile.num_layers, k, uniform, block])
+  return ('## Partition quality on real model profiles\n\n'
+          f'Per-layer forward+backward time measured on a micro-batch of '
+          f'{REAL_MODEL_MICROBATCH} (median of 5, tf.function call overhead '
+          'subtracted), remat except_last, M = 4K. Ratio = slowest stage of '
+          'the split / slowest stage of the exact optimum (1.0 = optimal).'
+          '\n\n' + report.table(
+              ['model', 'layer calls', 'K', 'uniform / optimum',
+               'block-partition / optimum'], rows))
+
+
+def quality_on_random_costs(trials=200, num_layers=64):
+  rng = np.random.default_rng(0)
+  rows = []
+  for k in (4, 8, 16):
+    ratios = []
+    for _ in range(trials):
+      costs = rng.uniform(1.0, 2.0, num_layers)
+      heavy = rng.choice(num_layers, num_layers // 20, replace=False)
+      costs[heavy] *= 50.0
+      ratios.append(_ratios(costs, k))
+    ratios = np.array(ratios)
+    rows.append([num_layers, k, trials, ratios[:, 0].mean(),
+                 ratios[:, 0].max(), ratios[:, 1].mean(), ratios[:, 1].max()])
+  return ('## Partition quality on random heterogeneous costs\n\n'
+          'Costs uniform in [1, 2], 5% of the layers 50x heavier.\n\n' +
+          report.table(['layers', 'K', 'trials', 'uniform mean',
+                        'uniform worst', 'block mean', 'block worst'], rows))
+
+
+def solve_time(num_layers=1000, num_stages=64, repeats=5):
+  rng = np.random.default_rng(1)
+  costs = rng.uniform(1.0, 2.0, num_layers)
+  costs[rng.choice(num_layers, 50, replace=False)] *= 50.0
+  layer_memory = rng.integers(1, 1000, num_layers).astype(float)
+  cut_memory = rng.integers(0, 1000, num_layers + 1).astype(float)
+  free = partition.optimal_partition(costs, num_stages, layer_memory,
+                                     cut_memory)
+  try:
+    partition.optimal_partition(costs, num_stages, layer_memory, cut_memory,
+                                memory_budget=1.0)
+  except partition.InfeasibleBudgetError as error:
+    budget = 1.05 * error.min_budget
+  rows = []
+  for label, limit in (('no budget', None),
+                       ('budget 1.05 x smallest feasible', budget)):
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      result = partition.optimal_partition(costs, num_stages, layer_memory,
+                                           cut_memory, limit)
+      times.append(time.perf_counter() - start)
+    rows.append([label, num_layers, num_stages, statistics.median(times),
+                 max(times), result.bottleneck / free.bottleneck])
+  return ('## Solve time\n\nExact DP, median and worst of '
+          f'{repeats} runs (goal: under 1 s).\n\n' + report.table(
+              ['case', 'layers', 'stages', 'median s', 'worst s',
+               'bottleneck / unconstrained'], rows))
+
+
+def pipeline_section(rows):
+  single = next(r['step_seconds'] for r in rows if r['stages'] == 1)
+  naive = {r['stages']: r['step_seconds'] for r in rows
+           if r['microbatches'] == 1}
+  table_rows = []
+  for r in rows:
+    k, m = r['stages'], r['microbatches']
+    table_rows.append([
+        k, m, r['remat'], r['step_seconds'] * 1e3,
+        single / r['step_seconds'], naive[k] / r['step_seconds'],
+        partition.bubble_fraction(k, m), r['measured_idle']])
+  return (
+      '## Pipeline on logical CPU devices: step time and bubble\n\n'
+      f'{PIPELINE_LAYERS} x Dense({PIPELINE_WIDTH}) + head, mini-batch '
+      f'{PIPELINE_BATCH}, Adam, evenly split; {LOGICAL_DEVICES} logical CPU '
+      'devices on the machine\'s cores, one intra-op thread (each device '
+      'runs one op at a time). Step time: median of '
+      f'{TIMED_STEPS} steps. Measured idle: 1 - (busy stage time) / (K x '
+      'step span), from the TF profiler trace of one step (a task spans its '
+      'first to last op).\n\n' + report.table(
+          ['K', 'M', 'remat', 'step ms', 'speedup vs 1 device',
+           'speedup vs naive (M=1)', '(K-1)/(M+K-1)', 'measured idle'],
+          table_rows))
+
+
+def memory_section(rows):
+  baseline = rows[0]['peak'] - rows[0]['resident']
+  table_rows = [[r['remat'], r['offload'], r['resident'] / 2**20,
+                 r['peak'] / 2**20, (r['peak'] - r['resident']) / 2**20,
+                 (r['peak'] - r['resident']) / baseline] for r in rows]
+  return (
+      '## Peak memory by re-materialization mode\n\n'
+      f'{PIPELINE_LAYERS} x Dense({MEMORY_WIDTH}) + head, mini-batch '
+      f'{MEMORY_BATCH}, K=2, M={MEMORY_MICROBATCHES}; the BFC CPU allocator '
+      '(shared by the logical devices) after one warm-up step. Resident = '
+      'weights, slots and inputs before the step; transient = peak - '
+      'resident. Offloading targets host memory, which on logical CPU '
+      'devices is the same pool, so it cannot lower this number.\n\n' +
+      report.table(['remat', 'offload', 'resident MiB', 'peak MiB',
+                    'transient MiB', 'transient / never'], table_rows))
+
+
+def main(results_dir: str = 'benchmarks/results') -> str:
+  sections = [quality_on_random_costs(), solve_time()]
+  sections.insert(0, quality_on_real_profiles(_run_worker('profiles')))
+  sections.append(pipeline_section(_run_worker('pipeline')))
+  sections.append(memory_section(
+      _run_worker('memory', {'TF_CPU_ALLOCATOR_USE_BFC': 'true'})))
+  return report.write(results_dir, 'partitioner',
+                      'GPipePartitioner benchmark', '\n\n'.join(sections))
+
+
+if __name__ == '__main__':
+  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_partitioner')
+  parser.add_argument('--results-dir', default='benchmarks/results')
+  parser.add_argument('--worker', nargs=2, metavar=('NAME', 'OUTPUT'))
+  args = parser.parse_args()
+  if args.worker:
+    WORKERS[args.worker[0]](args.worker[1])
+  else:
+    print(main(args.results_dir))

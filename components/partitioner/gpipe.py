@@ -1,0 +1,372 @@
+"""GPipe pipeline-parallel training of a Keras model from a partition plan.
+
+Integration API (what a training loop such as HighPerfTrainer's calls):
+
+    from components.partitioner import gpipe
+
+    plan = gpipe.load_plan(partition_plan_artifact.uri)
+    # CPU only, at process start, before TensorFlow initializes its devices:
+    gpipe.configure_logical_cpus(plan['num_stages'])
+    devices = gpipe.stage_devices(plan['num_stages'])
+    model = gpipe.build_model_on_devices(
+        lambda: module.build_model(hparams), plan, devices)
+    runner = gpipe.GPipeRunner(model, plan, devices)
+    for features, labels in dataset:  # mini-batches of plan['batch_size']
+      loss = runner.train_step(features, labels)
+    # `model` is the ordinary Keras model (its variables merely live on the
+    # stage devices), so it exports as a normal SavedModel.
+
+`GPipeRunner.gradients(features, labels)` returns (loss, gradients aligned
+with `model.trainable_variables`) without updating, for checks against
+single-device training.
+
+One training step is one tf.function holding the whole GPipe schedule:
+the mini-batch is split into M micro-batches; stage s runs on device s the
+forwards of micro-batches 0..M-1 and then their backwards in reverse order
+(control dependencies fix that order per device, the dataflow between stages
+lets different stages work on different micro-batches at the same time).
+Gradients are summed across micro-batches on each stage's device and applied
+in one optimizer update per mini-batch. Re-materialized micro-batches keep
+only the stage's input tensors (optionally in host memory) and rerun the
+stage's forward pass inside its backward pass.
+
+Limitations: random layers (Dropout) draw new randomness when recomputed;
+BatchNormalization normalizes per micro-batch; Keras masks do not cross
+stages (rejected by graph.LayerGraph); the step is traced without AutoGraph,
+so custom layers must use tf.cond/tf.while_loop rather than Python control
+flow on tensors (Keras's built-in layers do).
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from absl import logging
+import tensorflow as tf
+
+from components.partitioner import graph as graph_lib
+from components.partitioner import plan as plan_lib
+
+HOST_DEVICE = '/device:CPU:0'
+
+
+def load_plan(plan_dir: str) -> Dict[str, Any]:
+  """Reads plan.json from a PartitionPlan artifact directory."""
+  with tf.io.gfile.GFile(os.path.join(plan_dir, plan_lib.PLAN_FILE)) as f:
+    return json.load(f)
+
+
+def configure_logical_cpus(num_devices: int) -> None:
+  """Splits the CPU into `num_devices` logical devices.
+
+  Must run before TensorFlow initializes its devices (before the first op);
+  a process that already has enough logical CPUs is left as it is.
+  """
+  cpu = tf.config.list_physical_devices('CPU')[0]
+  try:
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+  except RuntimeError as e:
+    existing = len(tf.config.list_logical_devices('CPU'))
+    if existing < num_devices:
+      raise RuntimeError(
+          f'cannot split the CPU into {num_devices} logical devices: '
+          f'TensorFlow already initialized {existing}. Call '
+          'configure_logical_cpus at process start, before any TensorFlow '
+          'op runs.') from e
+
+
+def stage_devices(num_stages: int) -> List[str]:
+  """One device per stage: GPUs if there are any, else logical CPUs.
+
+  With fewer devices than stages, stages share devices round-robin: the
+  schedule stays correct, only the parallelism is lost.
+  """
+  available = (tf.config.list_logical_devices('GPU') or
+               tf.config.list_logical_devices('CPU'))
+  if len(available) < num_stages:
+    logging.warning(
+        '%d pipeline stages but only %d devices; stages share devices.',
+        num_stages, len(available))
+  return [available[s % len(available)].name for s in range(num_stages)]
+
+
+def _stage_spans(plan: Mapping[str, Any]):
+  boundaries = plan['boundaries']
+  return list(zip(boundaries, boundaries[1:]))
+
+
+def build_model_on_devices(build_model_fn: Callable[[], tf.keras.Model],
+                           plan: Mapping[str, Any],
+                           devices: Sequence[str]) -> tf.keras.Model:
+  """Builds the model with each stage's variables on that stage's device.
+
+  Keras creates variables while the model is built, before its layer graph
+  (and so each variable's stage) is known. So the model is built twice: a
+  probe build records which stage owns the i-th created variable, and the
+  real build places the i-th variable on that stage's device. Optimizer
+  slots follow their variables. `build_model_fn` must be deterministic.
+  """
+  created = []
+
+  def record(next_creator, **kwargs):
+    variable = next_creator(**kwargs)
+    created.append(variable)
+    return variable
+
+  with tf.variable_creator_scope(record):
+    probe = build_model_fn()
+  probe_graph = graph_lib.LayerGraph(probe)
+  plan_lib.check_layer_signature(plan, probe_graph.class_names())
+  owner = {}
+  for s, (start, end) in enumerate(_stage_spans(plan)):
+    for layer in probe_graph.layers(start, end):
+      for weight in layer.weights:
+        owner.setdefault(id(weight), s)
+  placement = [(devices[owner[id(v)]] if id(v) in owner else None, v.shape)
+               for v in created]
+  del probe, probe_graph, created
+
+  placed = []
+
+  def place(next_creator, **kwargs):
+    index = len(placed)
+    device = placement[index][0] if index < len(placement) else None
+    if device is None:
+      variable = next_creator(**kwargs)
+    else:
+      with tf.device(device):
+        variable = next_creator(**kwargs)
+    placed.append(variable)
+    return variable
+
+  with tf.variable_creator_scope(place):
+    model = build_model_fn()
+  if [v.shape for v in placed] != [shape for _, shape in placement]:
+    raise ValueError(
+        'build_model created different variables on its second call; '
+        'build_model_on_devices needs a deterministic model builder.')
+  return model
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stage:
+  index: int
+  start: int
+  end: int
+  device: str
+  inputs: tuple  # Tensors received: live across the stage's first cut.
+  outputs: tuple  # Tensors sent on: live across its last cut.
+  grad_inputs: tuple  # Received tensors that need a gradient sent back.
+  variables: tuple  # Trainable variables of its layers.
+  loss_layers: tuple  # Layers whose `losses` this stage adds.
+  is_last: bool
+
+
+@dataclasses.dataclass
+class _Saved:
+  """What a stage keeps between a micro-batch's forward and backward."""
+  inputs: Dict[str, tf.Tensor]  # On the stage or the host device.
+  tape: Optional[tf.GradientTape] = None  # Set when activations are kept.
+  outputs: Optional[Dict[str, tf.Tensor]] = None
+  local_loss: Optional[tf.Tensor] = None
+
+
+class GPipeRunner:
+  """Runs the GPipe schedule of `plan` for `model` on `devices`."""
+
+  def __init__(self, model: tf.keras.Model, plan: Mapping[str, Any],
+               devices: Sequence[str], host_device: str = HOST_DEVICE):
+    if getattr(model, 'optimizer', None) is None or not getattr(
+        model, 'compiled_loss', None):
+      raise ValueError('GPipeRunner needs a model compiled with a loss and '
+                       'an optimizer.')
+    num_stages = plan['num_stages']
+    if len(devices) != num_stages:
+      raise ValueError(f'the plan has {num_stages} stages but {len(devices)} '
+                       f'devices were given: {list(devices)}.')
+    self.model = model
+    self._graph = graph_lib.LayerGraph(model)
+    plan_lib.check_layer_signature(plan, self._graph.class_names())
+    self._num_microbatches = plan['num_microbatches']
+    self._remat = plan['remat']
+    self._offload = plan['offload_activations']
+    self._host = host_device
+    produced = {name for call in self._graph.calls for name in call.outputs}
+    needs_grad = {name for name in produced
+                  if self._graph.is_differentiable(name)}
+    stages = []
+    seen_layers = set()
+    for s, (start, end) in enumerate(_stage_spans(plan)):
+      layers = self._graph.layers(start, end)
+      inputs = self._graph.live(start)
+      stages.append(_Stage(
+          index=s,
+          start=start,
+          end=end,
+          device=devices[s],
+          inputs=inputs,
+          outputs=self._graph.live(end),
+          grad_inputs=tuple(name for name in inputs if name in needs_grad),
+          variables=tuple(graph_lib.unique_variables(
+              [v for layer in layers for v in layer.trainable_weights])),
+          loss_layers=tuple(l for l in layers if id(l) not in seen_layers),
+          is_last=s == num_stages - 1))
+      seen_layers.update(id(l) for l in layers)
+    self.stages = tuple(stages)
+    # The schedule is plain Python loops over stages and micro-batches;
+    # AutoGraph would only add tracing time (16 of 17 s for a small model).
+    self._gradients_fn = tf.function(self._loss_and_gradients,
+                                     autograph=False)
+    self._train_fn = tf.function(self._train_step, autograph=False)
+
+  @property
+  def num_microbatches(self) -> int:
+    return self._num_microbatches
+
+  def gradients(self, features, labels):
+    """(mean loss, gradients aligned with model.trainable_variables)."""
+    return self._gradients_fn(features, labels)
+
+  def train_step(self, features, labels) -> tf.Tensor:
+    """One GPipe step: M micro-batches, one optimizer update; the loss."""
+    return self._train_fn(features, labels)
+
+  def _train_step(self, features, labels):
+    loss, grads = self._loss_and_gradients(features, labels)
+    self.model.optimizer.apply_gradients(
+        zip(grads, self.model.trainable_variables))
+    return loss
+
+  def _keeps_activations(self, microbatch: int) -> bool:
+    if self._remat == 'never':
+      return True
+    return (self._remat == 'except_last' and
+            microbatch == self._num_microbatches - 1)
+
+  def _split(self, features, labels):
+    """Model inputs and labels cut into M equal micro-batches on the host."""
+    m = self._num_microbatches
+    with tf.device(self._host):
+      inputs = self._graph.feed(features)
+      batch = next(iter(inputs.values())).shape[0]
+      if batch is not None and batch % m:
+        raise ValueError(f'batch size {batch} is not divisible by the '
+                         f'{m} micro-batches of the partition plan.')
+      pieces = {name: tf.split(value, m) for name, value in inputs.items()}
+      label_pieces = [tf.split(y, m) for y in tf.nest.flatten(labels)]
+    micro_inputs = [{name: parts[i] for name, parts in pieces.items()}
+                    for i in range(m)]
+    micro_labels = [
+        tf.nest.pack_sequence_as(labels, [parts[i] for parts in label_pieces])
+        for i in range(m)
+    ]
+    return micro_inputs, micro_labels
+
+  def _stage_forward(self, stage: _Stage, inputs, labels, with_loss: bool):
+    """The stage's outputs and, if asked, its share of the loss."""
+    values = self._graph.run(inputs, stage.start, stage.end, training=True)
+    outputs = {name: values[name] for name in stage.outputs}
+    if not with_loss:
+      return outputs, None
+    losses = [loss for layer in stage.loss_layers for loss in layer.losses]
+    if stage.is_last:
+      losses.append(self.model.compiled_loss(
+          labels, self._graph.pack_outputs(outputs)))
+    if not losses:
+      return outputs, None
+    # Scaled so that summing over micro-batches gives the mini-batch mean.
+    return outputs, tf.add_n(losses) / self._num_microbatches
+
+  def _loss_and_gradients(self, features, labels):
+    micro_inputs, micro_labels = self._split(features, labels)
+    num_micro = self._num_microbatches
+    last_task = [[] for _ in self.stages]  # Orders each device's tasks.
+    saved = {}
+    local_losses = []
+    for m in range(num_micro):
+      received = micro_inputs[m]
+      for stage in self.stages:
+        with tf.name_scope(f'gpipe/stage{stage.index}/microbatch{m}/forward'), \
+            tf.device(stage.device), \
+            tf.control_dependencies(last_task[stage.index]):
+          inputs = {n: tf.identity(received[n]) for n in stage.inputs}
+          if self._keeps_activations(m):
+            with tf.GradientTape() as tape:
+              tape.watch([inputs[n] for n in stage.grad_inputs])
+              outputs, local = self._stage_forward(stage, inputs,
+                                                   micro_labels[m], True)
+            saved[(m, stage.index)] = _Saved(inputs, tape, outputs, local)
+          else:
+            outputs, _ = self._stage_forward(stage, inputs, micro_labels[m],
+                                             False)
+            saved[(m, stage.index)] = _Saved(self._checkpoint(inputs))
+          last_task[stage.index] = [tf.group(*outputs.values())]
+        received = outputs
+
+    grads = {}
+    for m in reversed(range(num_micro)):
+      upstream = {}
+      for stage in reversed(self.stages):
+        with tf.name_scope(
+            f'gpipe/stage{stage.index}/microbatch{m}/backward'), \
+            tf.device(stage.device), \
+            tf.control_dependencies(last_task[stage.index]):
+          upstream, stage_grads, loss_share = self._stage_backward(
+              stage, saved.pop((m, stage.index)), upstream, micro_labels[m])
+          for variable, grad in zip(stage.variables, stage_grads):
+            key = id(variable)
+            grads[key] = grad if key not in grads else grads[key] + grad
+          if loss_share is not None:
+            local_losses.append(loss_share)
+          last_task[stage.index] = [tf.group(*stage_grads,
+                                             *upstream.values())]
+
+    with tf.device(self._host):
+      loss = tf.add_n(local_losses)
+    variables = self.model.trainable_variables
+    return loss, [grads[id(v)] if id(v) in grads else tf.zeros_like(v)
+                  for v in variables]
+
+  def _checkpoint(self, inputs):
+    if not self._offload:
+      return inputs
+    with tf.device(self._host):
+      return {name: tf.identity(value) for name, value in inputs.items()}
+
+  def _stage_backward(self, stage: _Stage, saved: _Saved,
+                      upstream: Mapping[str, tf.Tensor], labels):
+    """Gradients of one micro-batch through one stage.
+
+    Returns (gradients for the received tensors, gradients for the stage's
+    variables, the stage's share of the loss or None).
+    """
+    output_grads = {n: tf.identity(g) for n, g in upstream.items()
+                    if n in stage.outputs}
+    if saved.tape is None:
+      # Re-materialize: rerun the forward pass from the checkpoint. The
+      # dependency on the incoming gradients delays it until needed and
+      # keeps the recomputation distinct from the original forward pass.
+      with tf.control_dependencies(list(output_grads.values())):
+        inputs = {n: tf.identity(v) for n, v in saved.inputs.items()}
+      with tf.GradientTape() as tape:
+        tape.watch([inputs[n] for n in stage.grad_inputs])
+        outputs, loss_share = self._stage_forward(stage, inputs, labels, True)
+    else:
+      inputs, tape = saved.inputs, saved.tape
+      outputs, loss_share = saved.outputs, saved.local_loss
+    targets = [outputs[n] for n in output_grads]
+    target_grads = list(output_grads.values())
+    if loss_share is not None:
+      targets.append(loss_share)
+      target_grads.append(tf.ones_like(loss_share))
+    sources = [inputs[n] for n in stage.grad_inputs]
+    if not targets:
+      return {}, [tf.zeros_like(v) for v in stage.variables], None
+    all_grads = tape.gradient(
+        targets, sources + list(stage.variables),
+        output_gradients=target_grads,
+        unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    input_grads = dict(zip(stage.grad_inputs, all_grads))
+    return input_grads, all_grads[len(sources):], loss_share

@@ -1,0 +1,229 @@
+"""From a per-layer profile to a GPipe partition plan (plan.json).
+
+Pure Python + numpy (no TensorFlow, no TFX): the profile is produced by
+`profiling.py`, the plan is consumed by `gpipe.GPipeRunner`.
+
+Cost and memory model, per micro-batch of the profiled size:
+- stage cost = sum over its layers of forward + backward time, plus one more
+  forward for every re-materialized micro-batch (all of them for 'always',
+  M-1 of M for 'except_last');
+- stage memory = training state (weights, gradient accumulators, optimizer
+  slots) + layer activations (of all M micro-batches with remat 'never', of
+  the one being recomputed otherwise) + the tensors the stage receives (of
+  all M micro-batches, or of one when they are offloaded to host memory).
+"""
+
+import dataclasses
+import json
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from components.partitioner import partition
+
+PLAN_FORMAT_VERSION = 1
+PLAN_FILE = 'plan.json'
+PROFILE_FILE = 'profile.json'
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerProfile:
+  """Measurements of one layer call on a sample micro-batch."""
+  name: str
+  class_name: str
+  forward_seconds: float
+  backward_seconds: float
+  parameter_bytes: int  # Weights first used by this call.
+  trainable_bytes: int  # The trainable part of parameter_bytes.
+  activation_bytes: int  # This call's outputs.
+  inputs: Tuple[str, ...]
+  outputs: Tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelProfile:
+  """A model's layer calls in topological order, measured on a micro-batch.
+
+  `live_tensors[c]` lists the tensors alive across cut c (before layer c):
+  produced before it (model inputs count as produced before layer 0) and
+  consumed at or after it; cut n holds the model outputs.
+  """
+  microbatch_size: int
+  optimizer_slot_ratio: float  # Optimizer state bytes per trainable byte.
+  layers: Tuple[LayerProfile, ...]
+  tensor_bytes: Dict[str, int]
+  live_tensors: Tuple[Tuple[str, ...], ...]
+
+  @property
+  def num_layers(self) -> int:
+    return len(self.layers)
+
+  def cut_bytes(self, cut: int) -> int:
+    return sum(self.tensor_bytes[name] for name in self.live_tensors[cut])
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
+
+  @classmethod
+  def from_json(cls, text: str) -> 'ModelProfile':
+    values = json.loads(text)
+    return cls(
+        microbatch_size=values['microbatch_size'],
+        optimizer_slot_ratio=values['optimizer_slot_ratio'],
+        layers=tuple(
+            LayerProfile(**{**layer, 'inputs': tuple(layer['inputs']),
+                            'outputs': tuple(layer['outputs'])})
+            for layer in values['layers']),
+        tensor_bytes=dict(values['tensor_bytes']),
+        live_tensors=tuple(tuple(live) for live in values['live_tensors']))
+
+
+def recompute_fraction(remat: str, num_microbatches: int) -> float:
+  """Share of micro-batches whose stage forward pass runs twice."""
+  return {
+      'always': 1.0,
+      'except_last': (num_microbatches - 1) / num_microbatches,
+      'never': 0.0,
+  }[remat]
+
+
+def layer_costs(profile: ModelProfile, num_microbatches: int,
+                remat: str) -> np.ndarray:
+  """Seconds per micro-batch and layer, recomputation included."""
+  extra = recompute_fraction(remat, num_microbatches)
+  return np.array([
+      layer.forward_seconds * (1.0 + extra) + layer.backward_seconds
+      for layer in profile.layers
+  ])
+
+
+def state_bytes(profile: ModelProfile) -> np.ndarray:
+  """Weights + gradient accumulators + optimizer slots, per layer."""
+  return np.array([
+      layer.parameter_bytes + layer.trainable_bytes *
+      (1.0 + profile.optimizer_slot_ratio) for layer in profile.layers
+  ])
+
+
+def memory_terms(profile: ModelProfile, num_microbatches: int, remat: str,
+                 offload_activations: bool) -> Tuple[np.ndarray, np.ndarray]:
+  """(layer_memory, cut_memory) for `partition.optimal_partition`."""
+  stored_copies = num_microbatches if remat == 'never' else 1
+  received_copies = 1 if offload_activations else num_microbatches
+  activations = np.array([layer.activation_bytes for layer in profile.layers])
+  layer_memory = state_bytes(profile) + stored_copies * activations
+  cut_memory = np.array([
+      received_copies * profile.cut_bytes(c)
+      for c in range(profile.num_layers + 1)
+  ])
+  return layer_memory, cut_memory
+
+
+def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
+              remat: str, offload_activations: bool,
+              memory_budget_bytes=None) -> Dict[str, Any]:
+  """Optimal partition of `profile` and everything the runner and report use.
+
+  Raises:
+    partition.InfeasibleBudgetError: nothing fits the memory budget.
+  """
+  costs = layer_costs(profile, num_microbatches, remat)
+  layer_memory, cut_memory = memory_terms(profile, num_microbatches, remat,
+                                          offload_activations)
+  best = partition.optimal_partition(costs, num_stages, layer_memory,
+                                     cut_memory, memory_budget_bytes)
+  stages = _stage_details(profile, best, num_microbatches, remat)
+  schedule = partition.gpipe_schedule(
+      [stage['forward_seconds'] for stage in stages],
+      [stage['backward_seconds'] for stage in stages], num_microbatches)
+
+  def baseline(boundaries):
+    other = partition.evaluate(boundaries, costs, layer_memory, cut_memory)
+    return {
+        'boundaries': list(other.boundaries),
+        'slowest_stage_seconds': other.bottleneck,
+        'slowdown_vs_plan': other.bottleneck / best.bottleneck
+                            if best.bottleneck > 0 else 1.0,
+        'peak_memory_bytes': int(other.peak_memory),
+        'fits_budget': bool(memory_budget_bytes is None or
+                            other.peak_memory <= memory_budget_bytes),
+    }
+
+  return {
+      'format_version': PLAN_FORMAT_VERSION,
+      'num_layers': profile.num_layers,
+      'num_stages': num_stages,
+      'num_microbatches': num_microbatches,
+      'microbatch_size': profile.microbatch_size,
+      'batch_size': profile.microbatch_size * num_microbatches,
+      'remat': remat,
+      'offload_activations': offload_activations,
+      'memory_budget_bytes': memory_budget_bytes,
+      'boundaries': list(best.boundaries),
+      'layer_signature': [layer.class_name for layer in profile.layers],
+      'stages': stages,
+      'cuts': [_cut_details(profile, c) for c in best.boundaries[1:-1]],
+      'predicted': {
+          'step_seconds': schedule.makespan,
+          'slowest_stage_seconds': best.bottleneck,
+          'bubble_fraction': partition.bubble_fraction(
+              num_stages, num_microbatches),
+          'simulated_idle_fraction': schedule.idle_fraction,
+          'peak_memory_bytes': int(best.peak_memory),
+      },
+      'baselines': {
+          'uniform': baseline(partition.uniform_boundaries(
+              profile.num_layers, num_stages)),
+          'block_partition': baseline(partition.block_boundaries(
+              costs, num_stages)),
+      },
+  }
+
+
+def _stage_details(profile: ModelProfile, best: partition.Partition,
+                   num_microbatches: int, remat: str) -> List[Dict[str, Any]]:
+  extra = recompute_fraction(remat, num_microbatches)
+  states = state_bytes(profile)
+  stages = []
+  for s, (a, c) in enumerate(zip(best.boundaries, best.boundaries[1:])):
+    layers = profile.layers[a:c]
+    forward = sum(layer.forward_seconds for layer in layers)
+    backward = sum(layer.backward_seconds for layer in layers)
+    state = float(states[a:c].sum())
+    stages.append({
+        'index': s,
+        'first_layer': a,
+        'end_layer': c,
+        'layers': [layer.name for layer in layers],
+        'forward_seconds': forward,
+        'backward_seconds': backward + extra * forward,
+        'cost_seconds': best.stage_costs[s],
+        'parameter_bytes': sum(layer.parameter_bytes for layer in layers),
+        'state_bytes': int(state),
+        'activation_bytes': int(best.stage_memory[s] - state),
+        'memory_bytes': int(best.stage_memory[s]),
+        'input_bytes_per_microbatch': profile.cut_bytes(a),
+    })
+  return stages
+
+
+def _cut_details(profile: ModelProfile, cut: int) -> Dict[str, Any]:
+  tensors = [{'name': name, 'bytes': profile.tensor_bytes[name]}
+             for name in profile.live_tensors[cut]]
+  return {
+      'before_layer': cut,
+      'tensors': tensors,
+      'bytes_per_microbatch': sum(t['bytes'] for t in tensors),
+  }
+
+
+def check_layer_signature(plan: Dict[str, Any],
+                          class_names: Sequence[str]) -> None:
+  """Fails unless the plan was made for a model with these layer calls."""
+  expected = plan['layer_signature']
+  if list(class_names) != list(expected):
+    raise ValueError(
+        f'the partition plan was made for a model with {len(expected)} layer '
+        f'calls {expected}, but this model has {len(class_names)}: '
+        f'{list(class_names)}. Build the model with the same module and '
+        'hparams as the GPipePartitioner.')

@@ -1,0 +1,152 @@
+"""Partition plan report: markdown plus PNG charts.
+
+Charts use matplotlib's object API with the Agg canvas (no pyplot, no
+display): stage costs against the perfectly balanced cost, and the GPipe
+micro-batch schedule with its bubble.
+"""
+
+import os
+from typing import Any, Dict, Mapping
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from components.partitioner import partition
+from components.partitioner import plan as plan_lib
+
+STAGE_COSTS_PNG = 'stage_costs.png'
+SCHEDULE_PNG = 'schedule.png'
+REPORT_MD = 'report.md'
+_COLORS = {'forward': 'tab:blue', 'backward': 'tab:orange',
+           'idle': 'lightgrey'}
+
+
+def _save(figure: Figure, path: str) -> None:
+  FigureCanvasAgg(figure)
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+
+
+def stage_costs_chart(plan: Mapping[str, Any], path: str) -> None:
+  """Per-stage forward and backward time, with the balanced ideal."""
+  stages = plan['stages']
+  labels = [f"S{s['index']}\n{s['first_layer']}-{s['end_layer'] - 1}"
+            for s in stages]
+  forward = [s['forward_seconds'] * 1e3 for s in stages]
+  backward = [s['backward_seconds'] * 1e3 for s in stages]
+  figure = Figure(figsize=(max(5, 0.6 * len(stages) + 3), 3.5))
+  axes = figure.subplots()
+  axes.bar(labels, forward, label='forward', color=_COLORS['forward'])
+  axes.bar(labels, backward, bottom=forward, label='backward (+recompute)',
+           color=_COLORS['backward'])
+  ideal = sum(f + b for f, b in zip(forward, backward)) / len(stages)
+  axes.axhline(ideal, color='black', linestyle='--', label='balanced')
+  axes.set_ylabel('ms per micro-batch')
+  axes.set_xlabel('stage (layers)')
+  axes.set_title(f"Stage costs, {plan['num_stages']} stages")
+  axes.legend(fontsize='small')
+  _save(figure, path)
+
+
+def schedule_chart(plan: Mapping[str, Any], path: str) -> None:
+  """Gantt chart of the simulated GPipe schedule; gaps are the bubble."""
+  stages = plan['stages']
+  schedule = partition.gpipe_schedule(
+      [s['forward_seconds'] for s in stages],
+      [s['backward_seconds'] for s in stages], plan['num_microbatches'])
+  figure = Figure(figsize=(10, 0.5 * len(stages) + 1.8))
+  axes = figure.subplots()
+  scale = 1e3
+  axes.barh([-s['index'] for s in stages], schedule.makespan * scale,
+            left=0, color=_COLORS['idle'])
+  for task in schedule.tasks:
+    color = _COLORS[task.phase]
+    axes.barh(-task.stage, (task.end - task.start) * scale,
+              left=task.start * scale, color=color, edgecolor='white')
+    if plan['num_microbatches'] <= 16:
+      axes.text((task.start + task.end) / 2 * scale, -task.stage,
+                str(task.microbatch), ha='center', va='center',
+                fontsize=7, color='white')
+  axes.set_yticks([-s['index'] for s in stages])
+  axes.set_yticklabels([f"stage {s['index']}" for s in stages])
+  axes.set_xlabel('ms')
+  axes.set_title(
+      f"GPipe schedule, M={plan['num_microbatches']}: idle "
+      f'{schedule.idle_fraction:.1%} (balanced-stage bubble '
+      f"(K-1)/(M+K-1) = {plan['predicted']['bubble_fraction']:.1%})")
+  axes.legend(
+      handles=[Patch(color=color, label=label) for label, color in (
+          ('forward', _COLORS['forward']), ('backward', _COLORS['backward']),
+          ('idle (bubble)', _COLORS['idle']))],
+      loc='upper center', bbox_to_anchor=(0.5, -0.3), ncol=3,
+      fontsize='small')
+  _save(figure, path)
+
+
+def _mib(num_bytes) -> str:
+  return f'{num_bytes / 2**20:.2f}'
+
+
+def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
+  """The human-readable plan: summary, stages, cuts, baselines, layers."""
+  predicted = plan['predicted']
+  budget = plan['memory_budget_bytes']
+  lines = [
+      '# GPipe partition plan', '',
+      f"- stages K = {plan['num_stages']}, micro-batches M = "
+      f"{plan['num_microbatches']} of {plan['microbatch_size']} examples "
+      f"(mini-batch {plan['batch_size']})",
+      f"- re-materialization: {plan['remat']}; activations offloaded to "
+      f"host: {plan['offload_activations']}",
+      f'- memory budget per device: '
+      f"{'none' if budget is None else _mib(budget) + ' MiB'}; planned peak "
+      f"{_mib(predicted['peak_memory_bytes'])} MiB",
+      f"- predicted step time {predicted['step_seconds'] * 1e3:.3f} ms; "
+      f"slowest stage {predicted['slowest_stage_seconds'] * 1e3:.3f} ms per "
+      'micro-batch',
+      f"- bubble (K-1)/(M+K-1) = {predicted['bubble_fraction']:.3f}; "
+      'simulated idle fraction with the planned stage costs = '
+      f"{predicted['simulated_idle_fraction']:.3f}", '',
+      f'![stage costs]({STAGE_COSTS_PNG})', '',
+      f'![schedule]({SCHEDULE_PNG})', '', '## Stages', '',
+      '| stage | layers | forward ms | backward ms | parameters MiB | '
+      'memory MiB |', '|---|---|---|---|---|---|'
+  ]
+  for s in plan['stages']:
+    lines.append(
+        f"| {s['index']} | {s['first_layer']}..{s['end_layer'] - 1} | "
+        f"{s['forward_seconds'] * 1e3:.3f} | "
+        f"{s['backward_seconds'] * 1e3:.3f} | "
+        f"{_mib(s['parameter_bytes'])} | {_mib(s['memory_bytes'])} |")
+  lines += ['', '## Tensors crossing each boundary (per micro-batch)', '',
+            '| before layer | tensors | bytes |', '|---|---|---|']
+  for cut in plan['cuts']:
+    names = ', '.join(t['name'] for t in cut['tensors'])
+    lines.append(f"| {cut['before_layer']} | {names} | "
+                 f"{cut['bytes_per_microbatch']} |")
+  lines += ['', '## Against simple splits', '',
+            '| split | boundaries | slowest stage / plan | fits budget |',
+            '|---|---|---|---|']
+  for name, other in plan['baselines'].items():
+    lines.append(f"| {name} | {other['boundaries']} | "
+                 f"{other['slowdown_vs_plan']:.3f} | {other['fits_budget']} |")
+  lines += ['', '## Layer profile', '',
+            '| # | layer | class | forward us | backward us | parameter bytes '
+            '| activation bytes |', '|---|---|---|---|---|---|---|']
+  for i, layer in enumerate(profile.layers):
+    lines.append(
+        f'| {i} | {layer.name} | {layer.class_name} | '
+        f'{layer.forward_seconds * 1e6:.1f} | '
+        f'{layer.backward_seconds * 1e6:.1f} | {layer.parameter_bytes} | '
+        f'{layer.activation_bytes} |')
+  return '\n'.join(lines) + '\n'
+
+
+def write_report(plan: Dict[str, Any], profile: plan_lib.ModelProfile,
+                 output_dir: str) -> None:
+  """Writes report.md and its two PNG charts into `output_dir`."""
+  stage_costs_chart(plan, os.path.join(output_dir, STAGE_COSTS_PNG))
+  schedule_chart(plan, os.path.join(output_dir, SCHEDULE_PNG))
+  with open(os.path.join(output_dir, REPORT_MD), 'w') as f:
+    f.write(markdown(plan, profile))

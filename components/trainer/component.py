@@ -1,0 +1,179 @@
+"""HighPerfTrainer: a drop-in `tfx.components.Trainer` with distribution.
+
+Same inputs, outputs and `module_file` / `run_fn` contract as the stock
+Trainer, plus:
+- `distribution` (DistributionConfig as a dict): strategy (or `auto`),
+  launcher, local cluster size, logical CPU devices, batch sizes, gradient
+  accumulation, epochs;
+- `fault_tolerance` (checkpointing.CheckpointConfig as a dict);
+- optional `tuned_input_pipeline` (from OptimizedTransform) and
+  `partition_plan` (from GPipePartitioner) inputs.
+Everything is validated here, at construction: the configs, and the module's
+contract (managed mode needs `build_model(hparams)`, run_fn mode `run_fn`).
+"""
+
+import importlib
+import importlib.util
+from types import ModuleType
+from typing import Any, Dict, Optional, Union
+
+from tfx import types
+from tfx.components.util import udf_utils
+from tfx.dsl.components.base import base_component
+from tfx.dsl.components.base import executor_spec
+from tfx.dsl.io import fileio
+from tfx.proto import trainer_pb2
+from tfx.types import component_spec
+from tfx.types import standard_artifacts
+from tfx.types import standard_component_specs
+from tfx.utils import io_utils
+from tfx.utils import json_utils
+
+from components import types as hpm_types
+from components.trainer import checkpointing
+from components.trainer import config as config_lib
+from components.trainer import executor
+
+
+class HighPerfTrainerSpec(standard_component_specs.TrainerSpec):
+  """The stock TrainerSpec plus distribution, fault tolerance and inputs."""
+  PARAMETERS = {
+      **standard_component_specs.TrainerSpec.PARAMETERS,
+      executor.DISTRIBUTION_KEY:
+          component_spec.ExecutionParameter(type=str),
+      executor.FAULT_TOLERANCE_KEY:
+          component_spec.ExecutionParameter(type=str),
+  }
+  INPUTS = {
+      **standard_component_specs.TrainerSpec.INPUTS,
+      executor.TUNED_INPUT_PIPELINE_KEY:
+          component_spec.ChannelParameter(
+              type=hpm_types.TunedInputPipeline, optional=True),
+      executor.PARTITION_PLAN_KEY:
+          component_spec.ChannelParameter(
+              type=hpm_types.PartitionPlan, optional=True),
+  }
+  OUTPUTS = standard_component_specs.TrainerSpec.OUTPUTS
+
+
+def _load_module(module_file: Optional[str], run_fn: Optional[str]
+                ) -> ModuleType:
+  """Imports the user module once to check its contract."""
+  if run_fn:
+    return importlib.import_module(run_fn.rpartition('.')[0])
+  if not fileio.exists(module_file):
+    raise ValueError(f'module_file {module_file!r} does not exist.')
+  path = io_utils.ensure_local(module_file)
+  spec = importlib.util.spec_from_file_location('_hpm_checked_user_module',
+                                                path)
+  if spec is None:
+    raise ValueError(f'module_file {module_file!r} is not a Python file.')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def check_module_contract(module_file: Optional[str], run_fn: Optional[str],
+                          mode: str) -> str:
+  """Returns the training mode; raises if the module lacks its entry point."""
+  module = _load_module(module_file, run_fn)
+  run_fn_name = run_fn.rpartition('.')[2] if run_fn else 'run_fn'
+  return config_lib.resolve_mode(
+      mode,
+      has_build_model=callable(getattr(module, 'build_model', None)),
+      has_run_fn=callable(getattr(module, run_fn_name, None)),
+      run_fn_given=bool(run_fn),
+      module=config_lib.describe_module(module_file=module_file,
+                                        run_fn=run_fn))
+
+
+class HighPerfTrainer(base_component.BaseComponent):
+  """Trains a model with a tf.distribute strategy chosen by configuration.
+
+  Component `outputs`, as the stock Trainer: `model` (SavedModel under
+  `Format-Serving`, with `serving_default` and `transform_features`
+  signatures in managed mode) and `model_run` (TensorBoard logs, the
+  strategy decision and training result as files and custom properties,
+  cluster logs).
+  """
+
+  SPEC_CLASS = HighPerfTrainerSpec
+  EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
+
+  def __init__(
+      self,
+      examples: types.BaseChannel,
+      transform_graph: Optional[types.BaseChannel] = None,
+      schema: Optional[types.BaseChannel] = None,
+      base_model: Optional[types.BaseChannel] = None,
+      hyperparameters: Optional[types.BaseChannel] = None,
+      module_file: Optional[str] = None,
+      run_fn: Optional[str] = None,
+      train_args: Optional[trainer_pb2.TrainArgs] = None,
+      eval_args: Optional[trainer_pb2.EvalArgs] = None,
+      custom_config: Optional[Dict[str, Any]] = None,
+      distribution: Optional[Union[Dict[str, Any],
+                                   config_lib.DistributionConfig]] = None,
+      fault_tolerance: Optional[Union[Dict[str, Any],
+                                      checkpointing.CheckpointConfig]] = None,
+      tuned_input_pipeline: Optional[types.BaseChannel] = None,
+      partition_plan: Optional[types.BaseChannel] = None):
+    """Constructs a HighPerfTrainer.
+
+    Args:
+      examples: Examples to train and evaluate on (transformed or raw).
+      transform_graph: Transform output; its feature spec parses the
+        examples and its graph goes into the serving signature.
+      schema: Schema of the examples (when there is no transform graph).
+      base_model: Model to warm-start from (`fn_args.base_model`).
+      hyperparameters: Tuner output; its values override
+        `custom_config['hparams']` in managed mode.
+      module_file: Module with `build_model(hparams)` (managed mode) and/or
+        `run_fn(fn_args)`. Exactly one of module_file and run_fn.
+      run_fn: Python path of a `run_fn` (run_fn mode).
+      train_args: Splits and num_steps (optimizer updates).
+      eval_args: Splits and num_steps (0: one pass in managed mode).
+      custom_config: Dict passed to the module (`fn_args.custom_config`).
+      distribution: DistributionConfig (or its dict).
+      fault_tolerance: checkpointing.CheckpointConfig (or its dict).
+      tuned_input_pipeline: TunedInputPipeline from OptimizedTransform.
+      partition_plan: PartitionPlan from GPipePartitioner.
+
+    Raises:
+      ValueError: A bad config or module, naming the value and what is
+        allowed.
+    """
+    if [bool(module_file), bool(run_fn)].count(True) != 1:
+      raise ValueError("Exactly one of 'module_file' or 'run_fn' must be "
+                       f'supplied; got module_file={module_file!r}, '
+                       f'run_fn={run_fn!r}.')
+    config = config_lib.DistributionConfig.from_dict(distribution)
+    fault_config = checkpointing.CheckpointConfig.from_dict(fault_tolerance)
+    train_args = train_args or trainer_pb2.TrainArgs()
+    mode = check_module_contract(module_file, run_fn, config.mode)
+    config_lib.check_train_length(mode, train_args.num_steps,
+                                  config.train_epochs)
+    spec = HighPerfTrainerSpec(
+        examples=examples,
+        transform_graph=transform_graph,
+        schema=schema,
+        base_model=base_model,
+        hyperparameters=hyperparameters,
+        train_args=train_args,
+        eval_args=eval_args or trainer_pb2.EvalArgs(),
+        module_file=module_file,
+        run_fn=run_fn,
+        custom_config=json_utils.dumps(custom_config),
+        distribution=config.to_json(),
+        fault_tolerance=fault_config.to_json(),
+        tuned_input_pipeline=tuned_input_pipeline,
+        partition_plan=partition_plan,
+        model=types.Channel(type=standard_artifacts.Model),
+        model_run=types.Channel(type=standard_artifacts.ModelRun))
+    super().__init__(spec=spec)
+    if udf_utils.should_package_user_modules():
+      # As the stock Trainer: the module file travels as a wheel, and
+      # `module_path` points into it at run time.
+      udf_utils.add_user_module_dependency(
+          self, standard_component_specs.MODULE_FILE_KEY,
+          standard_component_specs.MODULE_PATH_KEY)

@@ -1,0 +1,248 @@
+"""HighPerfTrainer's distribution config: one JSON-serializable exec property.
+
+Pure Python (no TFX, no TensorFlow) so that the component constructor can
+reject a bad config at pipeline-definition time and the tests run in
+milliseconds. Every error names the bad value and what is allowed instead.
+"""
+
+import dataclasses
+import json
+from typing import Any, Dict, Optional
+
+STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
+              'parameter_server', 'central_storage', 'tpu')
+LAUNCHERS = ('in_process', 'local')
+MODES = ('auto', 'managed', 'run_fn')
+# What `auto` resolves to.
+CONCRETE_STRATEGIES = tuple(s for s in STRATEGIES if s != 'auto')
+
+# Strategies that run in one process (one worker); only these may split the
+# CPU into logical devices or run without a cluster.
+SINGLE_WORKER_STRATEGIES = ('one_device', 'mirrored', 'central_storage', 'tpu')
+MULTI_WORKER_STRATEGIES = ('multi_worker_mirrored', 'parameter_server')
+# Strategies whose replicas can be logical CPU devices (`auto` may pick
+# `mirrored` from `logical_cpu_devices`).
+LOGICAL_CPU_STRATEGIES = ('auto', 'mirrored', 'central_storage')
+
+DEFAULT_PER_REPLICA_BATCH_SIZE = 32
+
+
+@dataclasses.dataclass
+class DistributionConfig:
+  """How HighPerfTrainer distributes training.
+
+  Attributes:
+    strategy: One of STRATEGIES; `auto` decides from the environment (see
+      `strategy.choose_strategy`).
+    mode: `managed` (the module provides `build_model`, the executor owns the
+      loop), `run_fn` (the stock contract) or `auto`: managed when the module
+      has `build_model` and no `run_fn` parameter was given.
+    launcher: `local` starts and supervises the training processes on this
+      machine (one process, or a localhost cluster for the multi-worker
+      strategies); `in_process` trains inside the executor's process, for
+      orchestrators that already run one pod per task and set TF_CONFIG.
+    num_workers: Worker processes of a local cluster (launcher `local`).
+    num_ps: Parameter-server processes of a local cluster (launcher `local`,
+      strategy `parameter_server` or `auto`).
+    logical_cpu_devices: Where there is no GPU, split the CPU into this many
+      logical devices so that `mirrored` / `central_storage` run that many
+      replicas; 0 leaves the CPU as one device.
+    per_replica_batch_size: Examples per replica per step; the global batch is
+      this times the number of replicas. Default 32 when neither batch size
+      is set.
+    global_batch_size: Alternatively, the examples per step over all
+      replicas; must divide evenly by the number of replicas.
+    gradient_accumulation_steps: Micro-steps whose gradients are summed
+      before one optimizer update (same result as a k-times larger batch).
+    train_epochs: Train for this many passes over the train split instead of
+      `train_args.num_steps` (0: use the steps).
+    tpu_address: TPU name or grpc address for the TPU cluster resolver.
+    timeout_s: Wall-clock limit of the whole training (all restarts); the
+      cluster is killed and the component fails past it. 0: no limit.
+  """
+  strategy: str = 'auto'
+  mode: str = 'auto'
+  launcher: str = 'local'
+  num_workers: int = 1
+  num_ps: int = 0
+  logical_cpu_devices: int = 0
+  per_replica_batch_size: Optional[int] = None
+  global_batch_size: Optional[int] = None
+  gradient_accumulation_steps: int = 1
+  train_epochs: int = 0
+  tpu_address: str = ''
+  timeout_s: float = 0
+
+  def validate(self) -> 'DistributionConfig':
+    """Raises ValueError on the first inconsistency; returns self."""
+    _check_choice('strategy', self.strategy, STRATEGIES)
+    _check_choice('mode', self.mode, MODES)
+    _check_choice('launcher', self.launcher, LAUNCHERS)
+    for name in ('num_workers', 'gradient_accumulation_steps'):
+      _check_int(name, getattr(self, name), minimum=1)
+    for name in ('num_ps', 'logical_cpu_devices', 'train_epochs'):
+      _check_int(name, getattr(self, name), minimum=0)
+    if not isinstance(self.timeout_s, (int, float)) or self.timeout_s < 0:
+      raise ValueError(f'timeout_s={self.timeout_s!r} must be a number >= 0 '
+                       '(0: no limit).')
+    if not isinstance(self.tpu_address, str):
+      raise ValueError(f'tpu_address={self.tpu_address!r} must be a string.')
+    self._validate_cluster()
+    self._validate_batch()
+    return self
+
+  def _validate_cluster(self) -> None:
+    if self.launcher == 'in_process' and (self.num_workers != 1 or
+                                          self.num_ps != 0):
+      raise ValueError(
+          f'num_workers={self.num_workers}, num_ps={self.num_ps} need '
+          "launcher='local': with launcher='in_process' the orchestrator's "
+          'TF_CONFIG defines the cluster; allowed here: num_workers=1, '
+          'num_ps=0.')
+    if self.num_ps and self.strategy not in ('auto', 'parameter_server'):
+      raise ValueError(
+          f'num_ps={self.num_ps} needs strategy parameter_server (or auto), '
+          f'not strategy={self.strategy!r}; allowed with num_ps > 0: '
+          "('auto', 'parameter_server').")
+    if (self.strategy == 'parameter_server' and self.launcher == 'local' and
+        not self.num_ps):
+      raise ValueError(
+          "strategy='parameter_server' with launcher='local' needs num_ps >= "
+          f'1, got num_ps={self.num_ps}.')
+    if self.num_workers > 1 and self.strategy in SINGLE_WORKER_STRATEGIES:
+      raise ValueError(
+          f'num_workers={self.num_workers} needs a multi-worker strategy, not '
+          f'strategy={self.strategy!r}; allowed with num_workers > 1: '
+          f"{('auto',) + MULTI_WORKER_STRATEGIES}.")
+    if (self.logical_cpu_devices > 1 and
+        self.strategy not in LOGICAL_CPU_STRATEGIES):
+      raise ValueError(
+          f'logical_cpu_devices={self.logical_cpu_devices} makes replicas only '
+          f'for strategies {LOGICAL_CPU_STRATEGIES}, not '
+          f'strategy={self.strategy!r}.')
+    if self.tpu_address and self.strategy not in ('auto', 'tpu'):
+      raise ValueError(f'tpu_address={self.tpu_address!r} needs strategy tpu '
+                       f'(or auto), not strategy={self.strategy!r}.')
+
+  def _validate_batch(self) -> None:
+    if (self.per_replica_batch_size is not None and
+        self.global_batch_size is not None):
+      raise ValueError(
+          f'Set per_replica_batch_size ({self.per_replica_batch_size}) or '
+          f'global_batch_size ({self.global_batch_size}), not both.')
+    for name in ('per_replica_batch_size', 'global_batch_size'):
+      if getattr(self, name) is not None:
+        _check_int(name, getattr(self, name), minimum=1)
+    replicas = self.expected_replicas()
+    if replicas is not None:
+      self.per_replica_batch(replicas)
+
+  def expected_replicas(self) -> Optional[int]:
+    """Replica count known from the config alone (CPU case), else None."""
+    if self.strategy == 'one_device':
+      return 1
+    if self.strategy in ('mirrored', 'central_storage'):
+      return self.logical_cpu_devices or None
+    if self.strategy == 'multi_worker_mirrored' and self.launcher == 'local':
+      return self.num_workers
+    return None
+
+  def per_replica_batch(self, num_replicas: int) -> int:
+    """Per-replica batch for `num_replicas` replicas in sync."""
+    if self.global_batch_size is None:
+      return self.per_replica_batch_size or DEFAULT_PER_REPLICA_BATCH_SIZE
+    if self.global_batch_size % num_replicas:
+      raise ValueError(
+          f'global_batch_size={self.global_batch_size} does not divide evenly '
+          f'by the {num_replicas} replicas of strategy {self.strategy!r}; '
+          f'use a multiple of {num_replicas} or set per_replica_batch_size.')
+    return self.global_batch_size // num_replicas
+
+  def global_batch(self, num_replicas: int) -> int:
+    """Examples per (micro-)step over all `num_replicas` replicas."""
+    return self.per_replica_batch(num_replicas) * num_replicas
+
+  def to_dict(self) -> Dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), sort_keys=True)
+
+  @classmethod
+  def from_dict(cls, values: Optional[Dict[str, Any]]) -> 'DistributionConfig':
+    """Builds and validates a config; unknown keys are an error."""
+    if isinstance(values, cls):
+      return values.validate()
+    values = dict(values or {})
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+      raise ValueError(f'Unknown distribution option(s) {unknown}; allowed: '
+                       f'{known}.')
+    return cls(**values).validate()
+
+  @classmethod
+  def from_json(cls, text: Optional[str]) -> 'DistributionConfig':
+    return cls.from_dict(json.loads(text) if text else {})
+
+
+def resolve_mode(mode: str, *, has_build_model: bool, has_run_fn: bool,
+                 run_fn_given: bool, module: str) -> str:
+  """Managed or run_fn mode for a module with the given entry points.
+
+  Args:
+    mode: DistributionConfig.mode.
+    has_build_model: The module defines `build_model`.
+    has_run_fn: The module (or the `run_fn` parameter) provides `run_fn`.
+    run_fn_given: The user passed the `run_fn` component parameter.
+    module: How to name the module in errors.
+  """
+  _check_choice('mode', mode, MODES)
+  if mode == 'auto':
+    if has_build_model and not run_fn_given:
+      return 'managed'
+    if has_run_fn:
+      return 'run_fn'
+    raise ValueError(
+        f'{module} defines neither build_model(hparams) (managed mode) nor '
+        'run_fn(fn_args) (run_fn mode); one of them is required.')
+  if mode == 'managed' and not has_build_model:
+    raise ValueError(f"mode='managed' needs build_model(hparams) in {module}, "
+                     'which does not define it; define it or use '
+                     "mode='run_fn'.")
+  if mode == 'run_fn' and not has_run_fn:
+    raise ValueError(f"mode='run_fn' needs run_fn(fn_args) in {module}, which "
+                     "does not define it; define it or use mode='managed'.")
+  return mode
+
+
+def _check_choice(name: str, value: Any, allowed) -> None:
+  if value not in allowed:
+    raise ValueError(f'{name}={value!r} is not one of {allowed}.')
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(f'{name}={value!r} must be an integer >= {minimum}.')
+
+
+def describe_module(module_file: Optional[str] = None,
+                    module_path: Optional[str] = None,
+                    run_fn: Optional[str] = None) -> str:
+  """How errors name the user module (the stock Trainer's parameters)."""
+  for name, value in (('module_file', module_file),
+                      ('module_path', module_path), ('run_fn', run_fn)):
+    if value:
+      return f'{name} {value!r}'
+  return 'the user module'
+
+
+def check_train_length(mode: str, train_steps: int, train_epochs: int) -> None:
+  """Training length comes from exactly one of steps and epochs."""
+  if train_steps and train_epochs:
+    raise ValueError(
+        f'train_args.num_steps={train_steps} and train_epochs={train_epochs} '
+        'both set the training length; set only one.')
+  if mode == 'managed' and not (train_steps or train_epochs):
+    raise ValueError('Managed mode needs train_args.num_steps > 0 or '
+                     'distribution train_epochs > 0; both are 0.')

@@ -1,0 +1,247 @@
+"""HighPerfTrainer executor: choose a strategy, start the cluster, record.
+
+The executor resolves everything a training process needs into a
+`TrainingTask` (files, dirs, configs, the stable checkpoint dir), decides the
+strategy (`auto` rules, recorded with the reason on `model_run`), and trains:
+in supervised child processes on this machine (launcher `local`) or in its own
+process (launcher `in_process`). It then checks the exported model and
+records the training result on `model_run`.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+from absl import logging
+from tfx import types
+from tfx.components.trainer import executor as trainer_executor
+from tfx.components.util import udf_utils
+from tfx.dsl.components.base import base_executor
+from tfx.types import artifact_utils
+from tfx.types import standard_component_specs
+from tfx.utils import io_utils
+
+from components.trainer import checkpointing
+from components.trainer import config as config_lib
+from components.trainer import launcher
+from components.trainer import strategy as strategy_lib
+from components.trainer import worker
+from components.trainer.task import TrainingTask
+
+DISTRIBUTION_KEY = 'distribution'
+FAULT_TOLERANCE_KEY = 'fault_tolerance'
+TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
+PARTITION_PLAN_KEY = 'partition_plan'
+
+DECISION_FILE = 'distribution_decision.json'
+TASK_FILE = 'training_task.json'
+CLUSTER_LOG_DIR = 'cluster_logs'
+CHECKPOINT_SUBDIR = '_hpm_checkpoints'
+# Distribution options that do not change the training trajectory, left out
+# of the checkpoint fingerprint.
+_NOT_IN_FINGERPRINT = ('launcher', 'timeout_s')
+
+
+def _module_identity(exec_properties: Dict[str, Any]) -> Dict[str, Any]:
+  """The user module's name and, for a file, its content hash."""
+  identity = {key: exec_properties.get(key) for key in (
+      standard_component_specs.MODULE_FILE_KEY,
+      standard_component_specs.MODULE_PATH_KEY,
+      standard_component_specs.RUN_FN_KEY)}
+  module_file = identity[standard_component_specs.MODULE_FILE_KEY]
+  if module_file:
+    with open(io_utils.ensure_local(module_file), 'rb') as f:
+      identity['sha256'] = hashlib.sha256(f.read()).hexdigest()
+  return identity
+
+
+def _hparams(fn_args) -> Dict[str, Any]:
+  """custom_config['hparams'], overridden by a Tuner's best values."""
+  hparams = dict((fn_args.custom_config or {}).get('hparams') or {})
+  tuned = fn_args.hyperparameters or {}
+  hparams.update(tuned.get('values', tuned))
+  return hparams
+
+
+def _read_json_artifact(artifacts: Optional[List[types.Artifact]],
+                        name: str) -> Optional[Any]:
+  if not artifacts:
+    return None
+  path = os.path.join(artifact_utils.get_single_uri(artifacts), name)
+  with open(io_utils.ensure_local(path)) as f:
+    return json.load(f)
+
+
+class Executor(base_executor.BaseExecutor):
+  """Trains with the configured (or automatically chosen) strategy."""
+
+  def Do(self, input_dict: Dict[str, List[types.Artifact]],
+         output_dict: Dict[str, List[types.Artifact]],
+         exec_properties: Dict[str, Any]) -> None:
+    self._log_startup(input_dict, output_dict, exec_properties)
+    config = config_lib.DistributionConfig.from_json(
+        exec_properties[DISTRIBUTION_KEY])
+    fault_tolerance = checkpointing.CheckpointConfig.from_json(
+        exec_properties.get(FAULT_TOLERANCE_KEY))
+    model_run = artifact_utils.get_single_instance(
+        output_dict[standard_component_specs.MODEL_RUN_KEY])
+
+    env = strategy_lib.detect_environment(config)
+    config, reason = strategy_lib.resolve(config, env)
+    logging.info('HighPerfTrainer strategy: %s (%s)', config.strategy, reason)
+    self._record_decision(model_run, config, reason, env)
+
+    module_name, wheels = udf_utils.decode_user_module_key(
+        exec_properties.get(standard_component_specs.MODULE_PATH_KEY))
+    # A module packaged as a wheel (the default under LocalDagRunner) is
+    # installed once; sys.path and PYTHONPATH reach it for every process.
+    with udf_utils.TempPipInstallContext(wheels):
+      props = dict(exec_properties)
+      if module_name:
+        props[standard_component_specs.MODULE_PATH_KEY] = module_name
+      task = self._make_task(input_dict, output_dict, props, config,
+                             fault_tolerance)
+      task_path = os.path.join(task.model_run_dir, TASK_FILE)
+      task.save(task_path)
+      result = self._train(task, task_path, config, fault_tolerance)
+
+    if not os.path.exists(task.serving_model_dir):
+      raise RuntimeError(f'Training finished but wrote no model to '
+                         f'{task.serving_model_dir}.')
+    self._record_result(model_run, result)
+    logging.info('HighPerfTrainer done: model %s, result %s',
+                 task.serving_model_dir, result)
+
+  def _make_task(self, input_dict, output_dict, props, config,
+                 fault_tolerance) -> TrainingTask:
+    mode = config_lib.resolve_mode(
+        config.mode,
+        has_build_model=udf_utils.try_get_fn(props, 'build_model') is not None,
+        has_run_fn=udf_utils.try_get_fn(props, 'run_fn') is not None,
+        run_fn_given=bool(props.get(standard_component_specs.RUN_FN_KEY)),
+        module=config_lib.describe_module(
+            props.get(standard_component_specs.MODULE_FILE_KEY),
+            props.get(standard_component_specs.MODULE_PATH_KEY),
+            props.get(standard_component_specs.RUN_FN_KEY)))
+    stock_args = trainer_executor.GenericExecutor()._GetFnArgs(  # pylint: disable=protected-access
+        input_dict, output_dict, props)
+    config_lib.check_train_length(mode, stock_args.train_steps or 0,
+                                  config.train_epochs)
+    run_fn_module = (props.get(standard_component_specs.RUN_FN_KEY) or
+                     '').rpartition('.')[0]
+    input_pipeline = _read_json_artifact(
+        input_dict.get(TUNED_INPUT_PIPELINE_KEY), 'config.json')
+    partition_plan = input_dict.get(PARTITION_PLAN_KEY)
+    hparams = _hparams(stock_args)
+    fingerprint = checkpointing.training_fingerprint(
+        {key: [a.uri for a in artifacts]
+         for key, artifacts in sorted(input_dict.items())},
+        {'module': _module_identity(props), 'mode': mode, 'hparams': hparams,
+         'train_steps': stock_args.train_steps,
+         'custom_config': stock_args.custom_config,
+         'distribution': {k: v for k, v in config.to_dict().items()
+                          if k not in _NOT_IN_FINGERPRINT},
+         'input_pipeline': input_pipeline})
+    return TrainingTask(
+        module_file=props.get(standard_component_specs.MODULE_FILE_KEY),
+        module_path=(props.get(standard_component_specs.MODULE_PATH_KEY) or
+                     run_fn_module or None),
+        mode=mode,
+        train_files=stock_args.train_files,
+        eval_files=stock_args.eval_files,
+        transform_output=stock_args.transform_output,
+        schema_path=stock_args.schema_path,
+        serving_model_dir=stock_args.serving_model_dir,
+        model_run_dir=stock_args.model_run_dir,
+        train_steps=stock_args.train_steps or 0,
+        eval_steps=stock_args.eval_steps or 0,
+        hparams=hparams,
+        custom_config=stock_args.custom_config or {},
+        distribution=config.to_dict(),
+        fault_tolerance=fault_tolerance.to_dict(),
+        checkpoint_dir=checkpointing.stable_checkpoint_dir(
+            fault_tolerance.backup_root or os.path.join(
+                self._pipeline_root(stock_args.model_run_dir),
+                CHECKPOINT_SUBDIR),
+            self._pipeline_name(), self._node_id(), fingerprint),
+        input_pipeline=input_pipeline,
+        partition_plan_uri=(artifact_utils.get_single_uri(partition_plan)
+                            if partition_plan else None),
+        executor_io={
+            'input_dict': artifact_utils.jsonify_artifact_dict(input_dict),
+            'output_dict': artifact_utils.jsonify_artifact_dict(output_dict),
+            'exec_properties': props,
+        })
+
+  def _train(self, task: TrainingTask, task_path: str,
+             config: config_lib.DistributionConfig,
+             fault_tolerance: checkpointing.CheckpointConfig
+            ) -> Dict[str, Any]:
+    if config.launcher == 'in_process':
+      return worker.run_in_process(task)
+
+    def argv_for_role(role):
+      return [sys.executable, '-m', 'components.trainer.worker', '--task',
+              task_path, '--role', role]
+
+    launch = launcher.run_supervised(
+        lambda attempt: launcher.cluster_processes(
+            config.strategy, config.num_workers, config.num_ps,
+            argv_for_role),
+        os.path.join(task.model_run_dir, CLUSTER_LOG_DIR),
+        timeout_s=config.timeout_s,
+        max_restarts=fault_tolerance.max_restarts)
+    result_path = os.path.join(task.model_run_dir, worker.RESULT_FILE)
+    with open(result_path) as f:
+      result = json.load(f)
+    result['launch'] = launch.to_dict()
+    with open(result_path, 'w') as f:
+      json.dump(result, f, indent=1, sort_keys=True)
+    return result
+
+  @staticmethod
+  def _record_decision(model_run: types.Artifact,
+                       config: config_lib.DistributionConfig, reason: str,
+                       env: strategy_lib.Environment) -> None:
+    model_run.set_string_custom_property('strategy', config.strategy)
+    model_run.set_string_custom_property('strategy_reason', reason)
+    model_run.set_string_custom_property('launcher', config.launcher)
+    os.makedirs(model_run.uri, exist_ok=True)
+    with open(os.path.join(model_run.uri, DECISION_FILE), 'w') as f:
+      json.dump({'strategy': config.strategy, 'reason': reason,
+                 'environment': dataclasses.asdict(env),
+                 'config': config.to_dict()}, f, indent=1, sort_keys=True)
+
+  @staticmethod
+  def _record_result(model_run: types.Artifact, result: Dict[str, Any]):
+    for key in ('num_replicas', 'global_batch_size', 'train_steps'):
+      if isinstance(result.get(key), int):
+        model_run.set_int_custom_property(key, result[key])
+    for key in ('examples_per_sec', 'train_loss', 'train_wall_s'):
+      if isinstance(result.get(key), (int, float)):
+        model_run.set_float_custom_property(key, float(result[key]))
+    model_run.set_string_custom_property('training_mode', result['mode'])
+    restarts = len(result.get('launch', {}).get('restarts', []))
+    model_run.set_int_custom_property('restarts', restarts)
+
+  def _pipeline_name(self) -> str:
+    info = self._context and self._context.pipeline_info
+    return info.id if info and info.id else 'pipeline'
+
+  def _node_id(self) -> str:
+    node = self._context and self._context.pipeline_node
+    return node.node_info.id if node and node.node_info.id else 'Trainer'
+
+  def _pipeline_root(self, model_run_dir: str) -> str:
+    """The pipeline root, from TFX's `<root>/<node>/.system/...` layout.
+
+    Orchestrators with another layout should set fault_tolerance.backup_root;
+    without it the checkpoints go next to this node's outputs.
+    """
+    output_uri = (self._context and self._context.executor_output_uri) or ''
+    if '/.system/' in output_uri:
+      return os.path.dirname(output_uri.split('/.system/')[0])
+    return os.path.dirname(os.path.dirname(model_run_dir))

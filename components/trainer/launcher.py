@@ -1,0 +1,306 @@
+"""Starts and supervises the processes of a local training cluster.
+
+HighPerfTrainer's `local` launcher runs training in child processes on this
+machine: one process for single-worker strategies, N workers with TF_CONFIG on
+localhost ports for MultiWorkerMirrored, and ps + worker servers plus a
+coordinator for ParameterServer. The supervisor polls them; the first
+non-zero exit (or a server that exits at all) stops every process and fails
+the run with that process's log tail, or relaunches the whole cluster while
+restarts remain. No process outlives `run_supervised`: each child leads its
+own process group, which is killed on the way out, and the kernel kills each
+child if the supervising thread dies (PR_SET_PDEATHSIG).
+
+No TFX or TensorFlow import: the supervisor is plain subprocess management.
+"""
+
+import collections
+import ctypes
+import ctypes.util
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+from absl import logging
+import portpicker
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6',
+                    use_errno=True)
+# A killed cluster's processes get this long to exit after SIGTERM before
+# SIGKILL.
+DEFAULT_GRACE_S = 10.0
+TAIL_LINES = 40
+
+
+@dataclasses.dataclass
+class ProcessSpec:
+  """One process of a cluster."""
+  name: str
+  argv: List[str]
+  # Extra environment; a None value removes the variable.
+  env: Dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
+  # Servers (ps / PS workers) run until killed: the cluster is done when every
+  # non-server process has exited 0, and a server exiting early is a failure.
+  server: bool = False
+
+
+@dataclasses.dataclass
+class ProcessExit:
+  """How one process ended, with the end of its log."""
+  process: str
+  exit_code: Optional[int]
+  log_path: str
+  log_tail: str
+  attempt: int
+  time: float
+
+
+@dataclasses.dataclass
+class LaunchResult:
+  attempts: int
+  restarts: List[ProcessExit]
+  wall_s: float
+  log_dir: str
+
+  def to_dict(self):
+    return dataclasses.asdict(self)
+
+
+class ClusterFailedError(RuntimeError):
+  """A training process failed (and no restart was left)."""
+
+  def __init__(self, message: str, failure: ProcessExit,
+               restarts: List[ProcessExit]):
+    super().__init__(message)
+    self.failure = failure
+    self.restarts = restarts
+
+
+class ClusterTimeoutError(ClusterFailedError):
+  """Training ran past its time limit."""
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+  """preexec_fn: the kernel SIGKILLs the child when the supervisor dies."""
+
+  def preexec():
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # The parent died before prctl.
+      os._exit(1)  # pylint: disable=protected-access
+
+  return preexec
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+  try:
+    os.killpg(pgid, sig)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+def read_tail(path: str, lines: int = TAIL_LINES) -> str:
+  """The last `lines` lines of a (possibly large) log file."""
+  try:
+    with open(path, 'rb') as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - 256 * 1024))
+      text = f.read().decode('utf-8', errors='replace')
+  except FileNotFoundError:
+    return ''
+  return '\n'.join(collections.deque(text.splitlines(), maxlen=lines))
+
+
+class _Running:
+  """A started process with its log file."""
+
+  def __init__(self, spec: ProcessSpec, log_path: str):
+    self.spec = spec
+    self.log_path = log_path
+    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    for key, value in spec.env.items():
+      if value is None:
+        env.pop(key, None)
+      else:
+        env[key] = value
+    self._log = open(log_path, 'wb')
+    try:
+      self.popen = subprocess.Popen(
+          spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+          stderr=subprocess.STDOUT, start_new_session=True,
+          preexec_fn=_die_with_parent(os.getpid()))
+    except BaseException:
+      self._log.close()
+      raise
+
+  def exit_record(self, attempt: int) -> ProcessExit:
+    return ProcessExit(self.spec.name, self.popen.poll(), self.log_path,
+                       read_tail(self.log_path), attempt, time.time())
+
+  def close(self):
+    self._log.close()
+
+
+def _stop_all(running: List[_Running], grace_s: float) -> None:
+  """SIGTERM every process group, SIGKILL what is left after `grace_s`."""
+  for r in running:
+    if r.popen.poll() is None:
+      _signal_group(r.popen.pid, signal.SIGTERM)
+  deadline = time.monotonic() + grace_s
+  for r in running:
+    try:
+      r.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      pass
+    # Also reaches grandchildren left in the group after the leader exited.
+    _signal_group(r.popen.pid, signal.SIGKILL)
+    r.popen.wait()
+    r.close()
+
+
+def _describe(failure: ProcessExit, running: List[_Running]) -> str:
+  others = ', '.join(
+      f'{r.spec.name}: ' + ('running' if r.popen.poll() is None else
+                            f'exit {r.popen.poll()}')
+      for r in running if r.spec.name != failure.process)
+  code = failure.exit_code
+  how = (f'was killed by signal {-code}' if code is not None and code < 0 else
+         f'exited with code {code}')
+  return (f'Training process {failure.process!r} {how} (attempt '
+          f'{failure.attempt}); other processes: {others or "none"}. '
+          f'Log {failure.log_path}, last lines:\n{failure.log_tail}')
+
+
+def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
+                   log_dir: str,
+                   *,
+                   timeout_s: float = 0,
+                   max_restarts: int = 0,
+                   poll_interval_s: float = 0.2,
+                   grace_s: float = DEFAULT_GRACE_S) -> LaunchResult:
+  """Runs a cluster to completion, relaunching it on failure if allowed.
+
+  Args:
+    make_processes: Builds the cluster for attempt 0, 1, ... (fresh ports).
+    log_dir: Gets `attempt-<k>/<process>.log` per process.
+    timeout_s: Limit for all attempts together; 0 = none.
+    max_restarts: Whole-cluster relaunches allowed after a failure.
+    poll_interval_s: How often the processes are polled.
+    grace_s: Time between SIGTERM and SIGKILL when stopping processes.
+
+  Returns:
+    Attempts made, the failures that caused restarts, wall time.
+
+  Raises:
+    ClusterFailedError: A process failed and no restart was left.
+    ClusterTimeoutError: The time limit passed.
+  """
+  start = time.monotonic()
+  restarts: List[ProcessExit] = []
+  attempt = 0
+  while True:
+    attempt_dir = os.path.join(log_dir, f'attempt-{attempt}')
+    os.makedirs(attempt_dir, exist_ok=True)
+    running: List[_Running] = []
+    try:
+      for spec in make_processes(attempt):
+        running.append(_Running(spec,
+                                os.path.join(attempt_dir, f'{spec.name}.log')))
+      logging.info('Attempt %d: started %s', attempt,
+                   [(r.spec.name, r.popen.pid) for r in running])
+      failure, timed_out = _watch(running, attempt, start, timeout_s,
+                                  poll_interval_s)
+      if failure is None:
+        return LaunchResult(attempt + 1, restarts, time.monotonic() - start,
+                            log_dir)
+      message = _describe(failure, running)
+    finally:
+      _stop_all(running, grace_s)
+    if timed_out:
+      raise ClusterTimeoutError(
+          f'Training exceeded timeout_s={timeout_s} and was killed. Last '
+          f'lines of {failure.process} ({failure.log_path}):\n'
+          f'{failure.log_tail}', failure, restarts)
+    if len(restarts) >= max_restarts:
+      raise ClusterFailedError(message, failure, restarts)
+    logging.warning('Restarting the cluster (%d of %d): %s', len(restarts) + 1,
+                    max_restarts, message)
+    restarts.append(failure)
+    attempt += 1
+
+
+def _watch(running: List[_Running], attempt: int, start: float,
+           timeout_s: float, poll_interval_s: float
+          ) -> Tuple[Optional[ProcessExit], bool]:
+  """Polls until success (None), a failed process, or the time limit.
+
+  Returns the process that failed (or, on timeout, a trainer still running)
+  and whether the time limit passed.
+  """
+  while True:
+    for r in running:
+      code = r.popen.poll()
+      if code is not None and (code != 0 or r.spec.server):
+        return r.exit_record(attempt), False
+    if all(r.popen.poll() == 0 for r in running if not r.spec.server):
+      return None, False
+    if timeout_s and time.monotonic() - start > timeout_s:
+      stuck = next(r for r in running
+                   if not r.spec.server and r.popen.poll() is None)
+      return stuck.exit_record(attempt), True
+    time.sleep(poll_interval_s)
+
+
+def cluster_processes(strategy: str, num_workers: int, num_ps: int,
+                      argv_for_role: Callable[[str], List[str]],
+                      host: str = 'localhost') -> List[ProcessSpec]:
+  """The processes (and TF_CONFIGs) of a local cluster for `strategy`.
+
+  Args:
+    strategy: A concrete strategy name (see config.CONCRETE_STRATEGIES).
+    num_workers: Worker processes for the multi-worker strategies.
+    num_ps: Parameter servers for `parameter_server`.
+    argv_for_role: Command line of a `trainer` (runs the training loop) or a
+      `server` (a tf.distribute.Server that joins) process.
+    host: Address the servers listen on.
+  """
+  if strategy == 'multi_worker_mirrored':
+    cluster = {'worker': _addresses(host, num_workers)}
+    return [
+        ProcessSpec(f'worker-{i}', argv_for_role('trainer'),
+                    {'TF_CONFIG': _tf_config(cluster, 'worker', i)})
+        for i in range(num_workers)
+    ]
+  if strategy == 'parameter_server':
+    cluster = {'chief': _addresses(host, 1),
+               'worker': _addresses(host, num_workers),
+               'ps': _addresses(host, num_ps)}
+    # Recommended for ParameterServerStrategy: a failed RPC to a worker is
+    # reported to the coordinator instead of being retried forever.
+    grpc = {'GRPC_FAIL_FAST': 'use_caller'}
+    servers = [
+        ProcessSpec(f'{task}-{i}', argv_for_role('server'),
+                    {'TF_CONFIG': _tf_config(cluster, task, i), **grpc},
+                    server=True)
+        for task in ('ps', 'worker') for i in range(len(cluster[task]))
+    ]
+    return servers + [
+        ProcessSpec('chief', argv_for_role('trainer'),
+                    {'TF_CONFIG': _tf_config(cluster, 'chief', 0), **grpc})
+    ]
+  # Single-worker strategies: one fresh process that must not inherit a
+  # cluster from the environment.
+  return [ProcessSpec('trainer', argv_for_role('trainer'), {'TF_CONFIG': None})]
+
+
+def _addresses(host: str, count: int) -> List[str]:
+  return [f'{host}:{portpicker.pick_unused_port()}' for _ in range(count)]
+
+
+def _tf_config(cluster: Dict[str, List[str]], task_type: str,
+               index: int) -> str:
+  return json.dumps({'cluster': cluster,
+                     'task': {'type': task_type, 'index': index}})

@@ -1,0 +1,147 @@
+"""Entry point of every training process, and of in-process training.
+
+    python -m components.trainer.worker --task training_task.json --role trainer
+    python -m components.trainer.worker --task training_task.json --role server
+
+A `trainer` splits the CPU into logical devices (before TensorFlow starts),
+builds the strategy, resolves batch and step counts for its replica count and
+trains: the managed loop (`loop.run_managed_training`) or the module's
+`run_fn`. The chief writes `training_result.json` into the model_run dir.
+A `server` (parameter-server ps and workers) runs a tf.distribute.Server until
+the launcher stops it. No TFX import here: managed-mode processes start fast.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List
+
+# The suite uses tf-keras; set before anything imports TensorFlow.
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from components.trainer import preemption
+from components.trainer import strategy as strategy_lib
+from components.trainer.config import DistributionConfig
+from components.trainer.task import TrainingTask
+from components.transform import input_pipeline
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+RESULT_FILE = 'training_result.json'
+ROLES = ('trainer', 'server')
+
+
+def tf_config() -> Dict[str, Any]:
+  return json.loads(os.environ.get('TF_CONFIG') or '{}')
+
+
+def run_server() -> None:
+  """Serves this process's ps/worker task of TF_CONFIG until killed."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  server = tf.distribute.Server(
+      resolver.cluster_spec(), job_name=resolver.task_type,
+      task_index=resolver.task_id, protocol=resolver.rpc_layer or 'grpc',
+      start=True)
+  print(f'{resolver.task_type}-{resolver.task_id} serving at '
+        f'{server.target}', flush=True)
+  server.join()
+
+
+def count_records(file_patterns: List[str], compression_type: str) -> int:
+  """Records in TFRecord files (for epoch-based lengths)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  dataset = tf.data.TFRecordDataset(input_pipeline.list_files(file_patterns),
+                                    compression_type=compression_type)
+  return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+
+def resolve_lengths(task: TrainingTask, num_replicas: int) -> TrainingTask:
+  """The task with concrete batch sizes and step counts for `num_replicas`.
+
+  The distribution config then holds `per_replica_batch_size` (global batch =
+  per-replica batch x replicas); `train_epochs` becomes `train_steps`
+  (optimizer updates, each consuming gradient_accumulation_steps global
+  batches); in managed mode eval_steps=0 becomes one pass over the eval split.
+  """
+  config = DistributionConfig.from_dict(task.distribution)
+  per_replica = config.per_replica_batch(num_replicas)
+  examples_per_update = (per_replica * num_replicas *
+                         config.gradient_accumulation_steps)
+  compression = input_pipeline.InputPipelineConfig.from_dict(
+      task.input_pipeline).compression_type
+  train_steps, eval_steps = task.train_steps, task.eval_steps
+  if config.train_epochs:
+    examples = count_records(task.train_files, compression)
+    train_steps = max(1, config.train_epochs * examples // examples_per_update)
+  if task.mode == 'managed' and not eval_steps:
+    examples = count_records(task.eval_files, compression)
+    eval_steps = max(1, examples // (per_replica * num_replicas))
+  distribution = dataclasses.replace(
+      config, per_replica_batch_size=per_replica, global_batch_size=None,
+      train_epochs=0).to_dict()
+  return dataclasses.replace(task, distribution=distribution,
+                             train_steps=train_steps, eval_steps=eval_steps)
+
+
+def train(task: TrainingTask) -> Dict[str, Any]:
+  """Trains as this process's part of the task; returns the result dict."""
+  config = DistributionConfig.from_dict(task.distribution)
+  strategy_lib.configure_logical_cpus(config.logical_cpu_devices)
+  strategy = strategy_lib.make_strategy(config.strategy, config)
+  task = resolve_lengths(task, strategy.num_replicas_in_sync)
+  is_chief = strategy_lib.is_chief(tf_config())
+  start = time.time()
+  if task.mode == 'managed':
+    from components.trainer import loop  # pylint: disable=g-import-not-at-top
+    result = loop.run_managed_training(task, strategy)
+  else:
+    from components.trainer import fn_args  # pylint: disable=g-import-not-at-top
+    result = fn_args.run_user_fn(task, strategy, is_chief)
+  resolved = DistributionConfig.from_dict(task.distribution)
+  result = {
+      **result,
+      'strategy': config.strategy,
+      'mode': task.mode,
+      'num_replicas': strategy.num_replicas_in_sync,
+      'per_replica_batch_size': resolved.per_replica_batch_size,
+      'global_batch_size': resolved.global_batch(
+          strategy.num_replicas_in_sync),
+      'train_steps': task.train_steps,
+      'eval_steps': task.eval_steps,
+      'train_wall_s': time.time() - start,
+  }
+  if is_chief:
+    os.makedirs(task.model_run_dir, exist_ok=True)
+    with open(os.path.join(task.model_run_dir, RESULT_FILE), 'w') as f:
+      json.dump(result, f, indent=1, sort_keys=True, default=str)
+  return result
+
+
+def run_in_process(task: TrainingTask) -> Dict[str, Any]:
+  """launcher='in_process': this process's role comes from TF_CONFIG."""
+  task_type = tf_config().get('task', {}).get('type')
+  if (task.distribution['strategy'] == 'parameter_server' and
+      task_type in ('ps', 'worker')):
+    run_server()
+  return train(task)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--task', required=True, help='TrainingTask JSON file.')
+  parser.add_argument('--role', choices=ROLES, default='trainer')
+  args = parser.parse_args(argv)
+  if args.role == 'server':
+    run_server()
+  result = train(TrainingTask.load(args.task))
+  # A preempted run stopped at a checkpoint: tell the launcher that a rerun
+  # resumes.
+  return preemption.exit_code(result)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

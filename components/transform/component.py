@@ -1,0 +1,119 @@
+"""OptimizedTransform: the stock Transform plus a tuned input pipeline.
+
+A drop-in for `tfx.components.Transform`: the same arguments, checks,
+channels and outputs (the stock constructor builds them), plus the
+`tuning` parameter and the `tuned_input_pipeline` output that
+HighPerfTrainer reads.
+"""
+
+from typing import Any, Dict, Optional, Union
+
+from tfx import types
+from tfx.components.transform import component as transform_component
+from tfx.dsl.components.base import base_beam_component
+from tfx.dsl.components.base import executor_spec
+from tfx.types import component_spec
+from tfx.types import standard_component_specs
+
+from components.transform import executor
+from components.transform.config import TuningConfig
+from components.transform.executor import TUNED_INPUT_PIPELINE_KEY
+from components.transform.executor import TUNING_KEY
+from components.types import TunedInputPipeline
+
+
+class OptimizedTransformSpec(standard_component_specs.TransformSpec):
+  """TransformSpec plus the tuning config and the tuned pipeline output."""
+  PARAMETERS = {
+      **standard_component_specs.TransformSpec.PARAMETERS,
+      TUNING_KEY: component_spec.ExecutionParameter(type=str),
+  }
+  OUTPUTS = {
+      **standard_component_specs.TransformSpec.OUTPUTS,
+      TUNED_INPUT_PIPELINE_KEY: component_spec.ChannelParameter(
+          type=TunedInputPipeline),
+  }
+
+
+class _UpgradeTransformSpec(base_beam_component.BaseBeamComponent):
+  """Turns the stock constructor's TransformSpec into OptimizedTransformSpec.
+
+  It sits between `Transform` and `BaseBeamComponent` in OptimizedTransform's
+  MRO, so the stock `Transform.__init__` validates the arguments and creates
+  the channels exactly as for a stock Transform; only the spec class, the
+  tuning parameter and the extra output channel are added here.
+  """
+
+  def __init__(self, spec: types.ComponentSpec, **kwargs):
+    upgraded = OptimizedTransformSpec(
+        **spec.exec_properties, **spec.inputs, **spec.outputs,
+        **{TUNING_KEY: self._tuning.to_json(),
+           TUNED_INPUT_PIPELINE_KEY: types.Channel(type=TunedInputPipeline)})
+    super().__init__(spec=upgraded, **kwargs)
+
+
+class OptimizedTransform(transform_component.Transform, _UpgradeTransformSpec):
+  """Transform that also measures and tunes the trainer's input pipeline.
+
+  Outputs: every stock Transform output (materialized examples re-sharded
+  into `tuning.num_output_shards` files, records unchanged) plus
+  `tuned_input_pipeline` (TunedInputPipeline): `config.json` (an
+  `InputPipelineConfig` for `components.transform.input_pipeline.
+  build_dataset`), `report.md` and `candidates.png`.
+  """
+  SPEC_CLASS = OptimizedTransformSpec
+  EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
+
+  def __init__(self,
+               examples: types.BaseChannel,
+               schema: types.BaseChannel,
+               module_file: Optional[str] = None,
+               preprocessing_fn: Optional[str] = None,
+               splits_config: Optional[Any] = None,
+               analyzer_cache: Optional[types.BaseChannel] = None,
+               materialize: bool = True,
+               disable_analyzer_cache: bool = False,
+               force_tf_compat_v1: bool = False,
+               custom_config: Optional[Dict[str, Any]] = None,
+               disable_statistics: bool = False,
+               stats_options_updater_fn: Optional[str] = None,
+               tuning: Union[None, str, Dict[str, Any], TuningConfig] = None):
+    """Same arguments as `tfx.components.Transform`, plus `tuning`.
+
+    Args:
+      examples: See `tfx.components.Transform`.
+      schema: See `tfx.components.Transform`.
+      module_file: See `tfx.components.Transform`.
+      preprocessing_fn: See `tfx.components.Transform`.
+      splits_config: See `tfx.components.Transform`.
+      analyzer_cache: See `tfx.components.Transform`.
+      materialize: See `tfx.components.Transform`; without materialized
+        examples the tuned pipeline transforms on the fly.
+      disable_analyzer_cache: See `tfx.components.Transform`.
+      force_tf_compat_v1: See `tfx.components.Transform`.
+      custom_config: See `tfx.components.Transform`.
+      disable_statistics: See `tfx.components.Transform`.
+      stats_options_updater_fn: See `tfx.components.Transform`.
+      tuning: `TuningConfig`, or its dict / JSON string.
+
+    Raises:
+      ValueError: for a bad tuning config or splits config, naming the value
+        and the allowed ones (and everything the stock Transform rejects).
+    """
+    self._tuning = TuningConfig.parse(tuning).validate_splits(
+        list(splits_config.analyze) if splits_config else [],
+        list(splits_config.transform) if splits_config else [],
+        materialize)
+    super().__init__(
+        examples=examples,
+        schema=schema,
+        module_file=module_file,
+        preprocessing_fn=preprocessing_fn,
+        splits_config=splits_config,
+        analyzer_cache=analyzer_cache,
+        materialize=materialize,
+        disable_analyzer_cache=disable_analyzer_cache,
+        force_tf_compat_v1=force_tf_compat_v1,
+        custom_config=custom_config,
+        disable_statistics=disable_statistics,
+        stats_options_updater_fn=stats_options_updater_fn)

@@ -1,0 +1,113 @@
+"""Writes the tuned input pipeline's report: markdown plus a PNG chart.
+
+The report answers: which stage limits throughput (per-stage rates), what was
+tried (every candidate with its rate), and what was chosen and why (placement
+and cache decisions). No TFX import.
+"""
+
+import io
+import math
+import os
+from typing import Dict, Tuple
+
+import tensorflow as tf
+
+from components.transform.tuner import TuningResult
+
+REPORT_FILE = 'report.md'
+CHART_FILE = 'candidates.png'
+
+
+def _mib(num_bytes: float) -> str:
+  return f'{num_bytes / 2**20:,.1f} MiB'
+
+
+def render_markdown(result: TuningResult, extra: Dict[str, str]) -> str:
+  """The report text; `extra` adds context rows (e.g. Transform timings)."""
+  chosen = result.chosen
+  lines = [
+      '# Tuned input pipeline',
+      '',
+      f'**Chosen:** {chosen.placement} / {chosen.name} at '
+      f'**{chosen.examples_per_sec:,.0f} examples/s** (first epoch, batch '
+      f'{result.batch_size}).',
+  ]
+  for ref in result.references:
+    lines.append(f'- vs {ref.name}: {ref.examples_per_sec:,.0f} examples/s '
+                 f'(**{chosen.examples_per_sec / ref.examples_per_sec:.2f}x**)')
+  if result.later_epochs_examples_per_sec:
+    lines.append(f'- later epochs from the {result.config.cache} cache: '
+                 f'{result.later_epochs_examples_per_sec:,.0f} examples/s')
+  lines += [
+      f'- throughput limited by: **{result.bottleneck}**',
+      f'- transform placement: {result.placement_reason}',
+      f'- cache: {result.cache_reason}',
+      f'- examples in the tuned split: {result.num_examples:,}; '
+      f'cached size ~{_mib(result.cache_bytes)}; RAM budget '
+      f'{_mib(result.ram_budget_bytes)}',
+      f'- tuning took {result.seconds:.1f} s for {len(result.candidates)} '
+      'candidates',
+  ]
+  lines += [f'- {key}: {value}' for key, value in extra.items()]
+  lines += ['', '## Stages', '',
+            'Cumulative rate of the pipeline up to each stage, and the rate '
+            'of the stage alone (from the per-example cost it adds).', '',
+            '| path | stage | cumulative examples/s | stage examples/s | '
+            'read MB/s |', '|---|---|---:|---:|---:|']
+  for s in result.stages:
+    mbps = f'{s.bytes_per_sec / 1e6:,.1f}' if s.bytes_per_sec else ''
+    alone = (f'{s.stage_examples_per_sec:,.0f}'
+             if math.isfinite(s.stage_examples_per_sec) else
+             '~0 cost (within noise)')
+    lines.append(f'| {s.path} | {s.stage} | '
+                 f'{s.cumulative_examples_per_sec:,.0f} | {alone} | {mbps} |')
+  lines += ['', '## Candidates', '',
+            '| # | placement | knobs | examples/s | note |',
+            '|---:|---|---|---:|---|']
+  for i, c in enumerate(result.candidates + result.references, 1):
+    mark = ' **(chosen)**' if c is chosen else ''
+    lines.append(f'| {i} | {c.placement} | {c.name}{mark} | '
+                 f'{c.examples_per_sec:,.0f} | {c.note} |')
+  lines += ['', '## Chosen config', '', '```json',
+            result.config.to_json(), '```']
+  if result.notes:
+    lines += ['', '## Notes', ''] + [f'- {n}' for n in result.notes]
+  return '\n'.join(lines) + '\n'
+
+
+def render_chart(result: TuningResult) -> bytes:
+  """PNG: horizontal bars of every candidate's examples/s, chosen highlighted."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  rows = result.candidates + result.references
+  labels = [f'{c.placement}: {c.name}' for c in rows]
+  colors = ['tab:green' if c is result.chosen else
+            'tab:gray' if c.placement == 'reference' else
+            'tab:red' if not c.allowed else 'tab:blue' for c in rows]
+  fig, ax = plt.subplots(figsize=(10, 0.4 * len(rows) + 1.5))
+  ax.barh(range(len(rows)), [c.examples_per_sec for c in rows], color=colors)
+  ax.set_yticks(range(len(rows)), labels, fontsize=8)
+  ax.invert_yaxis()
+  ax.set_xlabel('examples/s (first epoch)')
+  ax.set_title('Input pipeline candidates (green: chosen, grey: reference, '
+               'red: not allowed)', fontsize=9)
+  fig.tight_layout()
+  png = io.BytesIO()
+  fig.savefig(png, format='png', dpi=100)
+  plt.close(fig)
+  return png.getvalue()
+
+
+def write_report(result: TuningResult, out_dir: str,
+                 extra: Dict[str, str]) -> Tuple[str, str]:
+  """Writes report.md and candidates.png into out_dir (any tf.io.gfile
+  filesystem); returns their paths."""
+  tf.io.gfile.makedirs(out_dir)
+  report_path = os.path.join(out_dir, REPORT_FILE)
+  chart_path = os.path.join(out_dir, CHART_FILE)
+  with tf.io.gfile.GFile(report_path, 'w') as f:
+    f.write(render_markdown(result, extra))
+  with tf.io.gfile.GFile(chart_path, 'wb') as f:
+    f.write(render_chart(result))
+  return report_path, chart_path

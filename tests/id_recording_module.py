@@ -1,0 +1,78 @@
+"""A managed-mode user module whose model records the example ids it trains on.
+
+Every training forward pass appends one JSON line
+`{"pid", "step", "replica", "ids"}` to `hparams['id_log']`, from inside the
+compiled step (a `tf.py_function`), so a test sees exactly which examples each
+optimizer step of each process consumed. `hparams['step_sleep_seconds']`
+slows steps down so that a test can signal a process mid-training.
+"""
+
+import json
+import os
+import time
+
+import tensorflow as tf
+
+LABEL_KEY = 'label'
+RAW_LABEL_KEY = 'label'
+NUM_FEATURES = 4
+FEATURE_SPEC = {
+    'id': tf.io.FixedLenFeature([], tf.int64),
+    'x': tf.io.FixedLenFeature([NUM_FEATURES], tf.float32),
+    'label': tf.io.FixedLenFeature([], tf.float32),
+}
+DEFAULT_HPARAMS = {'learning_rate': 0.05, 'hidden_units': 8, 'id_log': None,
+                   'step_sleep_seconds': 0.0}
+
+
+class RecordIds(tf.keras.layers.Layer):
+  """Passes `x` through; in training, logs the step and the batch's ids."""
+
+  def __init__(self, log_path, step_fn, sleep_seconds, **kwargs):
+    super().__init__(**kwargs)
+    self._log_path = log_path
+    self._step_fn = step_fn
+    self._sleep_seconds = sleep_seconds
+
+  def _write(self, step, replica, ids):
+    line = json.dumps({'pid': os.getpid(), 'step': int(step),
+                       'replica': int(replica),
+                       'ids': [int(i) for i in ids.numpy()]}) + '\n'
+    fd = os.open(self._log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+      os.write(fd, line.encode())  # One write: lines never interleave.
+    finally:
+      os.close(fd)
+    if self._sleep_seconds:
+      time.sleep(self._sleep_seconds)
+    return step
+
+  def call(self, inputs, training=None):
+    x, ids = inputs
+    if not training or not self._log_path:
+      return x
+    context = tf.distribute.get_replica_context()
+    replica = context.replica_id_in_sync_group if context else 0
+    done = tf.py_function(self._write, [self._step_fn(), replica, ids],
+                          Tout=tf.int64)
+    with tf.control_dependencies([done]):
+      return tf.identity(x)
+
+
+def build_model(hparams=None):
+  hparams = {**DEFAULT_HPARAMS, **(hparams or {})}
+  optimizer = tf.keras.optimizers.Adam(hparams['learning_rate'])
+  x = tf.keras.layers.Input(shape=(NUM_FEATURES,), name='x')
+  ids = tf.keras.layers.Input(shape=(), dtype=tf.int64, name='id')
+  hidden = RecordIds(hparams['id_log'], lambda: optimizer.iterations,
+                     hparams['step_sleep_seconds'])([x, ids])
+  hidden = tf.keras.layers.Dense(
+      hparams['hidden_units'], activation='relu',
+      kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))(hidden)
+  output = tf.keras.layers.Dense(
+      1, activation='sigmoid',
+      kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2))(hidden)
+  model = tf.keras.Model({'x': x, 'id': ids}, output)
+  model.compile(optimizer=optimizer, loss='binary_crossentropy',
+                metrics=[tf.keras.metrics.BinaryAccuracy()])
+  return model

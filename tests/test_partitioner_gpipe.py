@@ -1,0 +1,259 @@
+"""GPipe on 2 and 4 logical CPU devices equals single-device training.
+
+Logical devices must be configured before TensorFlow initializes, which the
+pytest process may already have done. So one fresh worker process (this file
+run as a script) splits the CPU into 4 logical devices, trains, and writes
+its measurements as JSON; the tests assert on them. Compared: the mini-batch
+loss and every gradient (fp32 tolerance) against the same model on one
+device, for each re-materialization mode, with a skip connection crossing
+stages; variable placement; one optimizer update per mini-batch; export.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+NUM_DEVICES = 4
+BATCH = 16
+REMAT_MODES = ('never', 'always', 'except_last')
+# fp32: the micro-batch sums reorder additions, nothing else differs.
+RTOL = 1e-5
+ATOL = 1e-6
+
+# Boundaries for the 6-call skip model a, b, c, d, add(a, d), out: the skip
+# tensor a:0 crosses every cut before `add`, through whole stages for K=4.
+SKIP_BOUNDARIES = {2: [0, 3, 6], 4: [0, 2, 3, 5, 6]}
+GRADIENT_CASES = ([f'skip_k{k}_{mode}' for k in (2, 4) for mode in REMAT_MODES]
+                  + ['skip_k4_always_offload', 'sequential_k4_except_last',
+                     'taxi_k2_profiled_plan'])
+
+
+# ----------------------------------------------------------------- worker
+
+
+def _skip_model(tf):
+  tf.keras.utils.set_random_seed(3)
+  x = tf.keras.Input((6,), name='x')
+  a = tf.keras.layers.Dense(8, activation='tanh', name='a')(x)
+  b = tf.keras.layers.Dense(
+      8, activation='tanh', name='b',
+      kernel_regularizer=tf.keras.regularizers.l2(0.01))(a)
+  c = tf.keras.layers.Dense(8, activation='tanh', name='c')(b)
+  d = tf.keras.layers.Dense(8, activation='tanh', name='d')(c)
+  added = tf.keras.layers.Add(name='add')([a, d])
+  out = tf.keras.layers.Dense(1, name='out')(added)
+  model = tf.keras.Model(x, out)
+  model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss='mse')
+  return model
+
+
+def _sequential_model(tf):
+  tf.keras.utils.set_random_seed(4)
+  model = tf.keras.Sequential([tf.keras.Input((6,))] + [
+      tf.keras.layers.Dense(units, activation='relu')
+      for units in (16, 12, 8, 8)
+  ] + [tf.keras.layers.Dense(1)])
+  model.compile(optimizer='adam', loss='mse')
+  return model
+
+
+def _taxi_model(tf):
+  from pipelines import taxi_module  # pylint: disable=g-import-not-at-top
+  tf.keras.utils.set_random_seed(5)
+  return taxi_module.build_model({'hidden_units': [16, 8]})
+
+
+def _data(tf, np, name):
+  rng = np.random.default_rng(0)
+  if name == 'taxi':
+    # Shaped like parsed transformed tf.Examples: (batch,), not (batch, 1).
+    model = _taxi_model(tf)
+    features = {
+        key: (tf.constant(rng.normal(size=BATCH).astype('float32'))
+              if kt.dtype == tf.float32 else
+              tf.constant(rng.integers(0, 5, BATCH), dtype=kt.dtype))
+        for key, kt in model.input.items()
+    }
+    labels = tf.constant(rng.integers(0, 2, BATCH), dtype=tf.int64)
+    return features, labels
+  features = tf.constant(rng.normal(size=(BATCH, 6)).astype('float32'))
+  labels = tf.constant(rng.normal(size=(BATCH, 1)).astype('float32'))
+  return features, labels
+
+
+def _reference(tf, model, features, labels):
+  with tf.GradientTape() as tape:
+    predictions = model(features, training=True)
+    loss = model.compiled_loss(labels, predictions,
+                               regularization_losses=model.losses)
+  return loss, tape.gradient(loss, model.trainable_variables)
+
+
+def _plan(graph, num_stages, boundaries, remat, offload=False,
+          num_microbatches=4):
+  return {'num_stages': num_stages, 'num_microbatches': num_microbatches,
+          'remat': remat, 'offload_activations': offload,
+          'boundaries': boundaries, 'layer_signature': graph.class_names()}
+
+
+def _compare(tf, np, build, plan, features, labels, devices):
+  from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
+  reference = build(tf)
+  ref_loss, ref_grads = _reference(tf, reference, features, labels)
+  model = gpipe.build_model_on_devices(lambda: build(tf), plan, devices)
+  runner = gpipe.GPipeRunner(model, plan, devices)
+  loss, grads = runner.gradients(features, labels)
+  errors = [float(np.max(np.abs(g.numpy() - r.numpy()) /
+                         (ATOL + RTOL * np.abs(r.numpy()))))
+            for g, r in zip(grads, ref_grads)]
+  placement_ok = all(
+      variable.device.endswith(stage.device.split('/')[-1].replace(
+          'device:', ''))
+      for stage in runner.stages for variable in stage.variables)
+  return {
+      'loss': float(loss), 'reference_loss': float(ref_loss),
+      'gradient_error_in_tolerances': max(errors),
+      'num_gradients': len(grads),
+      'num_reference_gradients': len(ref_grads),
+      'stage_devices': [stage.device for stage in runner.stages],
+      'placement_ok': placement_ok,
+      'boundaries': plan['boundaries'],
+  }
+
+
+def _train_and_export(tf, np, devices, export_dir):
+  """One GPipe step against one single-device step; then a SavedModel."""
+  from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
+  from components.partitioner import graph as graph_lib  # pylint: disable=g-import-not-at-top
+  features, labels = _data(tf, np, 'skip')
+  reference = _skip_model(tf)
+  _, ref_grads = _reference(tf, reference, features, labels)
+  reference.optimizer.apply_gradients(
+      zip(ref_grads, reference.trainable_variables))
+  plan = _plan(graph_lib.LayerGraph(reference), 4, SKIP_BOUNDARIES[4],
+               'except_last')
+  model = gpipe.build_model_on_devices(lambda: _skip_model(tf), plan,
+                                       devices)
+  runner = gpipe.GPipeRunner(model, plan, devices)
+  runner.train_step(features, labels)
+  weight_errors = [
+      float(np.max(np.abs(w - r) / (ATOL + RTOL * np.abs(r))))
+      for w, r in zip(model.get_weights(), reference.get_weights())
+  ]
+  # Adam keeps two slots shaped like each variable, on its device.
+  slots = [(v.device, tuple(v.shape)) for v in model.optimizer.variables
+           if v.shape.rank]
+  variables = [(v.device, tuple(v.shape)) for v in model.trainable_variables]
+  slots_colocated = sorted(slots) == sorted(variables * 2)
+  tf.saved_model.save(model, export_dir)
+  loaded = tf.saved_model.load(export_dir)
+  served = list(loaded.signatures['serving_default'](x=features).values())[0]
+  return {
+      'weight_error_in_tolerances': max(weight_errors),
+      'optimizer_updates': int(model.optimizer.iterations.numpy()),
+      'slots_colocated': slots_colocated,
+      'export_max_abs_difference': float(np.max(np.abs(
+          served.numpy() - model(features).numpy()))),
+  }
+
+
+def run_worker(output_path: str, scratch_dir: str) -> None:
+  from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
+  gpipe.configure_logical_cpus(NUM_DEVICES)
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from components.partitioner import graph as graph_lib  # pylint: disable=g-import-not-at-top
+  from components.partitioner import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from components.partitioner import profiling  # pylint: disable=g-import-not-at-top
+
+  all_devices = gpipe.stage_devices(NUM_DEVICES)
+  results = {'devices': all_devices}
+  features, labels = _data(tf, np, 'skip')
+  skip_graph = graph_lib.LayerGraph(_skip_model(tf))
+  for k in (2, 4):
+    for mode in REMAT_MODES:
+      plan = _plan(skip_graph, k, SKIP_BOUNDARIES[k], mode)
+      results[f'skip_k{k}_{mode}'] = _compare(
+          tf, np, _skip_model, plan, features, labels, all_devices[:k])
+  plan = _plan(skip_graph, 4, SKIP_BOUNDARIES[4], 'always', offload=True)
+  results['skip_k4_always_offload'] = _compare(
+      tf, np, _skip_model, plan, features, labels, all_devices)
+  sequential_graph = graph_lib.LayerGraph(_sequential_model(tf))
+  plan = _plan(sequential_graph, 4, [0, 1, 2, 4, 5], 'except_last',
+               num_microbatches=8)
+  results['sequential_k4_except_last'] = _compare(
+      tf, np, _sequential_model, plan, features, labels, all_devices)
+
+  taxi_features, taxi_labels = _data(tf, np, 'taxi')
+  micro = tf.nest.map_structure(lambda t: t[:BATCH // 4], taxi_features)
+  profile = profiling.profile_model(_taxi_model(tf), micro, repeats=1)
+  plan = plan_lib.make_plan(profile, 2, 4, 'except_last', False)
+  results['taxi_k2_profiled_plan'] = _compare(
+      tf, np, _taxi_model, plan, taxi_features, taxi_labels, all_devices[:2])
+  results['train_and_export'] = _train_and_export(
+      tf, np, all_devices, os.path.join(scratch_dir, 'saved_model'))
+  with open(output_path, 'w') as f:
+    json.dump(results, f, indent=1)
+
+
+# ------------------------------------------------------------------ tests
+
+
+@pytest.fixture(scope='module')
+def worker_results(tmp_path_factory):
+  scratch = tmp_path_factory.mktemp('gpipe_worker')
+  output = scratch / 'results.json'
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, TF_USE_LEGACY_KERAS='1', TF_CPP_MIN_LOG_LEVEL='2',
+             PYTHONPATH=root)
+  proc = subprocess.run(
+      [sys.executable, os.path.abspath(__file__), str(output), str(scratch)],
+      cwd=root, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+  return json.loads(output.read_text())
+
+
+def test_worker_has_four_logical_cpus(worker_results):
+  assert len(set(worker_results['devices'])) == NUM_DEVICES
+  assert all('CPU' in d for d in worker_results['devices'])
+
+
+@pytest.mark.parametrize('case', GRADIENT_CASES)
+def test_same_loss_and_gradients_as_one_device(worker_results, case):
+  result = worker_results[case]
+  assert result['loss'] == pytest.approx(result['reference_loss'], rel=RTOL)
+  assert result['num_gradients'] == result['num_reference_gradients'] > 0
+  # |gpipe - reference| <= ATOL + RTOL * |reference| for every element.
+  assert result['gradient_error_in_tolerances'] <= 1.0, result
+
+
+@pytest.mark.parametrize('case', GRADIENT_CASES)
+def test_stages_run_on_their_own_devices(worker_results, case):
+  result = worker_results[case]
+  num_stages = len(result['boundaries']) - 1
+  assert len(set(result['stage_devices'])) == num_stages
+  assert result['placement_ok']
+
+
+def test_profiled_taxi_plan_cuts_the_model(worker_results):
+  boundaries = worker_results['taxi_k2_profiled_plan']['boundaries']
+  assert len(boundaries) == 3 and 0 < boundaries[1] < boundaries[2]
+
+
+def test_one_update_per_mini_batch_matches_one_device(worker_results):
+  result = worker_results['train_and_export']
+  assert result['optimizer_updates'] == 1
+  assert result['weight_error_in_tolerances'] <= 1.0, result
+  assert result['slots_colocated']
+
+
+def test_exported_model_is_a_normal_saved_model(worker_results):
+  assert worker_results['train_and_export'][
+      'export_max_abs_difference'] < 1e-6
+
+
+if __name__ == '__main__':
+  run_worker(sys.argv[1], sys.argv[2])

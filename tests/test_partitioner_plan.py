@@ -1,0 +1,141 @@
+"""Plan assembly (cost and memory model) and the report, on a known profile.
+
+No TensorFlow: the profile is written by hand, so every number is checkable.
+"""
+
+import json
+
+import pytest
+
+from components.partitioner import partition
+from components.partitioner import plan as plan_lib
+from components.partitioner import report
+
+MICROBATCH = 4
+
+
+def _profile() -> plan_lib.ModelProfile:
+  """x -> a -> b -> c -> add(a, c) -> out: a skip over b and c."""
+  def layer(name, cls, fwd, bwd, params, act, inputs):
+    return plan_lib.LayerProfile(
+        name=name, class_name=cls, forward_seconds=fwd,
+        backward_seconds=bwd, parameter_bytes=params, trainable_bytes=params,
+        activation_bytes=act, inputs=tuple(inputs), outputs=(f'{name}:0',))
+  layers = (
+      layer('a', 'Dense', 1.0, 2.0, 100, 64, ['x']),
+      layer('b', 'Dense', 3.0, 6.0, 400, 64, ['a:0']),
+      layer('c', 'Dense', 1.0, 2.0, 100, 64, ['b:0']),
+      layer('add', 'Add', 0.5, 0.5, 0, 64, ['a:0', 'c:0']),
+      layer('out', 'Dense', 1.0, 1.0, 20, 4, ['add:0']),
+  )
+  tensor_bytes = {'x': 32, 'a:0': 64, 'b:0': 64, 'c:0': 64, 'add:0': 64,
+                  'out:0': 4}
+  live = (('x',), ('a:0',), ('a:0', 'b:0'), ('a:0', 'c:0'), ('add:0',),
+          ('out:0',))
+  return plan_lib.ModelProfile(
+      microbatch_size=MICROBATCH, optimizer_slot_ratio=2.0, layers=layers,
+      tensor_bytes=tensor_bytes, live_tensors=live)
+
+
+def test_profile_json_round_trip():
+  profile = _profile()
+  assert plan_lib.ModelProfile.from_json(profile.to_json()) == profile
+
+
+def test_costs_include_recomputation_per_remat_mode():
+  profile = _profile()
+  never = plan_lib.layer_costs(profile, 4, 'never')
+  always = plan_lib.layer_costs(profile, 4, 'always')
+  except_last = plan_lib.layer_costs(profile, 4, 'except_last')
+  assert list(never) == [3.0, 9.0, 3.0, 1.0, 2.0]
+  assert list(always) == [4.0, 12.0, 4.0, 1.5, 3.0]
+  assert except_last[1] == pytest.approx(9.0 + 3.0 * 3 / 4)
+
+
+@pytest.mark.parametrize('remat,offload,stored,received', [
+    ('never', False, 8, 8),
+    ('always', False, 1, 8),
+    ('except_last', True, 1, 1),
+])
+def test_memory_terms(remat, offload, stored, received):
+  profile = _profile()
+  layer_memory, cut_memory = plan_lib.memory_terms(profile, 8, remat, offload)
+  # Layer b: weights + gradient accumulator + two optimizer slots.
+  assert layer_memory[1] == 400 * 4 + stored * 64
+  # Cut 3 carries the skip tensor a:0 and c:0.
+  assert cut_memory[3] == received * (64 + 64)
+  assert cut_memory[0] == received * 32
+
+
+def test_make_plan_is_optimal_and_complete():
+  profile = _profile()
+  plan = plan_lib.make_plan(profile, num_stages=2, num_microbatches=4,
+                            remat='never', offload_activations=False)
+  json.dumps(plan)  # Must be plain JSON.
+  costs = plan_lib.layer_costs(profile, 4, 'never')
+  optimum = partition.optimal_partition(costs, 2).bottleneck
+  assert plan['predicted']['slowest_stage_seconds'] == pytest.approx(optimum)
+  assert plan['boundaries'][0] == 0 and plan['boundaries'][-1] == 5
+  assert plan['layer_signature'] == ['Dense', 'Dense', 'Dense', 'Add',
+                                     'Dense']
+  assert plan['batch_size'] == MICROBATCH * 4
+  assert plan['predicted']['bubble_fraction'] == pytest.approx(1 / 5)
+  # Step time is the simulated GPipe makespan of the planned stages.
+  stages = plan['stages']
+  schedule = partition.gpipe_schedule(
+      [s['forward_seconds'] for s in stages],
+      [s['backward_seconds'] for s in stages], 4)
+  assert plan['predicted']['step_seconds'] == pytest.approx(schedule.makespan)
+  assert sum(len(s['layers']) for s in stages) == 5
+  cut = plan['cuts'][0]
+  assert cut['before_layer'] == plan['boundaries'][1]
+  expected = profile.live_tensors[cut['before_layer']]
+  assert [t['name'] for t in cut['tensors']] == list(expected)
+  assert cut['bytes_per_microbatch'] == profile.cut_bytes(cut['before_layer'])
+  for name in ('uniform', 'block_partition'):
+    assert plan['baselines'][name]['slowdown_vs_plan'] >= 1.0 - 1e-12
+
+
+def test_remat_lowers_the_smallest_feasible_budget():
+  profile = _profile()
+
+  def smallest_budget(remat, offload):
+    with pytest.raises(partition.InfeasibleBudgetError) as error:
+      plan_lib.make_plan(profile, 2, 16, remat, offload,
+                         memory_budget_bytes=1)
+    return error.value.min_budget
+
+  never = smallest_budget('never', False)
+  always = smallest_budget('always', False)
+  offloaded = smallest_budget('always', True)
+  assert never > always > offloaded
+  # At exactly that budget a plan exists and respects it.
+  plan = plan_lib.make_plan(profile, 2, 16, 'always', False,
+                            memory_budget_bytes=int(always))
+  json.dumps(plan)  # Plain JSON with a budget too.
+  assert plan['predicted']['peak_memory_bytes'] <= always
+  assert all(s['memory_bytes'] <= always for s in plan['stages'])
+
+
+def test_layer_signature_mismatch_is_explained():
+  plan = plan_lib.make_plan(_profile(), 2, 4, 'never', False)
+  plan_lib.check_layer_signature(plan, plan['layer_signature'])
+  with pytest.raises(ValueError, match='made for a model with 5 layer calls'):
+    plan_lib.check_layer_signature(plan, ['Dense'] * 4)
+
+
+def test_report_writes_markdown_and_pngs(tmp_path):
+  profile = _profile()
+  plan = plan_lib.make_plan(profile, 3, 6, 'except_last', False)
+  report.write_report(plan, profile, str(tmp_path))
+  for name in (report.STAGE_COSTS_PNG, report.SCHEDULE_PNG):
+    data = (tmp_path / name).read_bytes()
+    assert data.startswith(b'\x89PNG\r\n\x1a\n') and len(data) > 5000
+  text = (tmp_path / report.REPORT_MD).read_text()
+  assert '## Stages' in text and '## Tensors crossing each boundary' in text
+  stage_rows = [line for line in text.splitlines()
+                if line.startswith('| ') and line[2].isdigit() and
+                '..' in line]
+  assert len(stage_rows) == 3
+  assert f'![schedule]({report.SCHEDULE_PNG})' in text
+  assert 'a:0, c:0' in text or 'a:0, b:0' in text  # The skip crosses a cut.

@@ -1,0 +1,174 @@
+"""HighPerfTrainer construction: the stock contract, and early, clear errors."""
+
+import json
+import os
+import textwrap
+
+import pytest
+import tensorflow as tf
+from tfx import v1 as tfx
+from tfx.types import standard_artifacts
+
+from components import HighPerfTrainer
+from components import types as hpm_types
+from components.trainer import component
+from components.trainer import executor
+from components.trainer import fn_args as fn_args_lib
+from pipelines import data
+
+# The stock TFX taxi module shipped with tfx (next to the taxi data).
+STOCK_TAXI_MODULE = os.path.join(
+    os.path.dirname(os.path.dirname(data.default_data_root())),
+    'taxi_utils_native_keras.py')
+
+
+def _channel(artifact_type):
+  return tfx.dsl.Channel(type=artifact_type)
+
+
+def _trainer(**overrides):
+  kwargs = dict(
+      examples=_channel(standard_artifacts.Examples),
+      transform_graph=_channel(standard_artifacts.TransformGraph),
+      schema=_channel(standard_artifacts.Schema),
+      module_file=data.default_module_file(),
+      train_args=tfx.proto.TrainArgs(num_steps=10),
+      eval_args=tfx.proto.EvalArgs(num_steps=2))
+  kwargs.update(overrides)
+  return HighPerfTrainer(**kwargs)
+
+
+def _module(tmp_path, source: str) -> str:
+  path = tmp_path / 'user_module.py'
+  path.write_text(textwrap.dedent(source))
+  return str(path)
+
+
+def test_drop_in_spec_and_exec_properties():
+  tuned = _channel(hpm_types.TunedInputPipeline)
+  trainer = _trainer(
+      distribution={'strategy': 'mirrored', 'logical_cpu_devices': 2},
+      fault_tolerance={'save_every_steps': 5}, tuned_input_pipeline=tuned,
+      custom_config={'batch_size': 8})
+  stock = tfx.components.Trainer(
+      examples=_channel(standard_artifacts.Examples),
+      module_file=data.default_module_file())
+  assert set(stock.spec.PARAMETERS) < set(trainer.spec.PARAMETERS)
+  assert set(stock.spec.INPUTS) < set(trainer.spec.INPUTS)
+  assert set(trainer.outputs) == {'model', 'model_run'}
+  assert trainer.outputs['model'].type is standard_artifacts.Model
+  assert trainer.inputs['tuned_input_pipeline'] is tuned
+  distribution = json.loads(trainer.exec_properties['distribution'])
+  assert distribution['strategy'] == 'mirrored'
+  assert distribution['logical_cpu_devices'] == 2
+  fault = json.loads(trainer.exec_properties['fault_tolerance'])
+  assert fault['save_every_steps'] == 5
+  assert json.loads(trainer.exec_properties['custom_config']) == {
+      'batch_size': 8}
+  assert trainer.executor_spec.executor_class is executor.Executor
+
+
+def test_mode_follows_the_module():
+  assert component.check_module_contract(
+      STOCK_TAXI_MODULE, None, 'auto') == 'run_fn'
+  assert component.check_module_contract(
+      data.default_module_file(), None, 'auto') == 'managed'
+  assert component.check_module_contract(
+      data.default_module_file(), None, 'run_fn') == 'run_fn'
+  assert component.check_module_contract(
+      None, 'pipelines.taxi_module.run_fn', 'auto') == 'run_fn'
+  # A stock module needs no training length (its run_fn decides).
+  trainer = _trainer(module_file=STOCK_TAXI_MODULE,
+                     train_args=tfx.proto.TrainArgs())
+  assert trainer.exec_properties['module_file'] == STOCK_TAXI_MODULE
+
+
+def test_run_fn_path_parameter():
+  trainer = _trainer(module_file=None, run_fn='pipelines.taxi_module.run_fn')
+  assert trainer.exec_properties['run_fn'] == 'pipelines.taxi_module.run_fn'
+  with pytest.raises(ValueError, match=r"run_fn 'pipelines.taxi_module.nope'"):
+    _trainer(module_file=None, run_fn='pipelines.taxi_module.nope')
+
+
+@pytest.mark.parametrize('distribution,expected', [
+    ({'strategy': 'horovod'}, "strategy='horovod' is not one of ('auto', "),
+    ({'strategy': 'mirrored', 'num_ps': 1}, 'num_ps=1 needs strategy '
+     'parameter_server'),
+    ({'strategy': 'multi_worker_mirrored', 'num_workers': 0},
+     'num_workers=0 must be an integer >= 1'),
+    ({'strategy': 'mirrored', 'logical_cpu_devices': 2,
+      'global_batch_size': 33}, 'global_batch_size=33 does not divide evenly '
+     'by the 2 replicas'),
+    ({'gradient_accumulation_steps': 0},
+     'gradient_accumulation_steps=0 must be an integer >= 1'),
+    ({'launcher': 'ssh'}, "launcher='ssh' is not one of ('in_process', "
+     "'local')"),
+    ({'num_gpus': 2}, "Unknown distribution option(s) ['num_gpus']"),
+])
+def test_bad_distribution_fails_at_construction(distribution, expected):
+  with pytest.raises(ValueError) as error:
+    _trainer(distribution=distribution)
+  assert expected in str(error.value)
+
+
+def test_bad_fault_tolerance_fails_at_construction():
+  with pytest.raises(ValueError, match='max_restarts=-1'):
+    _trainer(fault_tolerance={'max_restarts': -1})
+
+
+def test_module_without_entry_points(tmp_path):
+  only_run_fn = _module(tmp_path, """
+      def run_fn(fn_args):
+        pass
+      """)
+  with pytest.raises(ValueError,
+                     match="mode='managed' needs build_model.*user_module.py"):
+    _trainer(module_file=only_run_fn, distribution={'mode': 'managed'})
+  neither = _module(tmp_path, 'VALUE = 1\n')
+  with pytest.raises(ValueError, match='defines neither build_model'):
+    _trainer(module_file=neither)
+  only_build_model = _module(tmp_path, """
+      def build_model(hparams):
+        return None
+      """)
+  with pytest.raises(ValueError, match="mode='run_fn' needs run_fn"):
+    _trainer(module_file=only_build_model, distribution={'mode': 'run_fn'})
+
+
+def test_missing_module_file(tmp_path):
+  missing = str(tmp_path / 'nowhere.py')
+  with pytest.raises(ValueError, match=f"module_file '{missing}' does not "
+                     'exist'):
+    _trainer(module_file=missing)
+
+
+def test_module_file_and_run_fn_are_exclusive():
+  with pytest.raises(ValueError, match="Exactly one of 'module_file' or "
+                     "'run_fn'"):
+    _trainer(run_fn='pipelines.taxi_module.run_fn')
+  with pytest.raises(ValueError, match="Exactly one of 'module_file' or "
+                     "'run_fn'"):
+    _trainer(module_file=None)
+
+
+def test_managed_mode_needs_a_training_length():
+  with pytest.raises(ValueError, match='Managed mode needs '
+                     'train_args.num_steps > 0 or distribution train_epochs'):
+    _trainer(train_args=tfx.proto.TrainArgs())
+  _trainer(train_args=tfx.proto.TrainArgs(), distribution={'train_epochs': 1})
+  with pytest.raises(ValueError, match='set only one'):
+    _trainer(distribution={'train_epochs': 1})
+
+
+def test_auto_shard_policy_fits_the_file_count(tmp_path):
+  policy = tf.data.experimental.AutoShardPolicy
+  assert fn_args_lib.auto_shard_policy(4, 2) == policy.FILE
+  assert fn_args_lib.auto_shard_policy(1, 2) == policy.DATA
+  path = str(tmp_path / 'one.tfrecord')
+  with tf.io.TFRecordWriter(path) as writer:
+    writer.write(b'x')
+  factory = fn_args_lib.with_auto_shard(
+      lambda patterns, options, schema: tf.data.TFRecordDataset(patterns), 2)
+  dataset = factory([path], None, None)
+  assert (dataset.options().experimental_distribute.auto_shard_policy ==
+          policy.DATA)

@@ -1,0 +1,149 @@
+"""DistributionConfig validation: every bad value fails, naming what is allowed."""
+
+import pytest
+
+from components.trainer import config as config_lib
+from components.trainer.config import DistributionConfig
+
+
+def _error(**values) -> str:
+  with pytest.raises(ValueError) as error:
+    DistributionConfig.from_dict(values)
+  return str(error.value)
+
+
+def test_defaults_are_valid_and_round_trip():
+  config = DistributionConfig.from_dict({})
+  assert config.strategy == 'auto' and config.launcher == 'local'
+  assert DistributionConfig.from_json(config.to_json()) == config
+  custom = DistributionConfig.from_dict(
+      {'strategy': 'parameter_server', 'num_workers': 2, 'num_ps': 1,
+       'global_batch_size': 64, 'gradient_accumulation_steps': 4})
+  assert DistributionConfig.from_json(custom.to_json()) == custom
+
+
+def test_unknown_strategy_names_the_allowed_ones():
+  message = _error(strategy='horovod')
+  assert "strategy='horovod'" in message
+  for name in config_lib.STRATEGIES:
+    assert repr(name) in message
+
+
+@pytest.mark.parametrize('field,value', [('launcher', 'slurm'),
+                                         ('mode', 'estimator')])
+def test_unknown_choices(field, value):
+  message = _error(**{field: value})
+  assert f'{field}={value!r}' in message and 'is not one of' in message
+
+
+def test_unknown_option():
+  message = _error(num_gpus=2)
+  assert "['num_gpus']" in message and 'per_replica_batch_size' in message
+
+
+def test_num_ps_without_parameter_server():
+  message = _error(strategy='mirrored', num_ps=1)
+  assert 'num_ps=1' in message and "strategy='mirrored'" in message
+  assert "('auto', 'parameter_server')" in message
+
+
+def test_parameter_server_needs_a_ps():
+  message = _error(strategy='parameter_server', num_workers=2)
+  assert 'num_ps >= 1' in message and 'num_ps=0' in message
+
+
+@pytest.mark.parametrize('value', [0, -1, 1.5, True])
+def test_zero_or_bad_workers(value):
+  message = _error(strategy='multi_worker_mirrored', num_workers=value)
+  assert f'num_workers={value!r}' in message and '>= 1' in message
+
+
+def test_many_workers_need_a_multi_worker_strategy():
+  message = _error(strategy='one_device', num_workers=2)
+  assert 'num_workers=2' in message
+  assert "'multi_worker_mirrored', 'parameter_server'" in message
+
+
+def test_in_process_takes_the_cluster_from_tf_config():
+  message = _error(launcher='in_process', strategy='multi_worker_mirrored',
+                   num_workers=2)
+  assert "launcher='local'" in message and 'TF_CONFIG' in message
+
+
+def test_logical_cpus_only_for_local_replica_strategies():
+  message = _error(strategy='multi_worker_mirrored', num_workers=2,
+                   logical_cpu_devices=2)
+  assert 'logical_cpu_devices=2' in message
+  assert "('auto', 'mirrored', 'central_storage')" in message
+
+
+def test_tpu_address_needs_tpu():
+  assert 'tpu_address' in _error(strategy='mirrored', tpu_address='my-tpu')
+
+
+@pytest.mark.parametrize('values,replicas', [
+    ({'strategy': 'mirrored', 'logical_cpu_devices': 2}, 2),
+    ({'strategy': 'central_storage', 'logical_cpu_devices': 4}, 4),
+    ({'strategy': 'multi_worker_mirrored', 'num_workers': 3}, 3),
+])
+def test_global_batch_not_divisible(values, replicas):
+  message = _error(global_batch_size=65, **values)
+  assert 'global_batch_size=65' in message
+  assert f'{replicas} replicas' in message
+
+
+def test_batch_sizes_exclusive_and_positive():
+  assert 'not both' in _error(per_replica_batch_size=8, global_batch_size=16)
+  assert 'per_replica_batch_size=0' in _error(per_replica_batch_size=0)
+  assert 'global_batch_size=-4' in _error(global_batch_size=-4)
+
+
+@pytest.mark.parametrize('field,value', [
+    ('gradient_accumulation_steps', 0), ('train_epochs', -1),
+    ('logical_cpu_devices', -2), ('num_ps', -1), ('timeout_s', -5)])
+def test_negative_or_zero_counts(field, value):
+  assert f'{field}={value!r}' in _error(**{field: value})
+
+
+def test_batch_arithmetic():
+  config = DistributionConfig.from_dict({'per_replica_batch_size': 16})
+  assert config.per_replica_batch(4) == 16 and config.global_batch(4) == 64
+  config = DistributionConfig.from_dict({'global_batch_size': 64})
+  assert config.per_replica_batch(4) == 16 and config.global_batch(4) == 64
+  with pytest.raises(ValueError, match='3 replicas'):
+    config.per_replica_batch(3)
+  assert DistributionConfig().global_batch(2) == (
+      2 * config_lib.DEFAULT_PER_REPLICA_BATCH_SIZE)
+
+
+def test_resolve_mode():
+  resolve = config_lib.resolve_mode
+  kwargs = {'module': "module_file 'm.py'"}
+  assert resolve('auto', has_build_model=True, has_run_fn=True,
+                 run_fn_given=False, **kwargs) == 'managed'
+  assert resolve('auto', has_build_model=True, has_run_fn=True,
+                 run_fn_given=True, **kwargs) == 'run_fn'
+  assert resolve('auto', has_build_model=False, has_run_fn=True,
+                 run_fn_given=False, **kwargs) == 'run_fn'
+  assert resolve('run_fn', has_build_model=True, has_run_fn=True,
+                 run_fn_given=False, **kwargs) == 'run_fn'
+  with pytest.raises(ValueError, match=r"neither build_model.*'m.py'|"
+                     r"'m.py'.*neither"):
+    resolve('auto', has_build_model=False, has_run_fn=False,
+            run_fn_given=False, **kwargs)
+  with pytest.raises(ValueError, match="mode='managed' needs build_model"):
+    resolve('managed', has_build_model=False, has_run_fn=True,
+            run_fn_given=False, **kwargs)
+  with pytest.raises(ValueError, match="mode='run_fn' needs run_fn"):
+    resolve('run_fn', has_build_model=True, has_run_fn=False,
+            run_fn_given=False, **kwargs)
+
+
+def test_train_length():
+  config_lib.check_train_length('managed', 100, 0)
+  config_lib.check_train_length('managed', 0, 2)
+  config_lib.check_train_length('run_fn', 0, 0)
+  with pytest.raises(ValueError, match='set only one'):
+    config_lib.check_train_length('run_fn', 100, 2)
+  with pytest.raises(ValueError, match='num_steps > 0 or'):
+    config_lib.check_train_length('managed', 0, 0)

@@ -1,0 +1,274 @@
+"""Killed workers and clusters, for every strategy (real processes, signals).
+
+- mirrored and central_storage (2 logical CPUs): SIGKILL at a seeded random
+  step, rerun: bit-identical to an uninterrupted run (one_device is covered
+  in test_trainer_resume.py).
+- MultiWorkerMirrored (2 workers) under the local launcher: SIGKILL one
+  worker: the launcher relaunches the cluster, which resumes from the last
+  checkpoint; SIGTERM one worker: TF's PreemptionCheckpointHandler has both
+  workers checkpoint at the same step, nothing is lost.
+- ParameterServer (1 ps, 2 workers, coordinator): SIGKILL one worker: the
+  coordinator finishes on the other, with the exact step count; SIGKILL the
+  coordinator: the launcher relaunches and training resumes.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from components.trainer import launcher
+from components.trainer import preemption
+from tests import trainer_testing as tt
+
+pytestmark = pytest.mark.slow
+
+NUM_EXAMPLES = 64
+SEED = 7
+STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
+ITERATIONS = 'optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE'
+CLUSTER_TIMEOUT_S = 500
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+  return tt.write_id_dataset(str(tmp_path_factory.mktemp('ids')), NUM_EXAMPLES)
+
+
+@pytest.fixture
+def child_env(monkeypatch):
+  """The launcher starts processes with this process's environment."""
+  for key, value in tt.child_env().items():
+    monkeypatch.setenv(key, value)
+
+
+def _final_tensors(task):
+  return tt.latest_checkpoint_tensors(task.checkpoint_dir)
+
+
+def _assert_each_id_once(task, train_steps, replicas):
+  by_step = tt.ids_by_step(tt.read_id_log(task.hparams['id_log']))
+  assert sorted(by_step) == [(s, r) for s in range(train_steps)
+                             for r in range(replicas)]
+  assert sorted(i for ids in by_step.values() for i in ids) == list(
+      range(NUM_EXAMPLES))
+
+
+# ------------------------------------------- single-process, two replicas
+
+
+@pytest.mark.parametrize('strategy', ['mirrored', 'central_storage'])
+def test_two_replica_strategy_resumes_exactly_after_sigkill(
+    tmp_path, data, strategy):
+  train_steps = 16  # 2 replicas x 2 examples: one pass.
+
+  def task_in(name):
+    return tt.make_task(str(tmp_path / name), data, strategy=strategy,
+                        train_steps=train_steps, per_replica_batch_size=2,
+                        logical_cpu_devices=2,
+                        fault_tolerance={'save_every_steps': 3},
+                        hparams={'step_sleep_seconds': 0.1})
+
+  baseline = task_in('baseline')
+  assert tt.run_child(baseline, str(tmp_path / 'baseline')) == 0
+  task = task_in('killed')
+  root = str(tmp_path / 'killed')
+  kill_step = random.Random(SEED).randrange(4, train_steps - 3)
+  _, code = tt.kill_at_step(task, root, kill_step, signal.SIGKILL)
+  assert code == -signal.SIGKILL
+  assert tt.run_child(task, root) == 0, tt.child_log(root)
+
+  [event] = tt.read_result(task)['resume_events']
+  assert event['event'] == 'resumed' and 0 < event['from_step'] <= (
+      kill_step + 1)
+  expected = _final_tensors(baseline)
+  actual = _final_tensors(task)
+  assert actual[STEP] == train_steps and actual[ITERATIONS] == train_steps
+  for name, value in expected.items():
+    np.testing.assert_array_equal(actual[name], value, err_msg=name)
+  assert tt.ids_by_step(tt.read_id_log(task.hparams['id_log'])) == (
+      tt.ids_by_step(tt.read_id_log(baseline.hparams['id_log'])))
+  _assert_each_id_once(task, train_steps, replicas=2)
+
+
+# ------------------------------------------------------------- clusters
+
+
+def _cluster_argv(task, root):
+  task_path = os.path.join(root, 'task.json')
+  task.save(task_path)
+
+  def argv(role):
+    if role == 'trainer':
+      return [sys.executable, '-m', 'tests.trainer_testing', task_path]
+    return [sys.executable, '-m', 'components.trainer.worker', '--task',
+            task_path, '--role', 'server']
+
+  return argv
+
+
+def _signal_when(task, pick_pid, sig):
+  """Background: signals the pid `pick_pid(records)` returns (once)."""
+  sent = {}
+
+  def watch():
+    deadline = time.monotonic() + CLUSTER_TIMEOUT_S
+    while time.monotonic() < deadline:
+      pid = pick_pid(tt.read_id_log(task.hparams['id_log']))
+      if pid:
+        sent['pid'] = pid
+        os.kill(pid, sig)
+        return
+      time.sleep(0.05)
+
+  thread = threading.Thread(target=watch, daemon=True)
+  thread.start()
+  return sent
+
+
+def _mwms_task(root, data):
+  # 2 workers x 2 examples per step: one pass in 16 steps; each worker reads
+  # its own file.
+  return tt.make_task(root, data, strategy='multi_worker_mirrored',
+                      num_workers=2, train_steps=16, per_replica_batch_size=2,
+                      fault_tolerance={'save_every_steps': 4,
+                                       'max_restarts': 1},
+                      hparams={'step_sleep_seconds': 0.1})
+
+
+def _worker_1_at_step(step):
+  def pick(records):
+    mine = [r for r in records if r['replica'] == 1]
+    return mine[-1]['pid'] if mine and mine[-1]['step'] >= step else None
+  return pick
+
+
+def _run_mwms(task, root):
+  return launcher.run_supervised(
+      lambda attempt: launcher.cluster_processes(
+          'multi_worker_mirrored', 2, 0, _cluster_argv(task, root)),
+      os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S,
+      max_restarts=task.fault_tolerance['max_restarts'])
+
+
+def test_mwms_worker_killed_cluster_relaunches_and_resumes(
+    tmp_path, data, child_env):
+  del child_env
+  root = str(tmp_path)
+  task = _mwms_task(root, data)
+  kill_step = random.Random(SEED).randrange(5, 11)
+  sent = _signal_when(task, _worker_1_at_step(kill_step), signal.SIGKILL)
+  launch = _run_mwms(task, root)
+
+  assert launch.attempts == 2
+  assert launch.restarts[0].exit_code == -signal.SIGKILL
+  assert launch.restarts[0].process == 'worker-1'
+  result = tt.read_result(task)
+  assert result['steps'] == 16 and result['num_replicas'] == 2
+  [event] = result['resume_events']
+  assert event['event'] == 'resumed' and event['from_step'] % 4 == 0
+  assert 0 < event['from_step'] <= kill_step + 1
+  tensors = _final_tensors(task)
+  assert tensors[STEP] == 16 and tensors[ITERATIONS] == 16
+  _assert_each_id_once(task, 16, replicas=2)
+  # The killed worker's redone steps replayed the same examples.
+  records = tt.read_id_log(task.hparams['id_log'])
+  surviving = tt.ids_by_step(records)
+  for record in records:
+    if record['pid'] == sent['pid']:
+      assert record['ids'] == surviving[(record['step'], 1)]
+
+
+def test_mwms_sigterm_checkpoints_on_every_worker_and_loses_nothing(
+    tmp_path, data, child_env):
+  del child_env
+  root = str(tmp_path)
+  task = _mwms_task(root, data)
+  _signal_when(task, _worker_1_at_step(5), signal.SIGTERM)
+  launch = _run_mwms(task, root)
+
+  # Both workers saved at the agreed step and exited "preempted".
+  assert launch.attempts == 2
+  assert launch.restarts[0].exit_code == preemption.PREEMPTED_EXIT_CODE
+  events = tt.read_result(task)['resume_events']
+  assert [e['event'] for e in events] == ['preempted', 'resumed']
+  assert events[1]['from_step'] == events[0]['at_step']
+  assert events[1]['steps_lost'] == 0
+  records = tt.read_id_log(task.hparams['id_log'])
+  # No step ran twice on any replica: nothing was lost.
+  keys = [(r['step'], r['replica']) for r in records]
+  assert sorted(keys) == [(s, r) for s in range(16) for r in (0, 1)]
+  _assert_each_id_once(task, 16, replicas=2)
+
+
+def _ps_task(root, data, train_steps):
+  return tt.make_task(root, data, strategy='parameter_server', num_workers=2,
+                      num_ps=1, train_steps=train_steps,
+                      per_replica_batch_size=2,
+                      fault_tolerance={'save_every_steps': 10,
+                                       'max_restarts': 1},
+                      hparams={'step_sleep_seconds': 0.05})
+
+
+def test_ps_survives_the_loss_of_a_worker(tmp_path, data):
+  """No relaunch: the coordinator retries the lost worker's steps elsewhere."""
+  root = str(tmp_path)
+  task = _ps_task(root, data, train_steps=40)
+  specs = launcher.cluster_processes('parameter_server', 2, 1,
+                                     _cluster_argv(task, root))
+  processes = {}
+  try:
+    for spec in specs:
+      env = dict(os.environ, **tt.child_env(),
+                 **{k: v for k, v in spec.env.items() if v is not None})
+      with open(os.path.join(root, f'{spec.name}.log'), 'wb') as log:
+        processes[spec.name] = subprocess.Popen(
+            spec.argv, env=env, cwd=tt.REPO_ROOT, stdout=log,
+            stderr=subprocess.STDOUT)
+    # Steps run their py_function (the id log) on the coordinator, so the
+    # log tells the progress; the victim is a worker server.
+    tt.wait_for_step(processes['chief'], task.hparams['id_log'], 10)
+    processes['worker-1'].kill()
+    assert processes['chief'].wait(timeout=CLUSTER_TIMEOUT_S) == 0, (
+        open(os.path.join(root, 'chief.log'), errors='replace').read())
+    assert processes['worker-1'].poll() == -signal.SIGKILL
+  finally:
+    for process in processes.values():
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+  result = tt.read_result(task)
+  assert result['steps'] == 40 and result['resume_events'] == []
+  assert result['exported'] is True
+  tensors = _final_tensors(task)
+  assert tensors[STEP] == 40 and tensors[ITERATIONS] == 40
+  with open(os.path.join(root, 'chief.log'), errors='replace') as f:
+    assert 'worker/replica:0/task:1 failed' in f.read()
+
+
+def test_ps_coordinator_killed_cluster_relaunches_and_resumes(
+    tmp_path, data, child_env):
+  del child_env
+  root = str(tmp_path)
+  task = _ps_task(root, data, train_steps=30)
+  chief_past_step = lambda records: (  # pylint: disable=g-long-lambda
+      records[-1]['pid'] if records and records[-1]['step'] >= 14 else None)
+  _signal_when(task, chief_past_step, signal.SIGKILL)
+  launch = launcher.run_supervised(
+      lambda attempt: launcher.cluster_processes(
+          'parameter_server', 2, 1, _cluster_argv(task, root)),
+      os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S, max_restarts=1)
+
+  assert launch.attempts == 2 and launch.restarts[0].process == 'chief'
+  result = tt.read_result(task)
+  [event] = result['resume_events']
+  assert event['event'] == 'resumed' and event['from_step'] in (10, 20)
+  assert result['start_step'] == event['from_step']
+  tensors = _final_tensors(task)
+  assert tensors[STEP] == 30 and tensors[ITERATIONS] == 30

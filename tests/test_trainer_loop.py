@@ -1,0 +1,203 @@
+"""The managed training loop: training, eval, export, TensorBoard, results.
+
+Fast tests train a tiny model in this process with OneDeviceStrategy; the
+`slow` ones run mirrored and central_storage (two logical CPU devices, which
+must be configured before TensorFlow starts) in child processes.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.trainer import checkpointing
+from components.trainer import loop
+from tests import trainer_testing as tt
+
+# Two windows of the input pipeline's shuffle (8 batches of 4), so the first
+# 64 examples read are exactly one pass over the data.
+NUM_EXAMPLES = 64
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+  return tt.write_id_dataset(str(tmp_path_factory.mktemp('ids')), NUM_EXAMPLES)
+
+
+def train_here(task):
+  return loop.run_managed_training(task,
+                                   tf.distribute.OneDeviceStrategy('/cpu:0'))
+
+
+def _summary_tags(directory):
+  tags = set()
+  for name in tf.io.gfile.listdir(directory):
+    for record in tf.data.TFRecordDataset(os.path.join(directory, name)):
+      event = tf.compat.v1.Event.FromString(record.numpy())
+      tags.update(v.tag for v in event.summary.value)
+  return tags
+
+
+def test_one_device_trains_evaluates_exports_and_reports(tmp_path, data):
+  # 16 steps x 4 examples: exactly one pass over the 64 examples.
+  task = tt.make_task(str(tmp_path), data, train_steps=16,
+                      per_replica_batch_size=4,
+                      fault_tolerance={'save_every_steps': 5, 'keep_last': 2})
+  result = train_here(task)
+
+  assert result['steps'] == 16 and result['steps_this_attempt'] == 16
+  assert result['preempted'] is False and result['exported'] is True
+  assert result['examples_per_step'] == 4 and result['num_replicas'] == 1
+  assert result['examples_per_sec'] > 0
+  assert np.isfinite(result['train_loss'])
+  assert set(result['eval']) == {'loss', 'binary_accuracy'}
+  assert result['resume_events'] == []
+  # Checkpoints at 5, 10, 15 and the final 16; the last two are kept.
+  assert result['checkpoints_saved'] == 4
+  assert sorted(os.listdir(task.checkpoint_dir))[:2] == [
+      'ckpt-000000000015', 'ckpt-000000000016']
+  with open(os.path.join(task.model_run_dir, loop.RESULT_FILE)) as f:
+    assert json.load(f) == result
+
+  # Every example exactly once, 4 per optimizer step.
+  by_step = tt.ids_by_step(tt.read_id_log(task.hparams['id_log']))
+  assert sorted(by_step) == [(s, 0) for s in range(16)]
+  assert all(len(ids) == 4 for ids in by_step.values())
+  assert sorted(i for ids in by_step.values() for i in ids) == list(
+      range(NUM_EXAMPLES))
+
+  assert 'loss' in _summary_tags(os.path.join(task.model_run_dir, 'train'))
+  assert {'loss', 'binary_accuracy'} <= _summary_tags(
+      os.path.join(task.model_run_dir, 'eval'))
+
+  served = tf.saved_model.load(task.serving_model_dir)
+  outputs = served.signatures['serving_default'](
+      x=tf.zeros([3, 4]), id=tf.constant([1, 2, 3], tf.int64))
+  assert list(outputs.values())[0].shape == (3, 1)
+
+
+def test_delete_after_export_removes_the_checkpoints(tmp_path, data):
+  task = tt.make_task(str(tmp_path), data, train_steps=3,
+                      fault_tolerance={'save_every_steps': 1,
+                                       'delete_after_export': True})
+  result = train_here(task)
+  assert result['checkpoints_saved'] == 3
+  assert os.path.isdir(task.serving_model_dir)
+  assert not os.path.exists(task.checkpoint_dir)
+
+
+def test_rerun_resumes_with_the_exact_data_order(tmp_path, data):
+  """A run stopped at step 6 and continued matches an uninterrupted one."""
+  whole = tt.make_task(str(tmp_path / 'whole'), data, train_steps=12)
+  train_here(whole)
+  split = tt.make_task(str(tmp_path / 'split'), data, train_steps=6)
+  train_here(split)
+  split.train_steps = 12
+  result = train_here(split)
+
+  assert result['start_step'] == 6 and result['steps_this_attempt'] == 6
+  event = result['resume_events'][-1]
+  assert event['event'] == 'resumed' and event['from_step'] == 6
+  assert event['checkpoint'].endswith('ckpt-000000000006')
+  assert event['steps_lost'] == 0
+  assert tt.ids_by_step(tt.read_id_log(split.hparams['id_log'])) == (
+      tt.ids_by_step(tt.read_id_log(whole.hparams['id_log'])))
+  expected = tt.latest_checkpoint_tensors(whole.checkpoint_dir)
+  actual = tt.latest_checkpoint_tensors(split.checkpoint_dir)
+  assert sorted(actual) == sorted(expected)
+  for name, value in expected.items():
+    np.testing.assert_array_equal(actual[name], value, err_msg=name)
+
+
+def test_changed_fingerprint_starts_fresh_and_says_so(tmp_path, data):
+  root = str(tmp_path / 'backups')
+  old_dir = checkpointing.stable_checkpoint_dir(
+      root, 'taxi', 'HighPerfTrainer',
+      checkpointing.training_fingerprint({'examples': 'a'}, {'steps': 2}))
+  new_fingerprint = checkpointing.training_fingerprint({'examples': 'b'},
+                                                       {'steps': 2})
+  new_dir = checkpointing.stable_checkpoint_dir(root, 'taxi',
+                                                'HighPerfTrainer',
+                                                new_fingerprint)
+  train_here(tt.make_task(str(tmp_path / 'old'), data, train_steps=2,
+                          checkpoint_dir=old_dir))
+  result = train_here(tt.make_task(str(tmp_path / 'new'), data, train_steps=2,
+                                   checkpoint_dir=new_dir))
+  assert result['start_step'] == 0
+  [event] = result['resume_events']
+  assert event['event'] == 'fresh_start'
+  assert os.path.basename(old_dir) in event['reason']
+  assert new_dir.endswith(new_fingerprint)
+
+
+def test_module_without_build_model_is_rejected(tmp_path, data):
+  task = tt.make_task(str(tmp_path), data)
+  task.module_path = 'tests.trainer_testing'
+  with pytest.raises(ValueError, match='needs `build_model`'):
+    train_here(task)
+
+
+def test_multi_output_loss_is_rejected():
+  inputs = tf.keras.layers.Input(shape=(2,))
+  model = tf.keras.Model(inputs, [tf.keras.layers.Dense(1)(inputs),
+                                  tf.keras.layers.Dense(1)(inputs)])
+  model.compile(loss=['mse', 'mse'])
+  with pytest.raises(ValueError, match='one loss'):
+    loop._per_example_loss(model)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('loss', [
+    'binary_crossentropy', tf.keras.losses.BinaryCrossentropy(),
+    tf.keras.losses.binary_crossentropy])
+def test_per_example_loss_matches_keras_mean(loss):
+  inputs = tf.keras.layers.Input(shape=(2,))
+  model = tf.keras.Model(inputs, tf.keras.layers.Dense(
+      1, activation='sigmoid')(inputs))
+  model.compile(loss=loss)
+  labels = tf.constant([0.0, 1.0, 1.0])
+  predictions = tf.constant([[0.2], [0.7], [0.4]])
+  per_example = loop._per_example_loss(model)(labels, predictions)  # pylint: disable=protected-access
+  assert per_example.shape == (3,)
+  expected = tf.keras.losses.BinaryCrossentropy()(labels, predictions)
+  np.testing.assert_allclose(tf.reduce_mean(per_example), expected, rtol=1e-6)
+
+
+def test_rows_slices_dense_ragged_and_sparse():
+  dense = tf.reshape(tf.range(12), [6, 2])
+  np.testing.assert_array_equal(loop._rows(dense, 2, 2), [[4, 5], [6, 7]])  # pylint: disable=protected-access
+  ragged = tf.ragged.constant([[1], [2, 3], [], [4, 5, 6]])
+  assert loop._rows(ragged, 1, 2).to_list() == [[2, 3], []]  # pylint: disable=protected-access
+  sparse = ragged.to_sparse()
+  rows = loop._rows(sparse, 2, 2)  # pylint: disable=protected-access
+  assert tf.RaggedTensor.from_sparse(rows).to_list() == [[], [4, 5, 6]]
+
+
+@pytest.mark.parametrize('files, workers, policy', [
+    (4, 2, tf.data.experimental.AutoShardPolicy.FILE),
+    (2, 2, tf.data.experimental.AutoShardPolicy.FILE),
+    (1, 2, tf.data.experimental.AutoShardPolicy.DATA),
+])
+def test_auto_shard_policy_fits_the_file_count(files, workers, policy):
+  assert loop._auto_shard_policy(files, workers) == policy  # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('strategy', ['mirrored', 'central_storage'])
+def test_two_replica_strategies_split_every_batch(tmp_path, data, strategy):
+  """2 replicas x 2 examples x 2 accumulation micro-steps = 8 per update."""
+  task = tt.make_task(str(tmp_path), data, strategy=strategy, train_steps=8,
+                      per_replica_batch_size=2, accumulation=2,
+                      logical_cpu_devices=2)
+  assert tt.run_child(task, str(tmp_path)) == 0, tt.child_log(str(tmp_path))
+  result = tt.read_result(task)
+  assert result['num_replicas'] == 2 and result['examples_per_step'] == 8
+  assert result['steps'] == 8 and result['exported'] is True
+  assert set(result['eval']) == {'loss', 'binary_accuracy'}
+  by_step = tt.ids_by_step(tt.read_id_log(task.hparams['id_log']))
+  assert sorted(by_step) == [(s, r) for s in range(8) for r in (0, 1)]
+  # Each replica trains on its own 4 examples (2 micro-batches of 2).
+  assert all(len(ids) == 4 for ids in by_step.values())
+  assert sorted(i for ids in by_step.values() for i in ids) == list(
+      range(NUM_EXAMPLES))

@@ -1,0 +1,183 @@
+"""HighPerfTrainer in the taxi pipeline under LocalDagRunner, per strategy.
+
+All strategy runs share one pipeline root with caching on, so ExampleGen ..
+Transform run once and each strategy reruns only Trainer, Evaluator and
+Pusher. Each must train the taxi model on the small sample with a real local
+cluster where the strategy has one, and the Evaluator must bless the export.
+"""
+
+import json
+import os
+import re
+
+import pytest
+from ml_metadata import metadata_store
+from ml_metadata.proto import metadata_store_pb2
+from tfx import v1 as tfx
+from tfx.utils import proto_utils
+
+from components import HighPerfTrainer
+from pipelines import data
+from pipelines import summary
+from pipelines import taxi_pipeline
+
+pytestmark = pytest.mark.slow
+
+PIPELINE_NAME = 'hpm_trainer_strategies'
+TRAIN_STEPS = 30
+EVAL_STEPS = 5
+STOCK_TAXI_MODULE = os.path.join(
+    os.path.dirname(os.path.dirname(data.default_data_root())),
+    'taxi_utils_native_keras.py')
+
+
+def _judge_on_its_own(pipeline: tfx.dsl.Pipeline) -> None:
+  """Blessing by the accuracy bound only, not against the previous model.
+
+  `create_pipeline`'s Evaluator also requires no regression against the last
+  blessed model; runs of different strategies on a tiny sample are not
+  ordered by quality, so each export is judged on its own here.
+  """
+  evaluator = next(c for c in pipeline.components if c.id == 'Evaluator')
+  config = taxi_pipeline.eval_config(accuracy_threshold=0.0)
+  for metrics_spec in config.metrics_specs:
+    for metric in metrics_spec.metrics:
+      metric.threshold.ClearField('change_threshold')
+  evaluator.exec_properties['eval_config'] = proto_utils.proto_to_json(config)
+
+
+def _run(root: str, data_root: str, distribution: dict,
+         module_file: str = None, custom_config: dict = None):
+  def make_trainer(inputs: taxi_pipeline.TrainerInputs):
+    return HighPerfTrainer(
+        module_file=inputs.module_file,
+        examples=inputs.examples,
+        transform_graph=inputs.transform_graph,
+        schema=inputs.schema,
+        train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
+        eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps),
+        custom_config=custom_config,
+        distribution={'timeout_s': 900, **distribution},
+        fault_tolerance={'max_restarts': 0})
+
+  pipeline = taxi_pipeline.create_pipeline(
+      pipeline_name=PIPELINE_NAME, pipeline_root=root,
+      serving_model_dir=os.path.join(root, 'serving_model'),
+      data_root=data_root, module_file=module_file, train_steps=TRAIN_STEPS,
+      eval_steps=EVAL_STEPS, make_trainer=make_trainer, enable_cache=True)
+  _judge_on_its_own(pipeline)
+  tfx.orchestration.LocalDagRunner().run(pipeline)
+  return summary.read_run(os.path.join(root, 'metadata.db'))
+
+
+def _store(root: str) -> metadata_store.MetadataStore:
+  config = metadata_store_pb2.ConnectionConfig()
+  config.sqlite.filename_uri = os.path.join(root, 'metadata.db')
+  config.sqlite.connection_mode = 1  # READONLY
+  return metadata_store.MetadataStore(config)
+
+
+def _latest_model_run(root: str):
+  runs = _store(root).get_artifacts_by_type('ModelRun')
+  return max(runs, key=lambda a: a.id)
+
+
+def _completed_runs(root: str, node_id: str) -> int:
+  store = _store(root)
+  node = store.get_context_by_type_and_name('node',
+                                            f'{PIPELINE_NAME}.{node_id}')
+  return sum(1 for e in store.get_executions_by_context(node.id)
+             if e.last_known_state == metadata_store_pb2.Execution.COMPLETE)
+
+
+def _assert_trained_and_blessed(run, model_run, strategy: str, replicas: int,
+                                mode: str):
+  states = {e.node_id: e.state for e in run.executions}
+  for node in ('Trainer', 'Evaluator', 'Pusher'):
+    assert states[node] == 'COMPLETE', states
+  assert run.blessed is True
+  assert run.pushed_model and os.path.isdir(run.pushed_model)
+  assert 'binary_accuracy' in run.metrics
+  props = model_run.custom_properties
+  assert props['strategy'].string_value == strategy
+  assert props['training_mode'].string_value == mode
+  assert props['num_replicas'].int_value == replicas
+  with open(os.path.join(model_run.uri, 'distribution_decision.json')) as f:
+    decision = json.load(f)
+  assert decision['strategy'] == strategy and decision['reason']
+  with open(os.path.join(model_run.uri, 'training_result.json')) as f:
+    result = json.load(f)
+  assert result['num_replicas'] == replicas
+  assert result['train_steps'] == TRAIN_STEPS
+  return result
+
+
+@pytest.fixture(scope='module')
+def strategies_root(tmp_path_factory) -> str:
+  return str(tmp_path_factory.mktemp('hpm_trainer_pipeline'))
+
+
+@pytest.mark.parametrize('distribution,strategy,replicas,processes', [
+    ({'strategy': 'one_device'}, 'one_device', 1, ['trainer']),
+    ({'strategy': 'mirrored', 'logical_cpu_devices': 2}, 'mirrored', 2,
+     ['trainer']),
+    ({'strategy': 'central_storage', 'logical_cpu_devices': 2},
+     'central_storage', 2, ['trainer']),
+    ({'strategy': 'multi_worker_mirrored', 'num_workers': 2},
+     'multi_worker_mirrored', 2, ['worker-0', 'worker-1']),
+    ({'strategy': 'parameter_server', 'num_workers': 2, 'num_ps': 1},
+     'parameter_server', 1, ['chief', 'ps-0', 'worker-0', 'worker-1']),
+], ids=['one_device', 'mirrored', 'central_storage', 'multi_worker_mirrored',
+        'parameter_server'])
+def test_strategy_trains_taxi_and_is_blessed(strategies_root, taxi_sample_dir,
+                                             distribution, strategy, replicas,
+                                             processes):
+  run = _run(strategies_root, taxi_sample_dir, distribution)
+  model_run = _latest_model_run(strategies_root)
+  result = _assert_trained_and_blessed(run, model_run, strategy, replicas,
+                                       'managed')
+  assert result['examples_per_sec'] > 0
+  assert result['launch']['attempts'] == 1
+  logs = os.listdir(os.path.join(model_run.uri, 'cluster_logs', 'attempt-0'))
+  assert sorted(logs) == [f'{p}.log' for p in processes]
+  # Upstream components ran once for all strategies (cache).
+  assert _completed_runs(strategies_root, 'Transform') == 1
+
+
+def test_worker_crash_fails_the_component_with_its_log(strategies_root,
+                                                       taxi_sample_dir):
+  """A training process that dies fails the run with its log, and leaves no
+  process behind."""
+  with pytest.raises(RuntimeError) as error:
+    _run(strategies_root, taxi_sample_dir,
+         {'strategy': 'multi_worker_mirrored', 'num_workers': 2},
+         custom_config={'hparams': {'hidden_units': ['not-a-size']}})
+  message = str(error.value)
+  assert re.search(r"Training process 'worker-\d' exited with code 1",
+                   message), message
+  assert 'not-a-size' in message  # From the worker's own traceback.
+  leftovers = [pid for pid in os.listdir('/proc') if pid.isdigit() and
+               'components.trainer.worker' in _cmdline(pid) and
+               strategies_root in _cmdline(pid)]
+  assert not leftovers
+
+
+def _cmdline(pid: str) -> str:
+  try:
+    with open(f'/proc/{pid}/cmdline', 'rb') as f:
+      return f.read().decode(errors='replace')
+  except OSError:
+    return ''
+
+
+def test_stock_taxi_module_runs_unchanged(tmp_path, taxi_sample_dir):
+  """The stock TFX taxi module (run_fn only) trains under HighPerfTrainer."""
+  root = str(tmp_path / 'stock_module')
+  run = _run(root, taxi_sample_dir, {}, module_file=STOCK_TAXI_MODULE)
+  model_run = _latest_model_run(root)
+  _assert_trained_and_blessed(run, model_run, 'one_device', 1, 'run_fn')
+  assert 'auto' not in model_run.custom_properties['strategy'].string_value
+  assert 'nothing to distribute' in (
+      model_run.custom_properties['strategy_reason'].string_value)
+  # The stock run_fn writes TensorBoard logs into model_run.
+  assert os.path.isdir(os.path.join(model_run.uri, 'train'))

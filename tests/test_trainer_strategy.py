@@ -1,0 +1,163 @@
+"""Strategy selection (`auto` rules) and construction."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from components.trainer import strategy as strategy_lib
+from components.trainer.config import DistributionConfig
+from components.trainer.strategy import Environment
+
+
+def _cluster(**tasks):
+  return {'cluster': {k: [f'host{i}:{2222 + i}' for i in range(n)]
+                      for k, n in tasks.items()},
+          'task': {'type': 'worker', 'index': 0}}
+
+
+@pytest.mark.parametrize('config,env,expected', [
+    ({}, Environment(), 'one_device'),
+    ({}, Environment(num_gpus=1), 'one_device'),
+    ({}, Environment(num_gpus=4), 'mirrored'),
+    ({'logical_cpu_devices': 2}, Environment(), 'mirrored'),
+    ({'logical_cpu_devices': 2}, Environment(num_gpus=1), 'one_device'),
+    ({'num_workers': 2}, Environment(num_gpus=4), 'multi_worker_mirrored'),
+    ({'num_workers': 2, 'num_ps': 1}, Environment(), 'parameter_server'),
+    ({'num_ps': 1}, Environment(num_gpus=2), 'parameter_server'),
+    ({}, Environment(tf_config=_cluster(worker=3)), 'multi_worker_mirrored'),
+    ({}, Environment(tf_config=_cluster(chief=1, worker=1)),
+     'multi_worker_mirrored'),
+    ({}, Environment(tf_config=_cluster(worker=1)), 'one_device'),
+    ({}, Environment(tf_config=_cluster(chief=1, worker=2, ps=2)),
+     'parameter_server'),
+    ({'num_workers': 2}, Environment(tpu_available=True), 'tpu'),
+    ({}, Environment(tpu_available=True,
+                     tf_config=_cluster(worker=2, ps=1)), 'tpu'),
+])
+def test_auto_rules(config, env, expected):
+  name, reason = strategy_lib.choose_strategy(
+      DistributionConfig.from_dict(config), env)
+  assert name == expected
+  assert reason.endswith('.') and len(reason) > 10
+
+
+def test_auto_reasons_name_the_evidence():
+  _, reason = strategy_lib.choose_strategy(
+      DistributionConfig(), Environment(num_gpus=4))
+  assert '4 GPUs' in reason
+  _, reason = strategy_lib.choose_strategy(
+      DistributionConfig(), Environment(tf_config=_cluster(worker=2, ps=3)))
+  assert '3 ps' in reason
+
+
+def test_explicit_strategy_wins():
+  name, reason = strategy_lib.choose_strategy(
+      DistributionConfig(strategy='central_storage'), Environment(num_gpus=8))
+  assert name == 'central_storage' and 'requested' in reason
+
+
+def test_tpu_without_tpu_fails_clearly():
+  with pytest.raises(strategy_lib.StrategyUnavailableError) as error:
+    strategy_lib.resolve(DistributionConfig(strategy='tpu'), Environment())
+  message = str(error.value)
+  assert "strategy='tpu' needs a TPU" in message
+  assert 'TPU_NAME' in message and "'mirrored'" in message
+  config, _ = strategy_lib.resolve(DistributionConfig(strategy='tpu'),
+                                   Environment(tpu_available=True))
+  assert config.strategy == 'tpu'
+
+
+def test_tpu_detection_reads_address_and_environment(monkeypatch):
+  for name in strategy_lib.TPU_ENV_VARS:
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setattr(strategy_lib, 'TPU_DEVICE_GLOB', '/nonexistent/accel*')
+  assert not strategy_lib.tpu_available(DistributionConfig())
+  assert strategy_lib.tpu_available(DistributionConfig(tpu_address='t1'))
+  monkeypatch.setenv('TPU_NAME', 'my-tpu')
+  assert strategy_lib.tpu_available(DistributionConfig())
+
+
+def test_in_process_parameter_server_needs_a_cluster():
+  config = DistributionConfig(strategy='parameter_server',
+                              launcher='in_process')
+  with pytest.raises(strategy_lib.StrategyUnavailableError,
+                     match='TF_CONFIG with ps and worker'):
+    strategy_lib.resolve(config, Environment())
+  resolved, _ = strategy_lib.resolve(
+      config, Environment(tf_config=_cluster(chief=1, worker=1, ps=1)))
+  assert resolved.strategy == 'parameter_server'
+
+
+def test_resolve_replaces_auto_and_drops_useless_logical_cpus():
+  config = DistributionConfig(logical_cpu_devices=2)
+  resolved, _ = strategy_lib.resolve(config, Environment())
+  assert (resolved.strategy, resolved.logical_cpu_devices) == ('mirrored', 2)
+  resolved, _ = strategy_lib.resolve(config, Environment(num_gpus=2))
+  assert (resolved.strategy, resolved.logical_cpu_devices) == ('mirrored', 0)
+  resolved.validate()
+
+
+def test_detect_environment_reads_tf_config_only_in_process(monkeypatch):
+  monkeypatch.setenv('TF_CONFIG', json.dumps(_cluster(worker=2)))
+  local = strategy_lib.detect_environment(DistributionConfig())
+  assert local.tf_config == {}
+  assert local.num_gpus == 0  # This machine has no GPU.
+  in_process = strategy_lib.detect_environment(
+      DistributionConfig(launcher='in_process'))
+  assert in_process.cluster_size('worker') == 2
+
+
+@pytest.mark.parametrize('tf_config,chief', [
+    ({}, True),
+    (_cluster(worker=2), True),
+    ({**_cluster(worker=2), 'task': {'type': 'worker', 'index': 1}}, False),
+    ({**_cluster(chief=1, worker=2), 'task': {'type': 'worker', 'index': 0}},
+     False),
+    ({**_cluster(chief=1, worker=2), 'task': {'type': 'chief', 'index': 0}},
+     True),
+    ({**_cluster(chief=1, ps=1), 'task': {'type': 'ps', 'index': 0}}, False),
+])
+def test_is_chief(tf_config, chief):
+  assert strategy_lib.is_chief(tf_config) is chief
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return subprocess.run([sys.executable, '-c', textwrap.dedent(code)],
+                        cwd=root, capture_output=True, text=True, timeout=120,
+                        env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
+
+
+def test_logical_cpu_strategies_build_real_replicas():
+  """Fresh process: logical CPUs give Mirrored/CentralStorage N replicas."""
+  proc = _run_python("""
+      from components.trainer import strategy as s
+      from components.trainer.config import DistributionConfig
+      config = DistributionConfig(strategy='mirrored', logical_cpu_devices=3)
+      s.configure_logical_cpus(3)
+      replicas = [s.make_strategy(name, config).num_replicas_in_sync
+                  for name in ('mirrored', 'central_storage', 'one_device')]
+      print('REPLICAS', replicas)
+      """)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'REPLICAS [3, 3, 1]' in proc.stdout
+
+
+def test_logical_cpus_after_tf_started_fail_clearly():
+  proc = _run_python("""
+      import tensorflow as tf
+      tf.constant(1.0) + 1.0  # Initializes the runtime with one CPU.
+      from components.trainer import strategy as s
+      s.configure_logical_cpus(1)  # Nothing to do.
+      try:
+        s.configure_logical_cpus(2)
+      except RuntimeError as e:
+        print('ERROR', e)
+      """)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'ERROR logical_cpu_devices=2 needs a TensorFlow runtime' in proc.stdout
+  assert "launcher='local'" in proc.stdout

@@ -1,0 +1,96 @@
+"""TuningConfig validation and OptimizedTransform construction (fast)."""
+
+import json
+
+import pytest
+from tfx import v1 as tfx
+from tfx.proto import transform_pb2
+
+from components import OptimizedTransform
+from components.transform.config import TuningConfig
+from components.types import TunedInputPipeline
+
+
+def _channels():
+  return dict(
+      examples=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Examples),
+      schema=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Schema))
+
+
+@pytest.mark.parametrize('values, message', [
+    ({'time_budget_s': -1}, r'time_budget_s must be a positive number.*-1'),
+    ({'time_budget_s': 0}, r'time_budget_s must be a positive'),
+    ({'ram_budget_bytes': -5}, r'ram_budget_bytes must be a positive int.*-5'),
+    ({'ram_budget_bytes': 0}, r'ram_budget_bytes must be a positive int'),
+    ({'batch_size': 0}, r'batch_size must be a positive int, got 0'),
+    ({'num_output_shards': -2}, r'num_output_shards must be an int >= 0'),
+    ({'max_candidates': 0}, r'max_candidates must be a positive int'),
+    ({'measure_seconds': 20}, r'measure_seconds must be positive and at most'),
+    ({'cache': 'ssd'},
+     r"cache must be one of \('auto', 'memory', 'disk', 'none'\), got 'ssd'"),
+    ({'cache': 'disk'}, r"cache='disk' needs cache_dir"),
+    ({'materialize': 'never'},
+     r"materialize must be one of \('auto', 'always', 'on_the_fly'\)"),
+    ({'allow_nondeterministic': 'yes'}, r'allow_nondeterministic must be a'),
+    ({'tune_split': ''}, r'tune_split must be a split name'),
+    ({'cache_size': 1}, r"Unknown tuning option\(s\) \['cache_size'\]"),
+])
+def test_bad_tuning_fails_at_construction(values, message):
+  with pytest.raises(ValueError, match=message):
+    TuningConfig.from_dict(values)
+  with pytest.raises(ValueError, match=message):
+    OptimizedTransform(**_channels(), module_file='m.py', tuning=values)
+
+
+@pytest.mark.parametrize('analyze, transform, message', [
+    (['train'], [], r'splits_config.transform is empty'),
+    ([], ['train'], r'splits_config.analyze is empty'),
+    (['train'], ['eval'], r"tune_split='train' is not transformed.*\['eval'\]"),
+])
+def test_bad_splits_fail_at_construction(analyze, transform, message):
+  with pytest.raises(ValueError, match=message):
+    OptimizedTransform(
+        **_channels(), module_file='m.py',
+        splits_config=transform_pb2.SplitsConfig(analyze=analyze,
+                                                 transform=transform))
+
+
+def test_materialize_false_cannot_read_materialized():
+  with pytest.raises(ValueError, match="materialize='always' needs"):
+    OptimizedTransform(**_channels(), module_file='m.py', materialize=False,
+                       tuning={'materialize': 'always'})
+
+
+def test_stock_argument_checks_still_apply():
+  with pytest.raises(ValueError, match='Exactly one of'):
+    OptimizedTransform(**_channels())
+
+
+def test_tuning_accepts_dict_json_and_dataclass():
+  config = TuningConfig(time_budget_s=5, cache='none')
+  for value in (config, config.to_dict(), config.to_json()):
+    assert TuningConfig.parse(value) == config
+  assert TuningConfig.parse(None) == TuningConfig()
+  with pytest.raises(ValueError, match='tuning must be a TuningConfig'):
+    TuningConfig.parse(5)
+
+
+def test_same_spec_as_stock_transform_plus_tuning():
+  kwargs = dict(
+      module_file='m.py',
+      splits_config=transform_pb2.SplitsConfig(analyze=['train'],
+                                               transform=['train', 'eval']),
+      custom_config={'k': 1},
+      disable_statistics=True)
+  stock = tfx.components.Transform(**_channels(), **kwargs)
+  ours = OptimizedTransform(**_channels(), **kwargs,
+                            tuning={'time_budget_s': 4.0})
+  assert set(ours.outputs) == set(stock.outputs) | {'tuned_input_pipeline'}
+  assert ours.outputs['tuned_input_pipeline'].type is TunedInputPipeline
+  assert set(ours.inputs) == set(stock.inputs)
+  tuning = json.loads(ours.exec_properties.pop('tuning'))
+  assert ours.exec_properties == stock.exec_properties
+  assert tuning['time_budget_s'] == 4.0
+  assert TuningConfig.from_dict(tuning).cache == 'auto'
+  # The output channels belong to our component.
+  assert ours.outputs['transformed_examples'].producer_component_id == ours.id

@@ -1,0 +1,177 @@
+"""build_dataset and re-sharding on small synthetic TFRecords (fast)."""
+
+import collections
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.transform import input_pipeline
+from components.transform import sharding
+from components.transform.input_pipeline import InputPipelineConfig
+from tests import transform_data
+
+NUM_EXAMPLES = 1000
+BATCH = 32
+
+
+@pytest.fixture(scope='module')
+def train_patterns(tmp_path_factory):
+  return transform_data.write_split(str(tmp_path_factory.mktemp('data')),
+                                    NUM_EXAMPLES, num_files=5)
+
+
+def _ids(dataset, limit=None):
+  """Per-batch lists of ids of a (features, label) dataset."""
+  return [list(features['id'].numpy())
+          for features, _ in dataset.take(limit or -1)]
+
+
+def _flat(batches):
+  return [i for batch in batches for i in batch]
+
+
+@pytest.mark.parametrize('changes', [
+    {},
+    {'batch_in_reader': False},
+    {'cache': 'memory'},
+    {'shuffle_buffer_batches': 4, 'shuffle_window_batches': 0},
+    {'interleave_cycle_length': 2, 'interleave_parallelism': 1,
+     'parse_parallel_calls': 1, 'prefetch_batches': 2},
+])
+def test_one_epoch_yields_every_example_once(train_patterns, changes):
+  config = dataclasses.replace(InputPipelineConfig(), **changes)
+  dataset = input_pipeline.build_dataset(
+      train_patterns, transform_data.FEATURE_SPEC, 'label', BATCH, config,
+      num_epochs=1, drop_remainder=False)
+  assert sorted(_flat(_ids(dataset))) == list(range(NUM_EXAMPLES))
+
+
+def test_disk_cache_then_later_epochs_from_it(train_patterns, tmp_path):
+  config = InputPipelineConfig(cache='disk', cache_dir=str(tmp_path / 'c'))
+  dataset = input_pipeline.build_dataset(
+      train_patterns, transform_data.FEATURE_SPEC, 'label', BATCH, config,
+      num_epochs=2, drop_remainder=False)
+  counts = collections.Counter(_flat(_ids(dataset)))
+  assert counts == {i: 2 for i in range(NUM_EXAMPLES)}
+  assert os.listdir(tmp_path / 'c')  # The cache files were written.
+
+
+def test_rows_stay_consistent_through_shuffling(train_patterns):
+  """Every feature of a row (dense and sparse) still belongs to its id."""
+  dataset = input_pipeline.build_dataset(
+      train_patterns, transform_data.FEATURE_SPEC, 'label', BATCH,
+      InputPipelineConfig(shuffle_window_batches=4), num_epochs=1)
+  for features, label in dataset:
+    ids = features['id'].numpy()
+    np.testing.assert_allclose(features['x'].numpy(), ids / 2)
+    np.testing.assert_array_equal(label.numpy(), ids % 2)
+    tags = tf.sparse.to_dense(features['tags'], default_value=-1).numpy()
+    for row, i in zip(tags, ids):
+      assert list(row[row >= 0]) == [i] * (i % 3)
+
+
+@pytest.mark.parametrize('changes', [{}, {'cache': 'memory'},
+                                     {'shuffle_buffer_batches': 8}])
+def test_deterministic_and_skip_resumes_exactly(train_patterns, changes):
+  config = dataclasses.replace(InputPipelineConfig(), **changes)
+
+  def batches(skip):
+    return _ids(input_pipeline.build_dataset(
+        train_patterns, transform_data.FEATURE_SPEC, 'label', BATCH, config,
+        seed=7, skip_batches=skip), limit=80 - skip)
+
+  uninterrupted = batches(0)
+  assert uninterrupted == batches(0)
+  assert batches(45) == uninterrupted[45:]  # Crosses the first epoch's end.
+  # Shuffled: not the file order.
+  assert _flat(uninterrupted[:3]) != sorted(_flat(uninterrupted[:3]))
+  assert all(len(b) == BATCH for b in uninterrupted)
+
+
+def test_other_seed_other_order(train_patterns):
+  first, second = (
+      _flat(_ids(input_pipeline.build_dataset(
+          train_patterns, transform_data.FEATURE_SPEC, 'label', BATCH,
+          seed=seed, num_epochs=1, drop_remainder=False))) for seed in (1, 2))
+  assert first != second and sorted(first) == sorted(second)
+
+
+@pytest.mark.parametrize('num_files', [5, 1])
+def test_input_pipelines_read_disjoint_shares(tmp_path, num_files):
+  """Files are sharded per worker, or batches when there are too few files."""
+  patterns = transform_data.write_split(str(tmp_path), NUM_EXAMPLES, num_files)
+  shares = []
+  for pipeline_id in range(2):
+    context = tf.distribute.InputContext(
+        num_input_pipelines=2, input_pipeline_id=pipeline_id,
+        num_replicas_in_sync=4)
+    batches = _ids(input_pipeline.build_dataset(
+        patterns, transform_data.FEATURE_SPEC, 'label', 4 * BATCH,
+        input_context=context, num_epochs=1, drop_remainder=False))
+    assert len(batches[0]) == BATCH  # Per-replica batch of the global 4x.
+    shares.append(set(_flat(batches)))
+  assert not shares[0] & shares[1]
+  assert shares[0] | shares[1] == set(range(NUM_EXAMPLES))
+
+
+def test_label_none_yields_features_only(train_patterns):
+  features = next(iter(input_pipeline.build_dataset(
+      train_patterns, transform_data.DENSE_SPEC, None, BATCH)))
+  assert set(features) == {'id', 'x', 'label'}
+
+
+def test_bad_configs_fail_with_clear_messages(train_patterns):
+  with pytest.raises(ValueError, match=r"cache='ssd' is not one of"):
+    InputPipelineConfig(cache='ssd').validate()
+  with pytest.raises(ValueError, match='needs cache_dir'):
+    InputPipelineConfig(cache='disk').validate()
+  with pytest.raises(ValueError, match='transform_placement=.*not one of'):
+    InputPipelineConfig(transform_placement='gpu').validate()
+  with pytest.raises(ValueError, match='needs transform_graph_uri'):
+    InputPipelineConfig(transform_placement='on_the_fly').validate()
+  with pytest.raises(ValueError, match=r'Unknown input pipeline option'):
+    InputPipelineConfig.from_dict({'cache_mode': 'memory'})
+  with pytest.raises(ValueError, match='No files match'):
+    input_pipeline.build_dataset(['/nonexistent/*'], {}, None, 2)
+  on_the_fly = InputPipelineConfig(
+      transform_placement='on_the_fly', transform_graph_uri='/graph',
+      raw_file_patterns={'train': ['/raw/Split-train/*']})
+  with pytest.raises(ValueError, match="has no raw examples.*'train'"):
+    input_pipeline.build_dataset(['/t/Split-eval/*'], {}, None, 2, on_the_fly)
+
+
+def test_split_of_reads_tfx_split_folders():
+  assert input_pipeline.split_of(['/a/5/Split-eval/*']) == 'eval'
+  with pytest.raises(ValueError, match='Cannot tell the split'):
+    input_pipeline.split_of(['/a/Split-eval/*', '/a/Split-train/*'])
+  with pytest.raises(ValueError, match='Cannot tell the split'):
+    input_pipeline.split_of(['/a/data/*'])
+
+
+def test_config_json_round_trip():
+  config = InputPipelineConfig(cache='memory', interleave_parallelism=3,
+                               deterministic=False)
+  assert InputPipelineConfig.from_json(config.to_json()) == config
+  assert InputPipelineConfig.from_json('') == InputPipelineConfig()
+
+
+def test_reshard_keeps_records_and_order(tmp_path):
+  [pattern] = transform_data.write_split(str(tmp_path), 103, num_files=1)
+  split_dir = os.path.dirname(pattern)
+  before = list(tf.data.TFRecordDataset(
+      input_pipeline.list_files([pattern]), 'GZIP').as_numpy_iterator())
+  result = sharding.reshard(split_dir, 8)
+  assert result.resharded and result.num_records == 103
+  assert len(result.files) == 8 == len(os.listdir(split_dir))
+  assert os.path.basename(result.files[3]) == 'data-00003-of-00008.gz'
+  after = list(tf.data.TFRecordDataset(
+      input_pipeline.list_files([pattern]), 'GZIP').as_numpy_iterator())
+  assert after == before
+  sizes = [sharding.count_records([f], 'GZIP') for f in result.files]
+  assert max(sizes) - min(sizes) <= 1
+  # Already enough files: nothing changes.
+  again = sharding.reshard(split_dir, 4)
+  assert not again.resharded and again.files == result.files

@@ -1,0 +1,205 @@
+"""Shared helpers for the managed-loop, resume and fault tests.
+
+Builds a tiny synthetic problem (examples with an `id` feature, read by
+`tests/id_recording_module.py`), writes `TrainingTask`s for it, runs training
+in real child processes (`python -m tests.trainer_testing TASK_JSON`) and reads
+back which ids every optimizer step consumed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from components.trainer.task import TrainingTask
+from tests import id_recording_module
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULE_PATH = 'tests.id_recording_module'
+CHILD_TIMEOUT_SECONDS = 300
+
+
+def write_id_dataset(directory: str, num_examples: int, num_files: int = 2,
+                     seed: int = 0) -> Dict[str, str]:
+  """GZIP TFRecords of examples 0..num_examples-1, plus schema.pbtxt."""
+  from tensorflow_transform.tf_metadata import schema_utils  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  features = rng.normal(size=(num_examples,
+                              id_recording_module.NUM_FEATURES)).astype('f4')
+  labels = (features @ np.array([1.0, -2.0, 0.5, 1.5]) > 0).astype('f4')
+  options = tf.io.TFRecordOptions(compression_type='GZIP')
+  per_file = -(-num_examples // num_files)
+  for index in range(num_files):
+    path = os.path.join(directory, f'train-{index:02d}.tfrecord.gz')
+    with tf.io.TFRecordWriter(path, options) as writer:
+      for i in range(index * per_file,
+                     min(num_examples, (index + 1) * per_file)):
+        example = tf.train.Example(features=tf.train.Features(feature={
+            'id': tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+            'x': tf.train.Feature(float_list=tf.train.FloatList(
+                value=features[i])),
+            'label': tf.train.Feature(float_list=tf.train.FloatList(
+                value=[labels[i]])),
+        }))
+        writer.write(example.SerializeToString())
+  schema = schema_utils.schema_from_feature_spec(
+      id_recording_module.FEATURE_SPEC)
+  schema_path = os.path.join(directory, 'schema.pbtxt')
+  with open(schema_path, 'w') as f:
+    f.write(str(schema))
+  return {'pattern': os.path.join(directory, 'train-*.tfrecord.gz'),
+          'schema_path': schema_path}
+
+
+def make_task(root: str, data: Dict[str, str], *, strategy: str = 'one_device',
+              train_steps: int = 20, per_replica_batch_size: int = 4,
+              accumulation: int = 1, logical_cpu_devices: int = 0,
+              num_workers: int = 1, num_ps: int = 0,
+              fault_tolerance: Optional[dict] = None,
+              hparams: Optional[dict] = None, eval_steps: int = 2,
+              input_pipeline: Optional[dict] = None,
+              checkpoint_dir: Optional[str] = None) -> TrainingTask:
+  """A task over `data` whose outputs all live under `root`."""
+  os.makedirs(root, exist_ok=True)
+  return TrainingTask(
+      module_file=None, module_path=MODULE_PATH, mode='managed',
+      train_files=[data['pattern']], eval_files=[data['pattern']],
+      transform_output=None, schema_path=data['schema_path'],
+      serving_model_dir=os.path.join(root, 'serving_model'),
+      model_run_dir=os.path.join(root, 'model_run'),
+      train_steps=train_steps, eval_steps=eval_steps,
+      hparams={'id_log': os.path.join(root, 'ids.jsonl'), **(hparams or {})},
+      custom_config={},
+      distribution={'strategy': strategy,
+                    'per_replica_batch_size': per_replica_batch_size,
+                    'gradient_accumulation_steps': accumulation,
+                    'logical_cpu_devices': logical_cpu_devices,
+                    'num_workers': num_workers, 'num_ps': num_ps},
+      fault_tolerance={'save_every_steps': 5, 'delete_after_export': False,
+                       **(fault_tolerance or {})},
+      checkpoint_dir=checkpoint_dir or os.path.join(root, 'checkpoints'),
+      input_pipeline=input_pipeline)
+
+
+def child_env() -> Dict[str, str]:
+  env = dict(os.environ, TF_USE_LEGACY_KERAS='1', TF_CPP_MIN_LOG_LEVEL='2',
+             PYTHONPATH=REPO_ROOT)
+  return env
+
+
+def start_child(task: TrainingTask, root: str) -> subprocess.Popen:
+  """Starts `run_managed_training` for `task` in a fresh process."""
+  task_path = os.path.join(root, 'task.json')
+  task.save(task_path)
+  log = open(os.path.join(root, 'child.log'), 'ab')  # pylint: disable=consider-using-with
+  return subprocess.Popen(
+      [sys.executable, '-m', 'tests.trainer_testing', task_path],
+      cwd=REPO_ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_child(task: TrainingTask, root: str) -> int:
+  process = start_child(task, root)
+  return process.wait(timeout=CHILD_TIMEOUT_SECONDS)
+
+
+def child_log(root: str) -> str:
+  with open(os.path.join(root, 'child.log'), errors='replace') as f:
+    return f.read()
+
+
+def read_id_log(path: str) -> List[dict]:
+  """Records in file order; a line cut short by SIGKILL is dropped."""
+  records = []
+  if not os.path.exists(path):
+    return records
+  with open(path) as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except ValueError:
+        pass
+  return records
+
+
+def wait_for_step(process: subprocess.Popen, id_log: str, step: int,
+                  timeout: float = CHILD_TIMEOUT_SECONDS) -> int:
+  """Waits until `process` trained step `step`; returns the step seen."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    steps = [r['step'] for r in read_id_log(id_log) if r['pid'] == process.pid]
+    if steps and max(steps) >= step:
+      return max(steps)
+    if process.poll() is not None:
+      raise AssertionError(f'child exited ({process.returncode}) before step '
+                           f'{step}')
+    time.sleep(0.02)
+  raise AssertionError(f'child did not reach step {step} in {timeout}s')
+
+
+def kill_at_step(task: TrainingTask, root: str, step: int,
+                 sig: int = signal.SIGKILL) -> Tuple[int, int]:
+  """Runs `task` until it trains `step`, signals it; (pid, return code)."""
+  process = start_child(task, root)
+  try:
+    wait_for_step(process, task.hparams['id_log'], step)
+    process.send_signal(sig)
+    return process.pid, process.wait(timeout=CHILD_TIMEOUT_SECONDS)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+
+
+def ids_by_step(records: Sequence[dict]) -> Dict[Tuple[int, int], List[int]]:
+  """(step, replica) -> ids that the *surviving* trajectory trained on.
+
+  A step redone after a crash appears under several pids; the last process
+  (in file order) to train it is the one whose update the final model holds.
+  """
+  last_pid = {}
+  for record in records:
+    last_pid[(record['step'], record['replica'])] = record['pid']
+  result = {}
+  for record in records:
+    key = (record['step'], record['replica'])
+    if record['pid'] == last_pid[key]:
+      result.setdefault(key, []).extend(record['ids'])
+  return result
+
+
+def latest_checkpoint_tensors(checkpoint_dir: str) -> Dict[str, np.ndarray]:
+  """Every tensor (weights, optimizer slots, step) of the newest checkpoint."""
+  names = sorted(n for n in os.listdir(checkpoint_dir) if n.startswith('ckpt-'))
+  reader = tf.train.load_checkpoint(
+      os.path.join(checkpoint_dir, names[-1], 'ckpt'))
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()
+          if not name.startswith('_CHECKPOINTABLE_OBJECT_GRAPH')}
+
+
+def read_result(task: TrainingTask) -> dict:
+  with open(os.path.join(task.model_run_dir, 'training_result.json')) as f:
+    return json.load(f)
+
+
+def main(task_path: str) -> int:
+  """Child entry: the production worker's `train`, with deterministic ops
+  (so resumed and uninterrupted runs can be compared bitwise) and the
+  preemption exit code."""
+  # pylint: disable=g-import-not-at-top
+  from components.trainer import preemption
+  from components.trainer import worker
+  # pylint: enable=g-import-not-at-top
+  tf.config.experimental.enable_op_determinism()
+  return preemption.exit_code(worker.train(TrainingTask.load(task_path)))
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1]))
