@@ -29,22 +29,30 @@ import tempfile
 import time
 
 import numpy as np
+# Importing TensorFlow does not start its devices; each worker configures
+# them before its first op.
+import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from benchmarks import report
+from components.partitioner import gpipe
+from components.partitioner import graph as graph_lib
 from components.partitioner import partition
 from components.partitioner import plan as plan_lib
+from components.partitioner import profiling
+from pipelines import taxi_module
 
 LOGICAL_DEVICES = 4
 REAL_MODEL_MICROBATCH = 16
 STAGE_COUNTS = (2, 4, 8)
-PIPELINE_BATCH = 128
+PIPELINE_BATCH = 512
 PIPELINE_WIDTH = 512
 PIPELINE_LAYERS = 8
 # (stages, micro-batches, remat) for the step time and bubble table.
 PIPELINE_RUNS = [(1, 1, 'never'), (2, 1, 'never'), (2, 4, 'never'),
                  (2, 16, 'never'), (2, 16, 'except_last'), (2, 16, 'always'),
                  (4, 1, 'never'), (4, 4, 'never'), (4, 16, 'never')]
-TIMED_STEPS = 5
+TIMED_ROUNDS = 7
 MEMORY_BATCH = 2048
 MEMORY_WIDTH = 256
 MEMORY_MICROBATCHES = 8
@@ -53,9 +61,8 @@ MEMORY_MICROBATCHES = 8
 # ---------------------------------------------------------------- models
 
 
-def _real_models(tf):
+def _real_models():
   """name -> (model, one micro-batch of inputs)."""
-  from pipelines import taxi_module  # pylint: disable=g-import-not-at-top
   b = REAL_MODEL_MICROBATCH
   models = {}
 
@@ -99,7 +106,7 @@ def _real_models(tf):
   return models
 
 
-def _mlp(tf, width, layers, seed=0):
+def _mlp(width, layers, seed=0):
   tf.keras.utils.set_random_seed(seed)
   model = tf.keras.Sequential(
       [tf.keras.Input((width,))] +
@@ -126,126 +133,120 @@ def _runner_plan(graph, num_stages, num_microbatches, remat, offload=False):
 # --------------------------------------------------------------- workers
 
 
-def _worker_profiles(out_path):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from components.partitioner import profiling  # pylint: disable=g-import-not-at-top
+def _worker_profiles(out_path, unused_argument):
   profiles = {}
-  for name, (model, features) in _real_models(tf).items():
+  for name, (model, features) in _real_models().items():
     profiles[name] = json.loads(
         profiling.profile_model(model, features, repeats=5).to_json())
   with open(out_path, 'w') as f:
     json.dump(profiles, f)
 
 
-def _task_intervals(trace_dir):
-  """(stage, microbatch, phase) -> [start, end] in seconds, from a trace."""
-  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
-  pattern = re.compile(r'gpipe/stage(\d+)/microbatch(\d+)/(forward|backward)')
+def _measured_idle(trace_dir, num_stages):
+  """1 - (time each stage had an op running) / (K x span of the step).
+
+  Ops carry the runner's 'gpipe/stage<s>/microbatch<m>/<phase>' name scope
+  (gradient ops as 'gradient_tape/<forward op name>'). Transfers
+  (_Send/_Recv) are left out: they wait on the other device.
+  """
+  pattern = re.compile(r'gpipe/stage(\d+)/microbatch\d+/')
   (path,) = glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'),
                       recursive=True)
   space = xplane_pb2.XSpace()
   with open(path, 'rb') as f:
     space.ParseFromString(f.read())
-  intervals = {}
+  ops = [[] for _ in range(num_stages)]
   for plane in space.planes:
     for line in plane.lines:
       for event in line.events:
-        match = pattern.search(plane.event_metadata[event.metadata_id].name)
-        if not match:
-          continue
-        key = (int(match.group(1)), int(match.group(2)), match.group(3))
-        start = line.timestamp_ns * 1e-9 + event.offset_ps * 1e-12
-        end = start + event.duration_ps * 1e-12
-        old = intervals.get(key, [start, end])
-        intervals[key] = [min(old[0], start), max(old[1], end)]
-  return intervals
+        name = plane.event_metadata[event.metadata_id].name
+        match = pattern.search(name)
+        if match and not name.endswith(('_Send', '_Recv')):
+          start = line.timestamp_ns * 1e-9 + event.offset_ps * 1e-12
+          ops[int(match.group(1))].append(
+              (start, start + event.duration_ps * 1e-12))
+  begin = min(start for stage in ops for start, _ in stage)
+  finish = max(end for stage in ops for _, end in stage)
+  busy = 0.0
+  for stage in ops:  # Length of the union of the stage's op intervals.
+    covered_to = begin
+    for start, end in sorted(stage):
+      busy += max(0.0, end - max(start, covered_to))
+      covered_to = max(covered_to, end)
+  return 1.0 - busy / (num_stages * (finish - begin))
 
 
-def _measured_idle(intervals, num_stages):
-  """1 - busy stage-time / (stages x span of the step)."""
-  begin = min(start for start, _ in intervals.values())
-  finish = max(end for _, end in intervals.values())
-  busy = [0.0] * num_stages
-  for (stage, _, _), (start, end) in intervals.items():
-    busy[stage] += end - start
-  return 1.0 - sum(busy) / (num_stages * (finish - begin))
-
-
-def _worker_pipeline(out_path):
-  from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
+def _worker_pipeline(out_path, unused_argument):
   gpipe.configure_logical_cpus(LOGICAL_DEVICES)
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from components.partitioner import graph as graph_lib  # pylint: disable=g-import-not-at-top
   # One core per op, like a device that computes one op at a time; stages
   # then run in parallel only through inter-op parallelism.
   tf.config.threading.set_intra_op_parallelism_threads(1)
   tf.config.threading.set_inter_op_parallelism_threads(LOGICAL_DEVICES)
   features = tf.random.normal([PIPELINE_BATCH, PIPELINE_WIDTH])
   labels = tf.random.normal([PIPELINE_BATCH, 1])
-  graph = graph_lib.LayerGraph(_mlp(tf, PIPELINE_WIDTH, PIPELINE_LAYERS))
-  rows = []
+  graph = graph_lib.LayerGraph(_mlp(PIPELINE_WIDTH, PIPELINE_LAYERS))
+  runners = []
   for num_stages, num_micro, remat in PIPELINE_RUNS:
     plan = _runner_plan(graph, num_stages, num_micro, remat)
     devices = gpipe.stage_devices(LOGICAL_DEVICES)[:num_stages]
-    build = lambda: _mlp(tf, PIPELINE_WIDTH, PIPELINE_LAYERS)  # pylint: disable=cell-var-from-loop
-    model = gpipe.build_model_on_devices(build, plan, devices)
+    model = gpipe.build_model_on_devices(
+        lambda: _mlp(PIPELINE_WIDTH, PIPELINE_LAYERS), plan, devices)
     runner = gpipe.GPipeRunner(model, plan, devices)
     for _ in range(2):
       runner.train_step(features, labels).numpy()
-    times = []
-    for _ in range(TIMED_STEPS):
+    runners.append(runner)
+  # Round-robin, so that load from other processes hits every run alike.
+  times = [[] for _ in runners]
+  load_before = os.getloadavg()[0]
+  for _ in range(TIMED_ROUNDS):
+    for runner, samples in zip(runners, times):
       start = time.perf_counter()
       runner.train_step(features, labels).numpy()
-      times.append(time.perf_counter() - start)
+      samples.append(time.perf_counter() - start)
+  load_after = os.getloadavg()[0]
+  rows = []
+  for (num_stages, num_micro, remat), runner, samples in zip(
+      PIPELINE_RUNS, runners, times):
     with tempfile.TemporaryDirectory() as trace_dir:
       tf.profiler.experimental.start(trace_dir)
       runner.train_step(features, labels).numpy()
       tf.profiler.experimental.stop()
-      intervals = _task_intervals(trace_dir)
+      idle = _measured_idle(trace_dir, num_stages)
     rows.append({
         'stages': num_stages, 'microbatches': num_micro, 'remat': remat,
-        'step_seconds': statistics.median(times),
-        'measured_idle': (_measured_idle(intervals, num_stages)
-                          if num_stages > 1 else 0.0),
-        'traced_tasks': len(intervals),
+        'step_seconds': statistics.median(samples), 'measured_idle': idle,
     })
   with open(out_path, 'w') as f:
-    json.dump(rows, f)
+    json.dump({'rows': rows, 'load': [load_before, load_after]}, f)
 
 
-def _worker_memory(out_path):
-  from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
+def _worker_memory(out_path, argument):
+  """Peak memory of one remat mode ('<remat>' or '<remat>+offload')."""
   gpipe.configure_logical_cpus(2)
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from components.partitioner import graph as graph_lib  # pylint: disable=g-import-not-at-top
+  remat, _, offload = argument.partition('+')
   features = tf.random.normal([MEMORY_BATCH, MEMORY_WIDTH])
   labels = tf.random.normal([MEMORY_BATCH, 1])
-  graph = graph_lib.LayerGraph(_mlp(tf, MEMORY_WIDTH, PIPELINE_LAYERS))
+  graph = graph_lib.LayerGraph(_mlp(MEMORY_WIDTH, PIPELINE_LAYERS))
   devices = gpipe.stage_devices(2)
-  rows = []
-  for remat, offload in (('never', False), ('except_last', False),
-                         ('always', False), ('always', True)):
-    plan = _runner_plan(graph, 2, MEMORY_MICROBATCHES, remat, offload)
-    model = gpipe.build_model_on_devices(
-        lambda: _mlp(tf, MEMORY_WIDTH, PIPELINE_LAYERS), plan, devices)
-    runner = gpipe.GPipeRunner(model, plan, devices)
-    runner.train_step(features, labels).numpy()  # Traces, creates slots.
-    tf.config.experimental.reset_memory_stats('CPU:0')
-    resident = tf.config.experimental.get_memory_info('CPU:0')['current']
-    runner.train_step(features, labels).numpy()
-    peak = tf.config.experimental.get_memory_info('CPU:0')['peak']
-    rows.append({'remat': remat, 'offload': offload, 'resident': resident,
-                 'peak': peak})
-    del runner, model
+  plan = _runner_plan(graph, 2, MEMORY_MICROBATCHES, remat, bool(offload))
+  model = gpipe.build_model_on_devices(
+      lambda: _mlp(MEMORY_WIDTH, PIPELINE_LAYERS), plan, devices)
+  runner = gpipe.GPipeRunner(model, plan, devices)
+  runner.train_step(features, labels).numpy()  # Traces, creates slots.
+  tf.config.experimental.reset_memory_stats('CPU:0')
+  resident = tf.config.experimental.get_memory_info('CPU:0')['current']
+  runner.train_step(features, labels).numpy()
+  peak = tf.config.experimental.get_memory_info('CPU:0')['peak']
   with open(out_path, 'w') as f:
-    json.dump(rows, f)
+    json.dump({'remat': remat, 'offload': bool(offload),
+               'resident': resident, 'peak': peak}, f)
 
 
 WORKERS = {'profiles': _worker_profiles, 'pipeline': _worker_pipeline,
            'memory': _worker_memory}
 
 
-def _run_worker(name, extra_env=None):
+def _run_worker(name, argument='', extra_env=None):
   with tempfile.TemporaryDirectory() as scratch:
     out_path = os.path.join(scratch, f'{name}.json')
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -253,8 +254,8 @@ def _run_worker(name, extra_env=None):
                PYTHONPATH=root, **(extra_env or {}))
     proc = subprocess.run(
         [sys.executable, '-m', 'benchmarks.bench_partitioner', '--worker',
-         name, out_path], cwd=root, env=env, capture_output=True, text=True,
-        timeout=1800)
+         name, out_path, argument], cwd=root, env=env, capture_output=True,
+        text=True, timeout=1800)
     if proc.returncode:
       raise RuntimeError(f'{name} worker failed:\n{proc.stderr[-5000:]}')
     with open(out_path) as f:
@@ -342,7 +343,8 @@ def solve_time(num_layers=1000, num_stages=64, repeats=5):
                'bottleneck / unconstrained'], rows))
 
 
-def pipeline_section(rows):
+def pipeline_section(result):
+  rows = result['rows']
   single = next(r['step_seconds'] for r in rows if r['stages'] == 1)
   naive = {r['stages']: r['step_seconds'] for r in rows
            if r['microbatches'] == 1}
@@ -359,9 +361,12 @@ def pipeline_section(rows):
       f'{PIPELINE_BATCH}, Adam, evenly split; {LOGICAL_DEVICES} logical CPU '
       'devices on the machine\'s cores, one intra-op thread (each device '
       'runs one op at a time). Step time: median of '
-      f'{TIMED_STEPS} steps. Measured idle: 1 - (busy stage time) / (K x '
-      'step span), from the TF profiler trace of one step (a task spans its '
-      'first to last op).\n\n' + report.table(
+      f'{TIMED_ROUNDS} steps, the runs timed round-robin; 1-minute load '
+      f"average {result['load'][0]:.1f} before and {result['load'][1]:.1f} "
+      'after (other jobs share the cores). Measured idle: 1 - (time each '
+      'stage had an op running) / (K x step span), from the TF profiler '
+      'trace of one step, transfers excluded.\n\n' +
+      report.table(
           ['K', 'M', 'remat', 'step ms', 'speedup vs 1 device',
            'speedup vs naive (M=1)', '(K-1)/(M+K-1)', 'measured idle'],
           table_rows))
@@ -375,8 +380,9 @@ def memory_section(rows):
   return (
       '## Peak memory by re-materialization mode\n\n'
       f'{PIPELINE_LAYERS} x Dense({MEMORY_WIDTH}) + head, mini-batch '
-      f'{MEMORY_BATCH}, K=2, M={MEMORY_MICROBATCHES}; the BFC CPU allocator '
-      '(shared by the logical devices) after one warm-up step. Resident = '
+      f'{MEMORY_BATCH}, K=2, M={MEMORY_MICROBATCHES}, one process per row; '
+      'the BFC CPU allocator (shared by the logical devices) after one '
+      'warm-up step. Resident = '
       'weights, slots and inputs before the step; transient = peak - '
       'resident. Offloading targets host memory, which on logical CPU '
       'devices is the same pool, so it cannot lower this number.\n\n' +
@@ -388,18 +394,22 @@ def main(results_dir: str = 'benchmarks/results') -> str:
   sections = [quality_on_random_costs(), solve_time()]
   sections.insert(0, quality_on_real_profiles(_run_worker('profiles')))
   sections.append(pipeline_section(_run_worker('pipeline')))
-  sections.append(memory_section(
-      _run_worker('memory', {'TF_CPU_ALLOCATOR_USE_BFC': 'true'})))
+  sections.append(memory_section([
+      _run_worker('memory', mode, {'TF_CPU_ALLOCATOR_USE_BFC': 'true'})
+      for mode in ('never', 'except_last', 'always', 'always+offload')]))
   return report.write(results_dir, 'partitioner',
                       'GPipePartitioner benchmark', '\n\n'.join(sections))
 
 
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_partitioner')
+  parser = argparse.ArgumentParser(
+      prog='python -m benchmarks.bench_partitioner')
   parser.add_argument('--results-dir', default='benchmarks/results')
-  parser.add_argument('--worker', nargs=2, metavar=('NAME', 'OUTPUT'))
+  parser.add_argument('--worker', nargs=3,
+                      metavar=('NAME', 'OUTPUT', 'ARGUMENT'))
   args = parser.parse_args()
   if args.worker:
-    WORKERS[args.worker[0]](args.worker[1])
+    name, output, argument = args.worker
+    WORKERS[name](output, argument)
   else:
     print(main(args.results_dir))

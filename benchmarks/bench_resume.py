@@ -53,9 +53,11 @@ SEED = 20240611
 # Parts 2 and 3: the taxi model.
 TAXI_EXAMPLES = 16000
 TAXI_BATCH = 32
-TAXI_STEPS = 400
+TAXI_STEPS = 1000
 TAXI_SAVE_EVERY = 100
 TAXI_KILL_AFTER_STEPS = 250
+# Alternating runs without / with checkpoints; medians (a shared machine).
+OVERHEAD_PAIRS = 3
 
 
 def _python_child(argv: List[str], log_path: str) -> subprocess.Popen:
@@ -87,24 +89,12 @@ def keras_child(config_path: str) -> None:
       batch_size=config['batch_size'], seed=loop.DATA_SEED)
 
   class TimedBackupAndRestore(tf.keras.callbacks.BackupAndRestore):
-    """BackupAndRestore (defaults) that times its backups and first step."""
+    """BackupAndRestore at its defaults, timing its backups."""
 
     def __init__(self, *args, **kwargs):
       super().__init__(*args, **kwargs)
       self.backup_seconds = 0.0
       self.backups = 0
-      self.first_step_time = None
-      self.resumed_from = None
-
-    def on_train_batch_begin(self, batch, logs=None):
-      if self.resumed_from is None:
-        self.resumed_from = int(self.model.optimizer.iterations.numpy())
-      super().on_train_batch_begin(batch, logs)
-
-    def on_train_batch_end(self, batch, logs=None):
-      if self.first_step_time is None:
-        self.first_step_time = time.time()
-      super().on_train_batch_end(batch, logs)
 
     def _backup(self, epoch, batch=0):
       began = time.monotonic()
@@ -112,30 +102,53 @@ def keras_child(config_path: str) -> None:
       self.backup_seconds += time.monotonic() - began
       self.backups += 1
 
-  callback = TimedBackupAndRestore(config['backup_dir'])
-  began = time.monotonic()
+  class Progress(tf.keras.callbacks.Callback):
+    """Where training resumed, when its steps ended, and a progress file."""
+
+    def __init__(self):
+      super().__init__()
+      self.resumed_from = None
+      self.step_times = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+      if self.resumed_from is None:
+        self.resumed_from = int(self.model.optimizer.iterations.numpy())
+
+    def on_train_batch_end(self, batch, logs=None):
+      self.step_times.append(time.time())
+      if len(self.step_times) % 10 == 0:
+        with open(config['progress'], 'w') as f:
+          f.write(str(self.resumed_from + len(self.step_times)))
+
+  progress = Progress()
+  callbacks = [progress]
+  backup = None
+  if config['backup']:
+    backup = TimedBackupAndRestore(config['backup_dir'])
+    callbacks.insert(0, backup)
   model.fit(dataset, epochs=config['epochs'],
-            steps_per_epoch=config['steps_per_epoch'], callbacks=[callback],
+            steps_per_epoch=config['steps_per_epoch'], callbacks=callbacks,
             verbose=0)
+  times = progress.step_times
   with open(config['stats'], 'w') as f:
-    json.dump({'fit_seconds': time.monotonic() - began,
-               'backup_seconds': callback.backup_seconds,
-               'backups': callback.backups,
-               'first_step_time': callback.first_step_time,
-               'resumed_from': callback.resumed_from,
-               'iterations': int(model.optimizer.iterations.numpy())}, f)
+    json.dump({'step_seconds': (times[-1] - times[0]) / (len(times) - 1),
+               'backup_seconds': backup.backup_seconds if backup else 0.0,
+               'backups': backup.backups if backup else 0,
+               'first_step_time': times[0],
+               'resumed_from': progress.resumed_from}, f)
 
 
 def _keras_config(root: str, data: Dict[str, str], module_path: str,
-                  hparams: Dict[str, Any], batch_size: int,
-                  total_steps: int) -> str:
+                  hparams: Dict[str, Any], batch_size: int, total_steps: int,
+                  backup: bool = True) -> str:
   os.makedirs(root, exist_ok=True)
   config = {'module_path': module_path, 'hparams': hparams,
             'schema_path': data['schema_path'], 'pattern': data['pattern'],
             'batch_size': batch_size,
             'epochs': total_steps // KERAS_STEPS_PER_EPOCH,
-            'steps_per_epoch': KERAS_STEPS_PER_EPOCH,
+            'steps_per_epoch': KERAS_STEPS_PER_EPOCH, 'backup': backup,
             'backup_dir': os.path.join(root, 'backup'),
+            'progress': os.path.join(root, 'progress'),
             'stats': os.path.join(root, 'stats.json')}
   path = os.path.join(root, 'keras.json')
   with open(path, 'w') as f:
@@ -265,85 +278,116 @@ def write_taxi_data(directory: str) -> Dict[str, str]:
           'schema_path': schema_path}
 
 
-def _taxi_task(root: str, data: Dict[str, str]):
+def _taxi_task(root: str, data: Dict[str, str], save_every_steps):
   task = tt.make_task(root, data, train_steps=TAXI_STEPS,
                       per_replica_batch_size=TAXI_BATCH, eval_steps=1,
-                      fault_tolerance={'save_every_steps': TAXI_SAVE_EVERY})
+                      fault_tolerance={'save_every_steps': save_every_steps})
   task.module_path = 'pipelines.taxi_module'
   task.hparams = {}
   return task
 
 
-def _run_timed(start, kill_after_s=None):
-  """(spawn time, process) after it finished or was killed."""
+def _read_number(path: str, key=None) -> int:
+  try:
+    with open(path) as f:
+      text = f.read()
+    return int(json.loads(text)[key] if key else text)
+  except (OSError, ValueError, KeyError):
+    return -1
+
+
+def _run(start, progress=None, kill_at_step=None) -> float:
+  """Runs a child to the end, or SIGKILLs it once `progress()` reaches
+  `kill_at_step`; returns its spawn time."""
   spawned = time.time()
   process = start()
-  if kill_after_s is None:
+  if kill_at_step is None:
     if process.wait(timeout=tt.CHILD_TIMEOUT_SECONDS) != 0:
       raise RuntimeError('benchmark child failed')
-  else:
-    time.sleep(kill_after_s)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    return spawned
+  deadline = time.monotonic() + tt.CHILD_TIMEOUT_SECONDS
+  while progress() < kill_at_step:
+    if process.poll() is not None or time.monotonic() > deadline:
+      raise RuntimeError('benchmark child ended before it was killed')
+    time.sleep(0.01)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
   return spawned
 
 
-def measure_taxi(work_dir: str) -> Dict[str, Dict[str, float]]:
-  data = write_taxi_data(os.path.join(work_dir, 'taxi'))
-  ours, keras = {}, {}
-
-  root = os.path.join(work_dir, 'taxi-ours')
-  task = _taxi_task(root, data)
-  spawned = _run_timed(lambda: _start_ours(task, root))
-  result = tt.read_result(task)
-  step_s = result['examples_per_step'] / result['examples_per_sec']
-  per_save = result['checkpoint_seconds'] / result['checkpoints_saved']
-  ours['step_ms'] = 1000 * step_s
-  ours['checkpoint_ms'] = 1000 * per_save
-  ours['overhead_pct'] = 100 * per_save / (TAXI_SAVE_EVERY * step_s)
-  ours['fresh_first_step_s'] = result['first_step_time'] - spawned
-  kill_after = (result['first_step_time'] - spawned +
-                TAXI_KILL_AFTER_STEPS * step_s)
-  ours['checkpoint_bytes'] = sum(
-      os.path.getsize(os.path.join(dirpath, name))
-      for dirpath, _, names in os.walk(
-          os.path.join(task.checkpoint_dir, sorted(
-              os.listdir(task.checkpoint_dir))[0]))
-      for name in names)
+def _ours(work_dir: str, data) -> Dict[str, float]:
+  step_ms = lambda r: 1000 * r['examples_per_step'] / r['examples_per_sec']
+  off, on = [], []
+  for pair in range(OVERHEAD_PAIRS):
+    for every, runs in ((None, off), (TAXI_SAVE_EVERY, on)):
+      root = os.path.join(work_dir, f'taxi-ours-{every}-{pair}')
+      task = _taxi_task(root, data, every)
+      spawned = _run(lambda task=task, root=root: _start_ours(task, root))
+      runs.append((tt.read_result(task), spawned, task))
+  measured = {
+      'step_off_ms': statistics.median(step_ms(r) for r, _, _ in off),
+      'step_on_ms': statistics.median(step_ms(r) for r, _, _ in on),
+      'wait_ms': statistics.median(
+          1000 * r['checkpoint_seconds'] / r['checkpoints_saved']
+          for r, _, _ in on),
+      'fresh_s': statistics.median(r['first_step_time'] - spawned
+                                   for r, spawned, _ in on)}
+  task = on[0][2]
+  newest = max(n for n in os.listdir(task.checkpoint_dir)
+               if n.startswith('ckpt-'))
+  measured['bytes'] = sum(
+      os.path.getsize(os.path.join(task.checkpoint_dir, newest, name))
+      for name in os.listdir(os.path.join(task.checkpoint_dir, newest)))
 
   root = os.path.join(work_dir, 'taxi-ours-killed')
-  task = _taxi_task(root, data)
-  _run_timed(lambda: _start_ours(task, root), kill_after_s=kill_after)
-  spawned = _run_timed(lambda: _start_ours(task, root))
+  task = _taxi_task(root, data, TAXI_SAVE_EVERY)
+  progress = os.path.join(task.checkpoint_dir, 'progress.json')
+  _run(lambda: _start_ours(task, root), lambda: _read_number(progress, 'step'),
+       TAXI_KILL_AFTER_STEPS)
+  spawned = _run(lambda: _start_ours(task, root))
   result = tt.read_result(task)
-  ours['restart_first_step_s'] = result['first_step_time'] - spawned
-  ours['resumed_from'] = result['start_step']
+  measured['restart_s'] = result['first_step_time'] - spawned
+  measured['resumed_from'] = result['start_step']
+  return measured
 
-  root = os.path.join(work_dir, 'taxi-keras')
-  config = _keras_config(root, data, 'pipelines.taxi_module', {}, TAXI_BATCH,
-                         TAXI_STEPS)
-  spawned = _run_timed(lambda: _start_keras(config, root))
-  with open(os.path.join(root, 'stats.json')) as f:
-    stats = json.load(f)
-  step_s = stats['fit_seconds'] / stats['iterations']
-  per_save = stats['backup_seconds'] / stats['backups']
-  keras['step_ms'] = 1000 * step_s
-  keras['checkpoint_ms'] = 1000 * per_save
-  keras['overhead_pct'] = 100 * per_save / (KERAS_STEPS_PER_EPOCH * step_s)
-  keras['fresh_first_step_s'] = stats['first_step_time'] - spawned
-  kill_after = (stats['first_step_time'] - spawned +
-                TAXI_KILL_AFTER_STEPS * step_s)
+
+def _keras(work_dir: str, data) -> Dict[str, float]:
+  off, on = [], []
+  for pair in range(OVERHEAD_PAIRS):
+    for backup, runs in ((False, off), (True, on)):
+      root = os.path.join(work_dir, f'taxi-keras-{backup}-{pair}')
+      config = _keras_config(root, data, 'pipelines.taxi_module', {},
+                             TAXI_BATCH, TAXI_STEPS, backup=backup)
+      spawned = _run(lambda config=config, root=root: _start_keras(config,
+                                                                   root))
+      with open(os.path.join(root, 'stats.json')) as f:
+        runs.append((json.load(f), spawned))
+  measured = {
+      'step_off_ms': statistics.median(1000 * s['step_seconds']
+                                       for s, _ in off),
+      'step_on_ms': statistics.median(1000 * s['step_seconds'] for s, _ in on),
+      'wait_ms': statistics.median(1000 * s['backup_seconds'] / s['backups']
+                                   for s, _ in on),
+      'fresh_s': statistics.median(s['first_step_time'] - spawned
+                                   for s, spawned in on)}
 
   root = os.path.join(work_dir, 'taxi-keras-killed')
   config = _keras_config(root, data, 'pipelines.taxi_module', {}, TAXI_BATCH,
                          TAXI_STEPS)
-  _run_timed(lambda: _start_keras(config, root), kill_after_s=kill_after)
-  spawned = _run_timed(lambda: _start_keras(config, root))
+  _run(lambda: _start_keras(config, root),
+       lambda: _read_number(os.path.join(root, 'progress')),
+       TAXI_KILL_AFTER_STEPS)
+  spawned = _run(lambda: _start_keras(config, root))
   with open(os.path.join(root, 'stats.json')) as f:
     stats = json.load(f)
-  keras['restart_first_step_s'] = stats['first_step_time'] - spawned
-  keras['resumed_from'] = stats['resumed_from']
-  return {'ours': ours, 'keras': keras}
+  measured['restart_s'] = stats['first_step_time'] - spawned
+  measured['resumed_from'] = stats['resumed_from']
+  return measured
+
+
+def measure_taxi(work_dir: str) -> Dict[str, Dict[str, float]]:
+  data = write_taxi_data(os.path.join(work_dir, 'taxi'))
+  return {'ours': _ours(work_dir, data), 'keras': _keras(work_dir, data)}
 
 
 def main(results_dir: str = 'benchmarks/results') -> str:
@@ -367,29 +411,31 @@ def main(results_dir: str = 'benchmarks/results') -> str:
       f'Taxi model (pipelines/taxi_module.build_model) on {TAXI_EXAMPLES} '
       f'synthetic transformed examples, batch {TAXI_BATCH}, {TAXI_STEPS} '
       f'steps; ours every {TAXI_SAVE_EVERY} steps (default), Keras '
-      f'BackupAndRestore every epoch of {KERAS_STEPS_PER_EPOCH} steps. '
-      'Overhead = one checkpoint / the training time of one interval.',
+      f'BackupAndRestore every epoch of {KERAS_STEPS_PER_EPOCH} steps (its '
+      'default). Step time = '
+      'steady state after the first step, checkpoint waits included; '
+      'overhead = step time with checkpoints / without - 1, medians of '
+      f'{OVERHEAD_PAIRS} alternating runs each (a shared machine: several % '
+      'is noise). "Wait" = time the training loop stood still per checkpoint '
+      '(ours: write, sha256 of every file, manifest, pruning).',
       report.table(
-          ['setup', 'step ms', 'one checkpoint ms', 'overhead % of step time',
-           'checkpoint size bytes'],
-          [['HighPerfTrainer', ours['step_ms'], ours['checkpoint_ms'],
-            ours['overhead_pct'], ours['checkpoint_bytes']],
-           ['Keras BackupAndRestore', keras['step_ms'], keras['checkpoint_ms'],
-            keras['overhead_pct'], '-'],
-           ['ratio ours / Keras', ours['step_ms'] / keras['step_ms'],
-            ours['checkpoint_ms'] / keras['checkpoint_ms'],
-            ours['overhead_pct'] / keras['overhead_pct'], '-']]),
+          ['setup', 'step ms, no checkpoints', 'step ms, default',
+           'overhead %', 'wait per checkpoint ms', 'checkpoint bytes'],
+          [[name, m['step_off_ms'], m['step_on_ms'],
+            100 * (m['step_on_ms'] / m['step_off_ms'] - 1), m['wait_ms'],
+            m.get('bytes', '-')]
+           for name, m in (('HighPerfTrainer', ours),
+                           ('Keras BackupAndRestore', keras))]),
       '## 3. Restart to the first resumed step',
-      f'Same taxi runs, killed (SIGKILL) after about '
-      f'{TAXI_KILL_AFTER_STEPS} steps and rerun: seconds from spawning the '
-      'process to the end of its first training step (Python and TF start, '
-      'restore with verification, tracing), and the same for a fresh start.',
+      f'Same setups, killed (SIGKILL) at step {TAXI_KILL_AFTER_STEPS} and '
+      'rerun: seconds from spawning the process to the end of its first '
+      'training step (Python and TF start, restore with verification, '
+      'tracing), and the same for a fresh start.',
       report.table(
           ['setup', 'fresh start s', 'restart s', 'resumed from step'],
-          [['HighPerfTrainer', ours['fresh_first_step_s'],
-            ours['restart_first_step_s'], ours['resumed_from']],
-           ['Keras BackupAndRestore', keras['fresh_first_step_s'],
-            keras['restart_first_step_s'], keras['resumed_from']]]),
+          [[name, m['fresh_s'], m['restart_s'], m['resumed_from']]
+           for name, m in (('HighPerfTrainer', ours),
+                           ('Keras BackupAndRestore', keras))]),
   ])
   return report.write(results_dir, 'resume',
                       'Fault-tolerant resume: HighPerfTrainer vs Keras '

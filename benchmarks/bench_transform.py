@@ -59,18 +59,30 @@ def _run_pipeline(root: str, components) -> None:
           os.path.join(root, 'metadata.db'))))
 
 
-def _execution_seconds(metadata_path: str, type_suffix: str) -> float:
-  """Wall time of the one execution whose type name ends with the suffix."""
+def _store(metadata_path: str):
   from ml_metadata.metadata_store import metadata_store  # pylint: disable=g-import-not-at-top
   from ml_metadata.proto import metadata_store_pb2  # pylint: disable=g-import-not-at-top
   config = metadata_store_pb2.ConnectionConfig()
   config.sqlite.filename_uri = metadata_path
-  store = metadata_store.MetadataStore(config)
+  return metadata_store.MetadataStore(config)
+
+
+def _step_seconds(metadata_path: str) -> Dict[str, float]:
+  """The Transform step's wall time, and for ours the stock part inside it.
+
+  The step's time is its MLMD execution's lifetime; OptimizedTransform
+  records the stock Transform's share as a custom property.
+  """
+  store = _store(metadata_path)
   names = {t.id: t.name for t in store.get_execution_types()}
   [execution] = [e for e in store.get_executions()
-                 if names[e.type_id].endswith(type_suffix)]
-  return (execution.last_update_time_since_epoch -
-          execution.create_time_since_epoch) / 1000
+                 if names[e.type_id].endswith('Transform')]
+  result = {'step': (execution.last_update_time_since_epoch -
+                     execution.create_time_since_epoch) / 1000}
+  for artifact in store.get_artifacts_by_type('TunedInputPipeline'):
+    result['stock_inside'] = artifact.custom_properties[
+        'transform_seconds'].double_value
+  return result
 
 
 def run_upstream(root: str) -> Dict[str, str]:
@@ -118,7 +130,7 @@ def transform_worker(variant: str, examples_uri: str, schema_uri: str,
 
 def time_transforms(upstream: Dict[str, str], work: str) -> Dict[str, List]:
   """Transform wall seconds per variant, alternating fresh processes."""
-  seconds = {'stock': [], 'optimized': []}
+  seconds = {'stock': [], 'optimized': [], 'overhead': []}
   roots = {}
   for round_index in range(TRANSFORM_ROUNDS):
     for variant in ('stock', 'optimized'):
@@ -127,9 +139,10 @@ def time_transforms(upstream: Dict[str, str], work: str) -> Dict[str, List]:
           [sys.executable, '-m', 'benchmarks.bench_transform', '--worker',
            variant, upstream['examples'], upstream['schema'], root],
           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-      seconds[variant].append(_execution_seconds(
-          os.path.join(root, 'metadata.db'), '.Transform'
-          if variant == 'stock' else '.OptimizedTransform'))
+      step = _step_seconds(os.path.join(root, 'metadata.db'))
+      seconds[variant].append(step['step'])
+      if variant == 'optimized':
+        seconds['overhead'].append(step['step'] - step['stock_inside'])
       roots[variant] = root
       print(f'[bench_transform] {variant} Transform: '
             f'{seconds[variant][-1]:.1f} s', flush=True)
@@ -261,8 +274,8 @@ def render(transforms, rates, training, num_examples, tuned_config,
   """The results markdown."""
   stock, first, later, ceiling = (_median(rates[k]) for k in (
       'stock', 'ours_first', 'ours_later', 'ceiling'))
-  stock_s, ours_s = (_median(transforms['seconds'][k])
-                     for k in ('stock', 'optimized'))
+  stock_s, ours_s, overhead_s = (_median(transforms['seconds'][k])
+                                 for k in ('stock', 'optimized', 'overhead'))
   ok = lambda passed: 'yes' if passed else '**no**'  # pylint: disable=g-long-lambda
   lines = [
       f'Reader: transformed taxi train split copied to {num_examples:,} '
@@ -293,6 +306,13 @@ def render(transforms, rates, training, num_examples, tuned_config,
            ['in-memory ceiling (same tensors, cached)', f'{ceiling:,.0f}',
             f'{ceiling / stock:.2f}x', '1.00', _all(rates['ceiling'])]]),
       '',
+      'The ceiling is the parsed tensors of the same files in a tf.data '
+      f'memory cache of {BATCH_SIZE}-example batches, iterated the same way '
+      '(no shuffling, no re-batching). Our later epochs can come out above '
+      'it: our cache holds larger blocks (fewer elements to hand over) and '
+      'the shuffling and re-batching run on tf.data threads next to the '
+      'consuming Python thread.',
+      '',
       '## Transform step wall time (s)',
       '',
       report.table(
@@ -301,7 +321,15 @@ def render(transforms, rates, training, num_examples, tuned_config,
             _all(transforms['seconds']['stock'], '{:.1f}')],
            ['OptimizedTransform (Transform + re-shard + tuning)',
             f'{ours_s:.1f}',
-            _all(transforms['seconds']['optimized'], '{:.1f}')]]),
+            _all(transforms['seconds']['optimized'], '{:.1f}')],
+           ['... of which after its stock Transform (re-shard, tuning, '
+            'report)', f'{overhead_s:.1f}',
+            _all(transforms['seconds']['overhead'], '{:.1f}')]]),
+      '',
+      'The steps run one at a time, but the machine is shared: the '
+      'difference of the two medians carries the noise of separate runs. '
+      "The last row is OptimizedTransform's own overhead, timed inside the "
+      'same step.',
       '',
       '## Training examples/s (model.fit, taxi build_model, '
       f'{TRAIN_STEPS} steps after {TRAIN_WARMUP_STEPS} warm-up)',
@@ -327,8 +355,10 @@ def render(transforms, rates, training, num_examples, tuned_config,
             'ceiling', f'{later / ceiling:.0%}',
             ok(later / ceiling >= GOAL_LATER_EPOCHS)],
            [f'Transform step within {GOAL_TRANSFORM_EXTRA_S:.0f} s of stock',
-            f'{ours_s - stock_s:+.1f} s',
-            ok(ours_s - stock_s <= GOAL_TRANSFORM_EXTRA_S)]]),
+            f'{ours_s - stock_s:+.1f} s (medians); own overhead '
+            f'{overhead_s:.1f} s',
+            ok(ours_s - stock_s <= GOAL_TRANSFORM_EXTRA_S and
+               overhead_s <= GOAL_TRANSFORM_EXTRA_S)]]),
       '',
       '## Tuned config',
       '',

@@ -9,6 +9,8 @@ import textwrap
 from ml_metadata import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 import pytest
+from tfx import types
+from tfx.types import standard_artifacts
 
 from components import types as hpm_types
 from components.partitioner import config as config_lib
@@ -86,8 +88,6 @@ def test_module_must_be_given_exactly_once(small_module):
 
 
 def test_examples_need_the_transform_graph():
-  from tfx.types import standard_artifacts  # pylint: disable=g-import-not-at-top
-  from tfx import types  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match='pass transform_graph too'):
     GPipePartitioner(
         config={'batch_size': 32}, module_path=TAXI_MODULE,
@@ -214,7 +214,8 @@ def _artifacts_of_type(metadata_path, type_name):
 @pytest.mark.slow
 def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
                                                           taxi_sample_dir):
-  from pipelines import summary  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from pipelines import summary  # Loads TFMA: only this slow test needs it.
   root = tmp_path / 'root'
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, TF_USE_LEGACY_KERAS='1', PYTHONPATH=repo)

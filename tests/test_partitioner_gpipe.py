@@ -1,12 +1,14 @@
 """GPipe on 2 and 4 logical CPU devices equals single-device training.
 
 Logical devices must be configured before TensorFlow initializes, which the
-pytest process may already have done. So one fresh worker process (this file
+pytest process may already have done. So a fresh worker process (this file
 run as a script) splits the CPU into 4 logical devices, trains, and writes
-its measurements as JSON; the tests assert on them. Compared: the mini-batch
+its measurements as JSON; the tests assert on them. The fast test runs one
+core case; the slow ones run the full suite (about 45 s of CPU). Compared: the mini-batch
 loss and every gradient (fp32 tolerance) against the same model on one
 device, for each re-materialization mode, with a skip connection crossing
-stages; variable placement; one optimizer update per mini-batch; export.
+stages; variable placement; one optimizer update per mini-batch; export;
+and that re-materialization really lowers the allocator's peak.
 """
 
 import json
@@ -14,7 +16,17 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+# Importing TensorFlow does not start its devices; the worker still splits
+# the CPU before its first op.
+import tensorflow as tf
+
+from components.partitioner import gpipe
+from components.partitioner import graph as graph_lib
+from components.partitioner import plan as plan_lib
+from components.partitioner import profiling
+from pipelines import taxi_module
 
 NUM_DEVICES = 4
 BATCH = 16
@@ -26,6 +38,7 @@ ATOL = 1e-6
 # Boundaries for the 6-call skip model a, b, c, d, add(a, d), out: the skip
 # tensor a:0 crosses every cut before `add`, through whole stages for K=4.
 SKIP_BOUNDARIES = {2: [0, 3, 6], 4: [0, 2, 3, 5, 6]}
+CORE_CASE = 'skip_k4_except_last'
 GRADIENT_CASES = ([f'skip_k{k}_{mode}' for k in (2, 4) for mode in REMAT_MODES]
                   + ['skip_k4_always_offload', 'sequential_k4_except_last',
                      'taxi_k2_profiled_plan'])
@@ -34,7 +47,7 @@ GRADIENT_CASES = ([f'skip_k{k}_{mode}' for k in (2, 4) for mode in REMAT_MODES]
 # ----------------------------------------------------------------- worker
 
 
-def _skip_model(tf):
+def _skip_model():
   tf.keras.utils.set_random_seed(3)
   x = tf.keras.Input((6,), name='x')
   a = tf.keras.layers.Dense(8, activation='tanh', name='a')(x)
@@ -50,7 +63,7 @@ def _skip_model(tf):
   return model
 
 
-def _sequential_model(tf):
+def _sequential_model():
   tf.keras.utils.set_random_seed(4)
   model = tf.keras.Sequential([tf.keras.Input((6,))] + [
       tf.keras.layers.Dense(units, activation='relu')
@@ -60,17 +73,16 @@ def _sequential_model(tf):
   return model
 
 
-def _taxi_model(tf):
-  from pipelines import taxi_module  # pylint: disable=g-import-not-at-top
+def _taxi_model():
   tf.keras.utils.set_random_seed(5)
   return taxi_module.build_model({'hidden_units': [16, 8]})
 
 
-def _data(tf, np, name):
+def _data(name):
   rng = np.random.default_rng(0)
   if name == 'taxi':
     # Shaped like parsed transformed tf.Examples: (batch,), not (batch, 1).
-    model = _taxi_model(tf)
+    model = _taxi_model()
     features = {
         key: (tf.constant(rng.normal(size=BATCH).astype('float32'))
               if kt.dtype == tf.float32 else
@@ -84,7 +96,7 @@ def _data(tf, np, name):
   return features, labels
 
 
-def _reference(tf, model, features, labels):
+def _reference(model, features, labels):
   with tf.GradientTape() as tape:
     predictions = model(features, training=True)
     loss = model.compiled_loss(labels, predictions,
@@ -99,11 +111,10 @@ def _plan(graph, num_stages, boundaries, remat, offload=False,
           'boundaries': boundaries, 'layer_signature': graph.class_names()}
 
 
-def _compare(tf, np, build, plan, features, labels, devices):
-  from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
-  reference = build(tf)
-  ref_loss, ref_grads = _reference(tf, reference, features, labels)
-  model = gpipe.build_model_on_devices(lambda: build(tf), plan, devices)
+def _compare(build, plan, features, labels, devices):
+  reference = build()
+  ref_loss, ref_grads = _reference(reference, features, labels)
+  model = gpipe.build_model_on_devices(build, plan, devices)
   runner = gpipe.GPipeRunner(model, plan, devices)
   loss, grads = runner.gradients(features, labels)
   errors = [float(np.max(np.abs(g.numpy() - r.numpy()) /
@@ -124,19 +135,16 @@ def _compare(tf, np, build, plan, features, labels, devices):
   }
 
 
-def _train_and_export(tf, np, devices, export_dir):
+def _train_and_export(devices, export_dir):
   """One GPipe step against one single-device step; then a SavedModel."""
-  from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
-  from components.partitioner import graph as graph_lib  # pylint: disable=g-import-not-at-top
-  features, labels = _data(tf, np, 'skip')
-  reference = _skip_model(tf)
-  _, ref_grads = _reference(tf, reference, features, labels)
+  features, labels = _data('skip')
+  reference = _skip_model()
+  _, ref_grads = _reference(reference, features, labels)
   reference.optimizer.apply_gradients(
       zip(ref_grads, reference.trainable_variables))
   plan = _plan(graph_lib.LayerGraph(reference), 4, SKIP_BOUNDARIES[4],
                'except_last')
-  model = gpipe.build_model_on_devices(lambda: _skip_model(tf), plan,
-                                       devices)
+  model = gpipe.build_model_on_devices(_skip_model, plan, devices)
   runner = gpipe.GPipeRunner(model, plan, devices)
   runner.train_step(features, labels)
   weight_errors = [
@@ -160,41 +168,69 @@ def _train_and_export(tf, np, devices, export_dir):
   }
 
 
-def run_worker(output_path: str, scratch_dir: str) -> None:
-  from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
-  gpipe.configure_logical_cpus(NUM_DEVICES)
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from components.partitioner import graph as graph_lib  # pylint: disable=g-import-not-at-top
-  from components.partitioner import plan as plan_lib  # pylint: disable=g-import-not-at-top
-  from components.partitioner import profiling  # pylint: disable=g-import-not-at-top
+def _transient_peak_bytes(remat, devices):
+  """Allocator peak above the resident bytes during one training step."""
 
+  def build():
+    tf.keras.utils.set_random_seed(6)
+    model = tf.keras.Sequential([tf.keras.Input((256,))] + [
+        tf.keras.layers.Dense(256, activation='relu') for _ in range(8)
+    ] + [tf.keras.layers.Dense(1)])
+    model.compile(optimizer='adam', loss='mse')
+    return model
+
+  plan = _plan(graph_lib.LayerGraph(build()), 2, [0, 4, 9], remat,
+               num_microbatches=8)
+  runner = gpipe.GPipeRunner(
+      gpipe.build_model_on_devices(build, plan, devices), plan, devices)
+  features = tf.random.normal([1024, 256])
+  labels = tf.random.normal([1024, 1])
+  runner.train_step(features, labels).numpy()  # Traces, creates slots.
+  tf.config.experimental.reset_memory_stats('CPU:0')
+  resident = tf.config.experimental.get_memory_info('CPU:0')['current']
+  runner.train_step(features, labels).numpy()
+  return tf.config.experimental.get_memory_info('CPU:0')['peak'] - resident
+
+
+def run_worker(output_path: str, scratch_dir: str, suite: str) -> None:
+  """Runs the 'core' case or the 'full' suite; writes results as JSON."""
+  gpipe.configure_logical_cpus(NUM_DEVICES)
   all_devices = gpipe.stage_devices(NUM_DEVICES)
   results = {'devices': all_devices}
-  features, labels = _data(tf, np, 'skip')
-  skip_graph = graph_lib.LayerGraph(_skip_model(tf))
+  features, labels = _data('skip')
+  skip_graph = graph_lib.LayerGraph(_skip_model())
+  if suite == 'core':
+    plan = _plan(skip_graph, 4, SKIP_BOUNDARIES[4], 'except_last')
+    results[CORE_CASE] = _compare(_skip_model, plan, features, labels,
+                                  all_devices)
+    with open(output_path, 'w') as f:
+      json.dump(results, f, indent=1)
+    return
   for k in (2, 4):
     for mode in REMAT_MODES:
       plan = _plan(skip_graph, k, SKIP_BOUNDARIES[k], mode)
       results[f'skip_k{k}_{mode}'] = _compare(
-          tf, np, _skip_model, plan, features, labels, all_devices[:k])
+          _skip_model, plan, features, labels, all_devices[:k])
   plan = _plan(skip_graph, 4, SKIP_BOUNDARIES[4], 'always', offload=True)
   results['skip_k4_always_offload'] = _compare(
-      tf, np, _skip_model, plan, features, labels, all_devices)
-  sequential_graph = graph_lib.LayerGraph(_sequential_model(tf))
+      _skip_model, plan, features, labels, all_devices)
+  sequential_graph = graph_lib.LayerGraph(_sequential_model())
   plan = _plan(sequential_graph, 4, [0, 1, 2, 4, 5], 'except_last',
                num_microbatches=8)
   results['sequential_k4_except_last'] = _compare(
-      tf, np, _sequential_model, plan, features, labels, all_devices)
+      _sequential_model, plan, features, labels, all_devices)
 
-  taxi_features, taxi_labels = _data(tf, np, 'taxi')
+  taxi_features, taxi_labels = _data('taxi')
   micro = tf.nest.map_structure(lambda t: t[:BATCH // 4], taxi_features)
-  profile = profiling.profile_model(_taxi_model(tf), micro, repeats=1)
+  profile = profiling.profile_model(_taxi_model(), micro, repeats=1)
   plan = plan_lib.make_plan(profile, 2, 4, 'except_last', False)
   results['taxi_k2_profiled_plan'] = _compare(
-      tf, np, _taxi_model, plan, taxi_features, taxi_labels, all_devices[:2])
+      _taxi_model, plan, taxi_features, taxi_labels, all_devices[:2])
   results['train_and_export'] = _train_and_export(
-      tf, np, all_devices, os.path.join(scratch_dir, 'saved_model'))
+      all_devices, os.path.join(scratch_dir, 'saved_model'))
+  results['transient_peak_bytes'] = {
+      mode: _transient_peak_bytes(mode, all_devices[:2])
+      for mode in ('never', 'always')}
   with open(output_path, 'w') as f:
     json.dump(results, f, indent=1)
 
@@ -202,47 +238,61 @@ def run_worker(output_path: str, scratch_dir: str) -> None:
 # ------------------------------------------------------------------ tests
 
 
-@pytest.fixture(scope='module')
-def worker_results(tmp_path_factory):
-  scratch = tmp_path_factory.mktemp('gpipe_worker')
+def _run_worker(tmp_path_factory, suite):
+  scratch = tmp_path_factory.mktemp(f'gpipe_{suite}')
   output = scratch / 'results.json'
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  # The BFC CPU allocator keeps the peak statistics the memory test reads.
   env = dict(os.environ, TF_USE_LEGACY_KERAS='1', TF_CPP_MIN_LOG_LEVEL='2',
-             PYTHONPATH=root)
+             TF_CPU_ALLOCATOR_USE_BFC='true', PYTHONPATH=root)
   proc = subprocess.run(
-      [sys.executable, os.path.abspath(__file__), str(output), str(scratch)],
-      cwd=root, env=env, capture_output=True, text=True, timeout=600)
+      [sys.executable, os.path.abspath(__file__), str(output), str(scratch),
+       suite], cwd=root, env=env, capture_output=True, text=True,
+      timeout=900)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
   return json.loads(output.read_text())
 
 
-def test_worker_has_four_logical_cpus(worker_results):
-  assert len(set(worker_results['devices'])) == NUM_DEVICES
-  assert all('CPU' in d for d in worker_results['devices'])
+@pytest.fixture(scope='module')
+def core_results(tmp_path_factory):
+  return _run_worker(tmp_path_factory, 'core')
 
 
-@pytest.mark.parametrize('case', GRADIENT_CASES)
-def test_same_loss_and_gradients_as_one_device(worker_results, case):
-  result = worker_results[case]
+@pytest.fixture(scope='module')
+def worker_results(tmp_path_factory):
+  return _run_worker(tmp_path_factory, 'full')
+
+
+def _assert_matches_one_device(result):
   assert result['loss'] == pytest.approx(result['reference_loss'], rel=RTOL)
   assert result['num_gradients'] == result['num_reference_gradients'] > 0
   # |gpipe - reference| <= ATOL + RTOL * |reference| for every element.
   assert result['gradient_error_in_tolerances'] <= 1.0, result
-
-
-@pytest.mark.parametrize('case', GRADIENT_CASES)
-def test_stages_run_on_their_own_devices(worker_results, case):
-  result = worker_results[case]
   num_stages = len(result['boundaries']) - 1
   assert len(set(result['stage_devices'])) == num_stages
   assert result['placement_ok']
 
 
+def test_four_stages_with_a_skip_match_one_device(core_results):
+  """The fast check: 4 logical CPUs, remat except_last, skip across stages."""
+  assert len(set(core_results['devices'])) == NUM_DEVICES
+  _assert_matches_one_device(core_results[CORE_CASE])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('case', GRADIENT_CASES)
+def test_same_loss_gradients_and_placement_as_one_device(worker_results,
+                                                         case):
+  _assert_matches_one_device(worker_results[case])
+
+
+@pytest.mark.slow
 def test_profiled_taxi_plan_cuts_the_model(worker_results):
   boundaries = worker_results['taxi_k2_profiled_plan']['boundaries']
   assert len(boundaries) == 3 and 0 < boundaries[1] < boundaries[2]
 
 
+@pytest.mark.slow
 def test_one_update_per_mini_batch_matches_one_device(worker_results):
   result = worker_results['train_and_export']
   assert result['optimizer_updates'] == 1
@@ -250,10 +300,22 @@ def test_one_update_per_mini_batch_matches_one_device(worker_results):
   assert result['slots_colocated']
 
 
+@pytest.mark.slow
+def test_remat_lowers_peak_memory(worker_results):
+  # 8 micro-batches x 8 layers x 128x256 floats: 'never' holds all of them
+  # (~8 MiB); 'always' holds stage inputs and one micro-batch's activations.
+  # Summing gradients in a way that kept every micro-batch's gradients alive
+  # (as an AddN would) would add ~8 x 2 MiB to both.
+  peaks = worker_results['transient_peak_bytes']
+  assert peaks['never'] > 6 * 2**20, peaks
+  assert peaks['always'] < 0.5 * peaks['never'], peaks
+
+
+@pytest.mark.slow
 def test_exported_model_is_a_normal_saved_model(worker_results):
   assert worker_results['train_and_export'][
       'export_max_abs_difference'] < 1e-6
 
 
 if __name__ == '__main__':
-  run_worker(sys.argv[1], sys.argv[2])
+  run_worker(*sys.argv[1:4])

@@ -232,3 +232,12 @@ def test_events_progress_and_other_fingerprints(root):
   store.delete_all()
   assert not tf.io.gfile.exists(root + '/node/newfingerprint')
   assert old.checkpoint_dirs()
+
+
+def test_progress_marker_records_the_latest_step(root):
+  store = CheckpointStore(root + '/fp', _State().checkpoint)
+  marker = checkpointing.ProgressMarker(store, min_interval_seconds=0.01)
+  for step in range(1, 50):
+    marker.update(step)
+  marker.close()
+  assert store.read_progress()['step'] == 49

@@ -69,14 +69,12 @@ def test_drop_in_spec_and_exec_properties():
 
 
 def test_mode_follows_the_module():
-  assert component.check_module_contract(
-      STOCK_TAXI_MODULE, None, 'auto') == 'run_fn'
-  assert component.check_module_contract(
-      data.default_module_file(), None, 'auto') == 'managed'
-  assert component.check_module_contract(
-      data.default_module_file(), None, 'run_fn') == 'run_fn'
-  assert component.check_module_contract(
-      None, 'pipelines.taxi_module.run_fn', 'auto') == 'run_fn'
+  check = component.check_module_contract
+  assert check(STOCK_TAXI_MODULE, None, None, 'auto') == 'run_fn'
+  assert check(data.default_module_file(), None, None, 'auto') == 'managed'
+  assert check(data.default_module_file(), None, None, 'run_fn') == 'run_fn'
+  assert check(None, 'pipelines.taxi_module', None, 'auto') == 'managed'
+  assert check(None, None, 'pipelines.taxi_module.run_fn', 'auto') == 'run_fn'
   # A stock module needs no training length (its run_fn decides).
   trainer = _trainer(module_file=STOCK_TAXI_MODULE,
                      train_args=tfx.proto.TrainArgs())
@@ -138,8 +136,17 @@ def test_module_without_entry_points(tmp_path):
 def test_missing_module_file(tmp_path):
   missing = str(tmp_path / 'nowhere.py')
   with pytest.raises(ValueError, match=f"module_file '{missing}' does not "
-                     'exist'):
+                     'exist, and is not an importable module'):
     _trainer(module_file=missing)
+  with pytest.raises(ValueError, match='is not an importable module'):
+    _trainer(module_file='pipelines.no_such_module')
+
+
+def test_importable_module_name_becomes_module_path():
+  """As the Kubeflow runner passes it: the module installed in the image."""
+  trainer = _trainer(module_file='pipelines.taxi_module')
+  assert trainer.exec_properties['module_path'] == 'pipelines.taxi_module'
+  assert trainer.exec_properties['module_file'] is None
 
 
 def test_module_file_and_run_fn_are_exclusive():

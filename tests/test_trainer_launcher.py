@@ -203,6 +203,44 @@ def test_children_die_with_a_killed_supervisor(tmp_path):
   assert _wait_until_dead(child, timeout_s=5)
 
 
+def test_sigterm_is_forwarded_and_fails_as_preempted(tmp_path):
+  """A preemption notice reaches the trainers, which checkpoint and exit;
+  the run then fails as preempted, without using up restarts."""
+  pid_file = str(tmp_path / 'trainer.pid')
+  marker = str(tmp_path / 'checkpointed')
+  trainer = _python(f"""
+      import os, signal, sys, time
+      def on_term(signum, frame):
+        with open({marker!r}, 'w') as f:
+          f.write('saved')
+        sys.exit(75)
+      signal.signal(signal.SIGTERM, on_term)
+      with open({pid_file!r}, 'w') as f:
+        f.write(str(os.getpid()))
+      time.sleep(600)
+      """)
+  server = _sleeper(str(tmp_path / 'server.pid'))
+  supervisor = subprocess.Popen(_python(f"""
+      from components.trainer import launcher
+      specs = [launcher.ProcessSpec('ps-0', {server!r}, server=True),
+               launcher.ProcessSpec('chief', {trainer!r})]
+      try:
+        launcher.run_supervised(lambda attempt: specs, {str(tmp_path)!r},
+                                max_restarts=3)
+      except launcher.ClusterPreemptedError as e:
+        print('PREEMPTED', e.failure.process, e.failure.exit_code,
+              len(e.restarts))
+      """), cwd=os.path.dirname(os.path.dirname(__file__)),
+                                stdout=subprocess.PIPE, text=True)
+  _wait_for_file(pid_file)
+  _wait_for_file(str(tmp_path / 'server.pid'))
+  supervisor.send_signal(signal.SIGTERM)
+  stdout, _ = supervisor.communicate(timeout=30)
+  assert 'PREEMPTED chief 75 0' in stdout
+  assert _wait_for_file(marker) == 'saved'
+  assert not _alive(int(_wait_for_file(str(tmp_path / 'server.pid'))))
+
+
 def test_cluster_layouts():
   argv = lambda role: ['train', role]  # pylint: disable=unnecessary-lambda-assignment
   single = launcher.cluster_processes('mirrored', 1, 0, argv)

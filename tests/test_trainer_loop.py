@@ -132,6 +132,22 @@ def test_changed_fingerprint_starts_fresh_and_says_so(tmp_path, data):
   assert new_dir.endswith(new_fingerprint)
 
 
+def test_time_based_checkpoints(tmp_path, data):
+  # Steps take at least 0.1 s, so saves 0.35 s apart are >= 4 steps apart.
+  task = tt.make_task(str(tmp_path), data, train_steps=12,
+                      fault_tolerance={'save_every_steps': None,
+                                       'save_every_seconds': 0.35,
+                                       'keep_last': 20},
+                      hparams={'step_sleep_seconds': 0.1})
+  result = train_here(task)
+  steps = sorted(int(n.split('-')[1]) for n in os.listdir(task.checkpoint_dir)
+                 if n.startswith('ckpt-'))
+  assert result['checkpoints_saved'] == len(steps) >= 2
+  assert steps[-1] == 12
+  assert all(later - earlier >= 4 for earlier, later in zip(steps[:-2],
+                                                            steps[1:-1]))
+
+
 def test_module_without_build_model_is_rejected(tmp_path, data):
   task = tt.make_task(str(tmp_path), data)
   task.module_path = 'tests.trainer_testing'

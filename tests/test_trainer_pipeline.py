@@ -136,12 +136,26 @@ def test_strategy_trains_taxi_and_is_blessed(strategies_root, taxi_sample_dir,
   model_run = _latest_model_run(strategies_root)
   result = _assert_trained_and_blessed(run, model_run, strategy, replicas,
                                        'managed')
-  assert result['examples_per_sec'] > 0
+  assert result['steps'] == TRAIN_STEPS  # Optimizer updates done.
+  assert 0 < result['train_loss'] < 10
   assert result['launch']['attempts'] == 1
   logs = os.listdir(os.path.join(model_run.uri, 'cluster_logs', 'attempt-0'))
   assert sorted(logs) == [f'{p}.log' for p in processes]
   # Upstream components ran once for all strategies (cache).
   assert _completed_runs(strategies_root, 'Transform') == 1
+
+
+def test_in_process_launcher_trains_in_the_executor(strategies_root,
+                                                    taxi_sample_dir):
+  """launcher='in_process' (for orchestrators that run one pod per task)."""
+  run = _run(strategies_root, taxi_sample_dir,
+             {'strategy': 'one_device', 'launcher': 'in_process'})
+  model_run = _latest_model_run(strategies_root)
+  result = _assert_trained_and_blessed(run, model_run, 'one_device', 1,
+                                       'managed')
+  assert model_run.custom_properties['launcher'].string_value == 'in_process'
+  assert 'launch' not in result
+  assert not os.path.exists(os.path.join(model_run.uri, 'cluster_logs'))
 
 
 def test_worker_crash_fails_the_component_with_its_log(strategies_root,

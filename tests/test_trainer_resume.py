@@ -1,5 +1,7 @@
 """Exact resume after real SIGKILL / SIGTERM of a training process.
 
+(The fast tests at the end check the SIGTERM watcher in this process.)
+
 Every run is a child process (`tests.trainer_testing`, the production
 `worker.train` with deterministic ops) on 64 examples with an `id` feature;
 the model logs which ids each optimizer step consumed. A killed-and-rerun
@@ -14,12 +16,11 @@ import signal
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from components.trainer import checkpointing
 from components.trainer import preemption
 from tests import trainer_testing as tt
-
-pytestmark = pytest.mark.slow
 
 NUM_EXAMPLES = 64
 TRAIN_STEPS = 32  # 2 examples per step: one pass over the data.
@@ -73,6 +74,7 @@ def _assert_same_training(task, baseline):
   return result, records
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('trial', range(3))
 def test_sigkill_at_random_step_then_rerun_is_exact(tmp_path, data, baseline,
                                                     trial):
@@ -103,6 +105,7 @@ def test_sigkill_at_random_step_then_rerun_is_exact(tmp_path, data, baseline,
     assert killed_ids in ([], [baseline['ids'][(step, 0)]])
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_at_the_next_step_and_loses_nothing(
     tmp_path, data, baseline):
   term_step = random.Random(SEED).randrange(3, TRAIN_STEPS - 6)
@@ -145,6 +148,7 @@ def _truncate(path):
     f.truncate(os.path.getsize(path) // 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('damage', [_flip_a_byte, _truncate])
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(
     tmp_path, data, baseline, damage):
@@ -168,3 +172,32 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
   expected = 'sha256' if damage is _flip_a_byte else 'truncated'
   assert expected in reasons[newest]
   assert 'falling back to the previous one' in tt.child_log(root)
+
+
+# ---------------------------------------------------------------- fast
+
+
+def test_sigterm_watcher_saves_at_the_boundary_then_stops():
+  saved = []
+  watcher = preemption.SigtermWatcher(lambda: saved.append('saved'))
+  try:
+    assert watcher.run(lambda: 'step 1') == 'step 1'
+    os.kill(os.getpid(), signal.SIGTERM)  # Arrives "during" step 2.
+    assert watcher.requested and saved == []
+    with pytest.raises(preemption.Preempted):
+      watcher.run(lambda: 'step 3')
+    assert saved == ['saved']
+  finally:
+    watcher.close()
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_exit_code_and_watcher_choice():
+  assert preemption.exit_code({'preempted': True}) == 75
+  assert preemption.exit_code({'preempted': False}) == 0
+  watcher = preemption.make_watcher(tf.distribute.OneDeviceStrategy('/cpu:0'),
+                                    tf.train.Checkpoint(), lambda: None)
+  try:
+    assert isinstance(watcher, preemption.SigtermWatcher)
+  finally:
+    watcher.close()

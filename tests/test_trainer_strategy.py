@@ -161,3 +161,43 @@ def test_logical_cpus_after_tf_started_fail_clearly():
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'ERROR logical_cpu_devices=2 needs a TensorFlow runtime' in proc.stdout
   assert "launcher='local'" in proc.stdout
+
+
+def _task(tmp_path, distribution, mode='managed', train_steps=0,
+          eval_steps=0):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from components.trainer.task import TrainingTask  # pylint: disable=g-import-not-at-top
+  pattern = str(tmp_path / 'data-*.gz')
+  for index, count in enumerate((300, 340)):  # 640 records in 2 files.
+    options = tf.io.TFRecordOptions(compression_type='GZIP')
+    with tf.io.TFRecordWriter(str(tmp_path / f'data-{index}.gz'),
+                              options) as writer:
+      for _ in range(count):
+        writer.write(b'record')
+  return TrainingTask(
+      module_file=None, module_path='m', mode=mode, train_files=[pattern],
+      eval_files=[pattern], transform_output=None, schema_path=None,
+      serving_model_dir='', model_run_dir='', train_steps=train_steps,
+      eval_steps=eval_steps, hparams={}, custom_config={},
+      distribution=DistributionConfig.from_dict(distribution).to_dict(),
+      fault_tolerance={}, checkpoint_dir='')
+
+
+def test_lengths_and_batch_resolved_for_the_replicas(tmp_path):
+  from components.trainer import worker  # pylint: disable=g-import-not-at-top
+  task = _task(tmp_path, {'global_batch_size': 64, 'train_epochs': 2,
+                          'gradient_accumulation_steps': 2})
+  resolved = worker.resolve_lengths(task, num_replicas=4)
+  config = DistributionConfig.from_dict(resolved.distribution)
+  assert (config.per_replica_batch_size, config.global_batch_size) == (16, None)
+  assert config.train_epochs == 0
+  # 2 epochs x 640 examples / (64 examples x 2 micro-steps per update).
+  assert resolved.train_steps == 10
+  assert resolved.eval_steps == 640 // 64  # One pass in managed mode.
+
+  run_fn_task = _task(tmp_path, {'per_replica_batch_size': 8}, mode='run_fn',
+                      train_steps=7)
+  resolved = worker.resolve_lengths(run_fn_task, num_replicas=2)
+  assert (resolved.train_steps, resolved.eval_steps) == (7, 0)
+  with pytest.raises(ValueError, match='3 replicas'):
+    worker.resolve_lengths(task, num_replicas=3)

@@ -79,10 +79,10 @@ def _rows(dataset):
   """Multiset of examples as hashable rows (feature name, value) + label."""
   rows = collections.Counter()
   for features, label in dataset:
-    columns = sorted(features.items())
-    for i in range(int(label.shape[0])):
-      rows[tuple((k, v[i].numpy().item()) for k, v in columns) +
-           (('label', label[i].numpy().item()),)] += 1
+    columns = sorted((k, v.numpy().tolist()) for k, v in features.items())
+    columns.append(('label', label.numpy().tolist()))
+    for i in range(len(columns[-1][1])):
+      rows[tuple((k, values[i]) for k, values in columns)] += 1
   return rows
 
 

@@ -22,6 +22,7 @@ from tfx.types import standard_artifacts
 from components import types as hpm_types
 from components.partitioner import config as config_lib
 from components.partitioner import executor
+from components.partitioner import graph as graph_lib
 
 MODULE_FILE_KEY = 'module_file'
 MODULE_PATH_KEY = 'module_path'
@@ -46,12 +47,6 @@ class GPipePartitionerSpec(types.ComponentSpec):
       executor.PARTITION_PLAN_KEY: component_spec.ChannelParameter(
           type=hpm_types.PartitionPlan),
   }
-
-
-def count_partitionable_layers(build_model_fn, hparams: Dict[str, Any]) -> int:
-  """Layer calls of the model `build_model_fn(hparams)` builds."""
-  from components.partitioner import graph  # pylint: disable=g-import-not-at-top
-  return graph.LayerGraph(build_model_fn(hparams)).num_calls
 
 
 class GPipePartitioner(base_component.BaseComponent):
@@ -98,7 +93,7 @@ class GPipePartitioner(base_component.BaseComponent):
         {MODULE_FILE_KEY: module_file, MODULE_PATH_KEY: module_path},
         executor.BUILD_MODEL_FN)
     config.validate_for_model(
-        count_partitionable_layers(build_model_fn, config.hparams))
+        graph_lib.LayerGraph(build_model_fn(config.hparams)).num_calls)
 
     spec = GPipePartitionerSpec(
         module_file=module_file,

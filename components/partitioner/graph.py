@@ -57,14 +57,17 @@ class LayerGraph:
   def __init__(self, model: tf.keras.Model):
     # tf-keras has no public API for a graph network's nodes; these two
     # attributes have been stable across Keras 2.x.
+    # pylint: disable=protected-access
     if not getattr(model, '_is_graph_network', False):
       raise ValueError(
           f'model {model.name!r} is a subclassed Keras model; GPipe '
           'partitioning needs a Sequential or Functional model, whose layer '
           'graph is known.')
     self.model = model
-    nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True)  # pylint: disable=protected-access
-             for node in model._nodes_by_depth[depth]]  # pylint: disable=protected-access
+    by_depth = model._nodes_by_depth
+    # pylint: enable=protected-access
+    nodes = [node for depth in sorted(by_depth, reverse=True)
+             for node in by_depth[depth]]
     tensor_names = {}
     self.dtypes: Dict[str, tf.DType] = {}
     self._input_shapes: Dict[str, tf.TensorShape] = {}

@@ -26,7 +26,6 @@ and hash and falls back to the previous checkpoint when one does not match.
 import dataclasses
 import hashlib
 import json
-import logging
 import re
 import shutil
 import tempfile
@@ -35,6 +34,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional
 
+from absl import logging
 import tensorflow as tf
 
 MANIFEST_NAME = 'MANIFEST.json'

@@ -15,7 +15,8 @@ contract (managed mode needs `build_model(hparams)`, run_fn mode `run_fn`).
 import importlib
 import importlib.util
 from types import ModuleType
-from typing import Any, Dict, Optional, Union
+import re
+from typing import Any, Dict, Optional, Tuple, Union
 
 from tfx import types
 from tfx.components.util import udf_utils
@@ -33,6 +34,9 @@ from components import types as hpm_types
 from components.trainer import checkpointing
 from components.trainer import config as config_lib
 from components.trainer import executor
+
+
+_MODULE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*')
 
 
 class HighPerfTrainerSpec(standard_component_specs.TrainerSpec):
@@ -56,13 +60,31 @@ class HighPerfTrainerSpec(standard_component_specs.TrainerSpec):
   OUTPUTS = standard_component_specs.TrainerSpec.OUTPUTS
 
 
-def _load_module(module_file: Optional[str], run_fn: Optional[str]
-                ) -> ModuleType:
+def _module_source(module_file: str) -> Tuple[Optional[str], Optional[str]]:
+  """(module_file, module_path) for the `module_file` argument.
+
+  Besides a file path, `module_file` may name an importable module (e.g. one
+  installed in a Kubeflow image); it is then passed on as the stock
+  `module_path` execution property, with nothing to package.
+  """
+  if fileio.exists(module_file):
+    return module_file, None
+  try:
+    importable = (_MODULE_NAME.fullmatch(module_file) is not None and
+                  importlib.util.find_spec(module_file) is not None)
+  except ImportError:
+    importable = False
+  if importable:
+    return None, module_file
+  raise ValueError(f'module_file {module_file!r} does not exist, and is not '
+                   'an importable module name either.')
+
+
+def _load_module(module_file: Optional[str], module_path: Optional[str],
+                 run_fn: Optional[str]) -> ModuleType:
   """Imports the user module once to check its contract."""
-  if run_fn:
-    return importlib.import_module(run_fn.rpartition('.')[0])
-  if not fileio.exists(module_file):
-    raise ValueError(f'module_file {module_file!r} does not exist.')
+  if run_fn or module_path:
+    return importlib.import_module(module_path or run_fn.rpartition('.')[0])
   path = io_utils.ensure_local(module_file)
   spec = importlib.util.spec_from_file_location('_hpm_checked_user_module',
                                                 path)
@@ -73,18 +95,18 @@ def _load_module(module_file: Optional[str], run_fn: Optional[str]
   return module
 
 
-def check_module_contract(module_file: Optional[str], run_fn: Optional[str],
+def check_module_contract(module_file: Optional[str],
+                          module_path: Optional[str], run_fn: Optional[str],
                           mode: str) -> str:
   """Returns the training mode; raises if the module lacks its entry point."""
-  module = _load_module(module_file, run_fn)
+  module = _load_module(module_file, module_path, run_fn)
   run_fn_name = run_fn.rpartition('.')[2] if run_fn else 'run_fn'
   return config_lib.resolve_mode(
       mode,
       has_build_model=callable(getattr(module, 'build_model', None)),
       has_run_fn=callable(getattr(module, run_fn_name, None)),
       run_fn_given=bool(run_fn),
-      module=config_lib.describe_module(module_file=module_file,
-                                        run_fn=run_fn))
+      module=config_lib.describe_module(module_file, module_path, run_fn))
 
 
 class HighPerfTrainer(base_component.BaseComponent):
@@ -129,7 +151,8 @@ class HighPerfTrainer(base_component.BaseComponent):
       hyperparameters: Tuner output; its values override
         `custom_config['hparams']` in managed mode.
       module_file: Module with `build_model(hparams)` (managed mode) and/or
-        `run_fn(fn_args)`. Exactly one of module_file and run_fn.
+        `run_fn(fn_args)`: a file, or the name of an importable module.
+        Exactly one of module_file and run_fn.
       run_fn: Python path of a `run_fn` (run_fn mode).
       train_args: Splits and num_steps (optimizer updates).
       eval_args: Splits and num_steps (0: one pass in managed mode).
@@ -150,7 +173,11 @@ class HighPerfTrainer(base_component.BaseComponent):
     config = config_lib.DistributionConfig.from_dict(distribution)
     fault_config = checkpointing.CheckpointConfig.from_dict(fault_tolerance)
     train_args = train_args or trainer_pb2.TrainArgs()
-    mode = check_module_contract(module_file, run_fn, config.mode)
+    module_path = None
+    if module_file:
+      module_file, module_path = _module_source(module_file)
+    mode = check_module_contract(module_file, module_path, run_fn,
+                                 config.mode)
     config_lib.check_train_length(mode, train_args.num_steps,
                                   config.train_epochs)
     spec = HighPerfTrainerSpec(
@@ -162,6 +189,7 @@ class HighPerfTrainer(base_component.BaseComponent):
         train_args=train_args,
         eval_args=eval_args or trainer_pb2.EvalArgs(),
         module_file=module_file,
+        module_path=module_path,
         run_fn=run_fn,
         custom_config=json_utils.dumps(custom_config),
         distribution=config.to_json(),
@@ -171,7 +199,7 @@ class HighPerfTrainer(base_component.BaseComponent):
         model=types.Channel(type=standard_artifacts.Model),
         model_run=types.Channel(type=standard_artifacts.ModelRun))
     super().__init__(spec=spec)
-    if udf_utils.should_package_user_modules():
+    if module_file and udf_utils.should_package_user_modules():
       # As the stock Trainer: the module file travels as a wheel, and
       # `module_path` points into it at run time.
       udf_utils.add_user_module_dependency(

@@ -94,6 +94,8 @@ class Executor(base_executor.BaseExecutor):
     logging.info('HighPerfTrainer strategy: %s (%s)', config.strategy, reason)
     self._record_decision(model_run, config, reason, env)
 
+    # Before the wheel path is dropped below: it carries the content hash.
+    module_identity = _module_identity(exec_properties)
     module_name, wheels = udf_utils.decode_user_module_key(
         exec_properties.get(standard_component_specs.MODULE_PATH_KEY))
     # A module packaged as a wheel (the default under LocalDagRunner) is
@@ -103,7 +105,7 @@ class Executor(base_executor.BaseExecutor):
       if module_name:
         props[standard_component_specs.MODULE_PATH_KEY] = module_name
       task = self._make_task(input_dict, output_dict, props, config,
-                             fault_tolerance)
+                             fault_tolerance, module_identity)
       task_path = os.path.join(task.model_run_dir, TASK_FILE)
       task.save(task_path)
       result = self._train(task, task_path, config, fault_tolerance)
@@ -116,7 +118,7 @@ class Executor(base_executor.BaseExecutor):
                  task.serving_model_dir, result)
 
   def _make_task(self, input_dict, output_dict, props, config,
-                 fault_tolerance) -> TrainingTask:
+                 fault_tolerance, module_identity) -> TrainingTask:
     mode = config_lib.resolve_mode(
         config.mode,
         has_build_model=udf_utils.try_get_fn(props, 'build_model') is not None,
@@ -139,7 +141,7 @@ class Executor(base_executor.BaseExecutor):
     fingerprint = checkpointing.training_fingerprint(
         {key: [a.uri for a in artifacts]
          for key, artifacts in sorted(input_dict.items())},
-        {'module': _module_identity(props), 'mode': mode, 'hparams': hparams,
+        {'module': module_identity, 'mode': mode, 'hparams': hparams,
          'train_steps': stock_args.train_steps,
          'custom_config': stock_args.custom_config,
          'distribution': {k: v for k, v in config.to_dict().items()

@@ -6,9 +6,11 @@ localhost ports for MultiWorkerMirrored, and ps + worker servers plus a
 coordinator for ParameterServer. The supervisor polls them; the first
 non-zero exit (or a server that exits at all) stops every process and fails
 the run with that process's log tail, or relaunches the whole cluster while
-restarts remain. No process outlives `run_supervised`: each child leads its
-own process group, which is killed on the way out, and the kernel kills each
-child if the supervising thread dies (PR_SET_PDEATHSIG).
+restarts remain. A SIGTERM to the supervisor (a preemption notice) is
+forwarded to every process, so that training checkpoints before it stops. No
+process outlives `run_supervised`: each child leads its own process group,
+which is killed on the way out, and the kernel kills each child if the
+supervising thread dies (PR_SET_PDEATHSIG).
 
 No TFX or TensorFlow import: the supervisor is plain subprocess management.
 """
@@ -21,6 +23,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -82,6 +85,10 @@ class ClusterFailedError(RuntimeError):
 
 class ClusterTimeoutError(ClusterFailedError):
   """Training ran past its time limit."""
+
+
+class ClusterPreemptedError(ClusterFailedError):
+  """A preemption notice (SIGTERM) stopped training at a checkpoint."""
 
 
 def _die_with_parent(parent_pid: int) -> Callable[[], None]:
@@ -174,6 +181,39 @@ def _describe(failure: ProcessExit, running: List[_Running]) -> str:
           f'Log {failure.log_path}, last lines:\n{failure.log_tail}')
 
 
+class _SigtermForwarder:
+  """While active, SIGTERM to the supervisor goes on to every process.
+
+  A preemption notice reaches only the executor's process (e.g. PID 1 of a
+  pod); the training processes, each in its own session, must get it too to
+  checkpoint before they stop. Signal handlers need the main thread; in
+  another thread the notice is not forwarded.
+  """
+
+  def __init__(self):
+    self.received = False
+    self.running: List[_Running] = []
+    self._previous = None
+
+  def __enter__(self) -> '_SigtermForwarder':
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._forward)
+    return self
+
+  def _forward(self, signum, frame):
+    del signum, frame
+    logging.warning('SIGTERM: forwarding the preemption notice to %s',
+                    [r.spec.name for r in self.running])
+    self.received = True
+    for r in self.running:
+      if r.popen.poll() is None:
+        _signal_group(r.popen.pid, signal.SIGTERM)
+
+  def __exit__(self, *unused_exc_info):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
 def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
                    log_dir: str,
                    *,
@@ -182,6 +222,11 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
                    poll_interval_s: float = 0.2,
                    grace_s: float = DEFAULT_GRACE_S) -> LaunchResult:
   """Runs a cluster to completion, relaunching it on failure if allowed.
+
+  SIGTERM to the calling process (a preemption notice) is forwarded to the
+  training processes, which checkpoint and exit; the run then fails with
+  ClusterPreemptedError, without a restart, so that the orchestrator's retry
+  resumes from the checkpoint.
 
   Args:
     make_processes: Builds the cluster for attempt 0, 1, ... (fresh ports).
@@ -197,60 +242,77 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
   Raises:
     ClusterFailedError: A process failed and no restart was left.
     ClusterTimeoutError: The time limit passed.
+    ClusterPreemptedError: SIGTERM arrived; the processes have stopped.
   """
   start = time.monotonic()
   restarts: List[ProcessExit] = []
   attempt = 0
-  while True:
-    attempt_dir = os.path.join(log_dir, f'attempt-{attempt}')
-    os.makedirs(attempt_dir, exist_ok=True)
-    running: List[_Running] = []
-    try:
-      for spec in make_processes(attempt):
-        running.append(_Running(spec,
-                                os.path.join(attempt_dir, f'{spec.name}.log')))
-      logging.info('Attempt %d: started %s', attempt,
-                   [(r.spec.name, r.popen.pid) for r in running])
-      failure, timed_out = _watch(running, attempt, start, timeout_s,
-                                  poll_interval_s)
-      if failure is None:
-        return LaunchResult(attempt + 1, restarts, time.monotonic() - start,
-                            log_dir)
-      message = _describe(failure, running)
-    finally:
-      _stop_all(running, grace_s)
-    if timed_out:
-      raise ClusterTimeoutError(
-          f'Training exceeded timeout_s={timeout_s} and was killed. Last '
-          f'lines of {failure.process} ({failure.log_path}):\n'
-          f'{failure.log_tail}', failure, restarts)
-    if len(restarts) >= max_restarts:
-      raise ClusterFailedError(message, failure, restarts)
-    logging.warning('Restarting the cluster (%d of %d): %s', len(restarts) + 1,
-                    max_restarts, message)
-    restarts.append(failure)
-    attempt += 1
+  with _SigtermForwarder() as forwarder:
+    while True:
+      attempt_dir = os.path.join(log_dir, f'attempt-{attempt}')
+      os.makedirs(attempt_dir, exist_ok=True)
+      running: List[_Running] = []
+      forwarder.running = running
+      try:
+        for spec in make_processes(attempt):
+          running.append(_Running(
+              spec, os.path.join(attempt_dir, f'{spec.name}.log')))
+        logging.info('Attempt %d: started %s', attempt,
+                     [(r.spec.name, r.popen.pid) for r in running])
+        outcome, failure = _watch(running, attempt, start, timeout_s,
+                                  poll_interval_s, forwarder)
+        if outcome == _DONE:
+          return LaunchResult(attempt + 1, restarts,
+                              time.monotonic() - start, log_dir)
+        message = _describe(failure, running)
+      finally:
+        _stop_all(running, grace_s)
+      if outcome == _TIMEOUT:
+        raise ClusterTimeoutError(
+            f'Training exceeded timeout_s={timeout_s} and was killed. Last '
+            f'lines of {failure.process} ({failure.log_path}):\n'
+            f'{failure.log_tail}', failure, restarts)
+      if outcome == _PREEMPTED:
+        raise ClusterPreemptedError(
+            'Preempted (SIGTERM): the training processes were told to '
+            f'checkpoint and stop; a rerun resumes. {message}', failure,
+            restarts)
+      if len(restarts) >= max_restarts:
+        raise ClusterFailedError(message, failure, restarts)
+      logging.warning('Restarting the cluster (%d of %d): %s',
+                      len(restarts) + 1, max_restarts, message)
+      restarts.append(failure)
+      attempt += 1
+
+
+_DONE, _FAILED, _TIMEOUT, _PREEMPTED = 'done', 'failed', 'timeout', 'preempted'
 
 
 def _watch(running: List[_Running], attempt: int, start: float,
-           timeout_s: float, poll_interval_s: float
-          ) -> Tuple[Optional[ProcessExit], bool]:
-  """Polls until success (None), a failed process, or the time limit.
+           timeout_s: float, poll_interval_s: float,
+           forwarder: _SigtermForwarder
+          ) -> Tuple[str, Optional[ProcessExit]]:
+  """Polls until the cluster is done, fails, times out or was preempted.
 
-  Returns the process that failed (or, on timeout, a trainer still running)
-  and whether the time limit passed.
+  Returns the outcome and the process it is about: the one that failed; on
+  timeout a trainer still running; after a preemption notice the first
+  trainer, once every trainer has exited.
   """
   while True:
-    for r in running:
-      code = r.popen.poll()
-      if code is not None and (code != 0 or r.spec.server):
-        return r.exit_record(attempt), False
-    if all(r.popen.poll() == 0 for r in running if not r.spec.server):
-      return None, False
+    trainers = [r for r in running if not r.spec.server]
+    if forwarder.received:
+      if all(r.popen.poll() is not None for r in trainers):
+        return _PREEMPTED, trainers[0].exit_record(attempt)
+    else:
+      for r in running:
+        code = r.popen.poll()
+        if code is not None and (code != 0 or r.spec.server):
+          return _FAILED, r.exit_record(attempt)
+      if all(r.popen.poll() == 0 for r in trainers):
+        return _DONE, None
     if timeout_s and time.monotonic() - start > timeout_s:
-      stuck = next(r for r in running
-                   if not r.spec.server and r.popen.poll() is None)
-      return stuck.exit_record(attempt), True
+      stuck = next(r for r in trainers if r.popen.poll() is None)
+      return _TIMEOUT, stuck.exit_record(attempt)
     time.sleep(poll_interval_s)
 
 

@@ -20,13 +20,13 @@ import dataclasses
 import importlib
 import importlib.util
 import json
-import logging
 import os
 import shutil
 import tempfile
 import time
 from typing import Any, Callable, Dict, Optional
 
+from absl import logging
 import tensorflow as tf
 
 from components.trainer import checkpointing
@@ -44,7 +44,7 @@ PROGRESS_EVERY_SECONDS = 0.1
 # Parameter-server steps scheduled between two joins (checkpoint and
 # preemption checks happen at joins).
 PS_STEPS_PER_JOIN = 50
-# Batches each parameter-server worker shuffles over (its own random order).
+# Batches each parameter-server worker shuffles over (its own order).
 PS_SHUFFLE_BATCHES = 16
 RESULT_FILE = 'training_result.json'
 _PER_WORKER_SEED = object()
@@ -174,6 +174,13 @@ def _clock_seed() -> tf.Tensor:
   `enable_op_determinism`.
   """
   return tf.cast(tf.timestamp() * 1e6, tf.int64) % (2**31 - 1)
+
+
+def _num_workers(strategy: tf.distribute.Strategy) -> int:
+  """Worker processes that read input (chief and workers of the cluster)."""
+  resolver = getattr(strategy, 'cluster_resolver', None)
+  jobs = resolver.cluster_spec().as_dict() if resolver else {}
+  return max(1, len(jobs.get('worker', [])) + len(jobs.get('chief', [])))
 
 
 def _is_chief(strategy: tf.distribute.Strategy) -> bool:
@@ -521,7 +528,7 @@ class _ManagedTraining:
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = _auto_shard_policy(
         len(input_pipeline.list_files(self.task.eval_files)),
-        getattr(self.strategy.extended, '_num_workers', 1))
+        _num_workers(self.strategy))
     return dataset.with_options(options)
 
   def evaluate(self, model: tf.keras.Model,
@@ -618,7 +625,8 @@ class _ManagedTraining:
 
 
 class _StepStats:
-  """Throughput of this attempt, not counting the first (tracing) step."""
+  """Steps of this attempt and their steady rate (after the first step, which
+  includes tracing; the periodic checkpoint waits are included)."""
 
   def __init__(self, start_step: int):
     self.start_step = start_step
@@ -626,23 +634,28 @@ class _StepStats:
     self.began = time.monotonic()
     self.first_step_seconds = None
     self.first_step_time = None
-    self.after_first = None
+    self.first = None  # (monotonic time, steps) when the first step ended.
+    self.last = None
 
   def step_done(self) -> None:
     self.steps_done(1)
 
   def steps_done(self, count: int) -> None:
-    if self.first_step_seconds is None and count:
-      self.first_step_seconds = time.monotonic() - self.began
-      self.first_step_time = time.time()
-      self.after_first = (time.monotonic(), self.steps + count)
+    if not count:
+      return
     self.steps += count
+    now = time.monotonic()
+    if self.first is None:
+      self.first_step_seconds = now - self.began
+      self.first_step_time = time.time()
+      self.first = (now, self.steps)
+    self.last = (now, self.steps)
 
   def summary(self, step: int, loss: float, preempted: bool) -> Dict[str, Any]:
     steps_per_sec = 0.0
-    if self.after_first and self.steps > self.after_first[1]:
-      elapsed = time.monotonic() - self.after_first[0]
-      steps_per_sec = (self.steps - self.after_first[1]) / max(elapsed, 1e-9)
+    if self.first and self.last[1] > self.first[1]:
+      steps_per_sec = (self.last[1] - self.first[1]) / max(
+          self.last[0] - self.first[0], 1e-9)
     return {'steps': step, 'start_step': self.start_step,
             'steps_this_attempt': self.steps, 'train_loss': loss,
             'first_step_seconds': self.first_step_seconds,

@@ -12,13 +12,13 @@ the process should then exit with `PREEMPTED_EXIT_CODE` so that a launcher
 knows a restart will resume.
 """
 
-import logging
 import shutil
 import signal
 import tempfile
 import threading
 from typing import Any, Callable, Dict
 
+from absl import logging
 import tensorflow as tf
 
 # EX_TEMPFAIL: "temporary failure, the user is invited to retry".

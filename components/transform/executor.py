@@ -95,6 +95,8 @@ class Executor(transform_executor.Executor):
         num_examples=num_examples,
         references=references,
         clock_start=budget_start)
+    tuned_artifact.set_float_custom_property('transform_seconds',
+                                             transform_seconds)
     _write_artifact(tuned_artifact, result, {
         'stock Transform seconds (inside this step)':
             f'{transform_seconds:.1f}',

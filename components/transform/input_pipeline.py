@@ -60,6 +60,7 @@ class InputPipelineConfig:
   prefetch_batches: int = AUTOTUNE
   cache: str = 'none'
   cache_dir: Optional[str] = None
+  # Shuffle buffer, in parsed read blocks (see read_batch_size).
   shuffle_buffer_batches: int = 0
   # Examples are shuffled (seeded) within windows of this many batches, so a
   # batch mixes records of several files; 0 keeps file order inside batches.
@@ -86,8 +87,8 @@ class InputPipelineConfig:
       if value == 0 or value < AUTOTUNE:
         raise ValueError(f'{name}={value} must be positive or -1 (AUTOTUNE).')
     for name in ('read_buffer_bytes', 'read_batch_size',
-                 'shuffle_buffer_batches',
-                 'shuffle_window_batches', 'autotune_ram_budget_bytes', 'private_threadpool_size'):
+                 'shuffle_buffer_batches', 'shuffle_window_batches',
+                 'autotune_ram_budget_bytes', 'private_threadpool_size'):
       if getattr(self, name) < 0:
         raise ValueError(f'{name}={getattr(self, name)} must be >= 0.')
     for name in ('compression_type', 'raw_compression_type'):
@@ -241,15 +242,23 @@ def shuffle_windows(dataset: tf.data.Dataset, window_size: int,
       shuffle_rows, num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
-def _disk_cache_path(config: InputPipelineConfig, files: List[str],
-                     batch_size: int, pipeline_id: int,
-                     feature_spec: Dict[str, Any]) -> str:
-  """A cache file name unique to what is cached, so no stale cache is read."""
-  key = json.dumps([files, batch_size, pipeline_id, sorted(feature_spec),
-                    config.transform_placement, config.transform_graph_uri])
+def disk_cache_prefix(config: InputPipelineConfig, what: List[Any]) -> str:
+  """A cache file prefix unique to what is cached, ready to be written.
+
+  A complete cache (`<prefix>.index`) is reused, also by a restarted run. A
+  run killed while writing (preemption) leaves a lockfile and partial data
+  that would make every later run fail, so those are removed.
+  """
+  key = json.dumps(what + [config.transform_placement,
+                           config.transform_graph_uri,
+                           config.batch_in_reader])
+  prefix = os.path.join(config.cache_dir,
+                        hashlib.sha256(key.encode()).hexdigest()[:24])
   tf.io.gfile.makedirs(config.cache_dir)
-  return os.path.join(config.cache_dir,
-                      hashlib.sha256(key.encode()).hexdigest()[:24])
+  if not tf.io.gfile.exists(prefix + '.index'):
+    for leftover in tf.io.gfile.glob(prefix + '_*'):
+      tf.io.gfile.remove(leftover)
+  return prefix
 
 
 def build_dataset(file_patterns: List[str],
@@ -326,9 +335,10 @@ def build_dataset(file_patterns: List[str],
                         num_parallel_calls=config.parse_parallel_calls,
                         deterministic=config.deterministic)
   if cached:
-    dataset = dataset.cache(
-        _disk_cache_path(config, files, batch_size, pipeline_id, feature_spec)
-        if config.cache == 'disk' else '')
+    dataset = dataset.cache(disk_cache_prefix(config, [
+        files, read_batch_size(config, batch_size), num_pipelines,
+        pipeline_id, sorted(feature_spec), label_key, shuffle, seed,
+    ]) if config.cache == 'disk' else '')
     dataset = dataset.repeat(num_epochs)
   if shuffle and config.shuffle_buffer_batches:
     dataset = dataset.shuffle(config.shuffle_buffer_batches, seed=seed)
