@@ -49,7 +49,9 @@ PIPELINE_BATCH = 512
 PIPELINE_WIDTH = 512
 PIPELINE_LAYERS = 8
 # (stages, micro-batches, remat) for the step time and bubble table.
-PIPELINE_RUNS = [(1, 1, 'never'), (2, 1, 'never'), (2, 4, 'never'),
+# K=1 with M>1 isolates the cost of micro-batching itself.
+PIPELINE_RUNS = [(1, 1, 'never'), (1, 4, 'never'), (1, 16, 'never'),
+                 (2, 1, 'never'), (2, 4, 'never'),
                  (2, 16, 'never'), (2, 16, 'except_last'), (2, 16, 'always'),
                  (4, 1, 'never'), (4, 4, 'never'), (4, 16, 'never')]
 TIMED_ROUNDS = 7
@@ -345,7 +347,8 @@ def solve_time(num_layers=1000, num_stages=64, repeats=5):
 
 def pipeline_section(result):
   rows = result['rows']
-  single = next(r['step_seconds'] for r in rows if r['stages'] == 1)
+  single = next(r['step_seconds'] for r in rows
+                if r['stages'] == 1 and r['microbatches'] == 1)
   naive = {r['stages']: r['step_seconds'] for r in rows
            if r['microbatches'] == 1}
   table_rows = []

@@ -25,6 +25,7 @@ from benchmarks import report
 TRAIN_STEPS = 1000
 EVAL_STEPS = 150
 GLOBAL_BATCH = 64
+ROUNDS = 2
 STOCK = 'stock Trainer (stock run_fn)'
 # (label, distribution) of the HighPerfTrainer variants; the first is the
 # single-device baseline, the others compete for "best local strategy".
@@ -42,8 +43,13 @@ OURS = [
 
 
 def _run_variant(root: str, distribution: Optional[Dict[str, Any]],
-                 train_steps: int, eval_steps: int) -> Dict[str, Any]:
-  """Runs the pipeline with one Trainer variant; returns its measurements."""
+                 train_steps: int, eval_steps: int,
+                 round_index: int) -> Dict[str, Any]:
+  """Runs the pipeline with one Trainer variant; returns its measurements.
+
+  `round_index` goes into custom_config (unused by the module) so that each
+  round trains anew instead of hitting the MLMD cache.
+  """
   # pylint: disable=g-import-not-at-top
   from tfx import v1 as tfx
   from components import HighPerfTrainer
@@ -54,12 +60,13 @@ def _run_variant(root: str, distribution: Optional[Dict[str, Any]],
   def make_trainer(inputs: taxi_pipeline.TrainerInputs):
     common = dict(
         module_file=inputs.module_file, examples=inputs.examples,
+        custom_config={'batch_size': GLOBAL_BATCH,
+                       'benchmark_round': round_index},
         transform_graph=inputs.transform_graph, schema=inputs.schema,
         train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps))
     if distribution is None:
-      return tfx.components.Trainer(
-          custom_config={'batch_size': GLOBAL_BATCH}, **common)
+      return tfx.components.Trainer(**common)
     return HighPerfTrainer(
         distribution={'global_batch_size': GLOBAL_BATCH, **distribution},
         fault_tolerance={'max_restarts': 0}, **common)
@@ -100,8 +107,29 @@ def _latest_model_run_uri(root: str) -> str:
   return max(runs, key=lambda a: a.id).uri
 
 
+def _mean(values: List[float]) -> float:
+  return sum(values) / len(values)
+
+
+def aggregate(rounds: List[Dict[str, Any]]) -> Dict[str, Any]:
+  """Means over rounds (examples/s over the mean wall time), and the
+  accuracy range."""
+  accuracies = [r['accuracy'] for r in rounds]
+  loop_rates = [r['loop_examples_per_sec'] for r in rounds
+                if r['loop_examples_per_sec']]
+  wall = _mean([r['trainer_wall_s'] for r in rounds])
+  examples = rounds[0]['examples_per_sec'] * rounds[0]['trainer_wall_s']
+  return {
+      'trainer_wall_s': wall,
+      'examples_per_sec': examples / wall,
+      'accuracy': _mean(accuracies),
+      'accuracy_range': (min(accuracies), max(accuracies)),
+      'loop_examples_per_sec': _mean(loop_rates) if loop_rates else None,
+  }
+
+
 def render(results: Dict[str, Dict[str, Any]], train_steps: int,
-           load: List[float]) -> str:
+           rounds: int, load: List[float]) -> str:
   stock = results[STOCK]
   multi = [label for label, _ in OURS[1:]]
   best = max(multi, key=lambda label: results[label]['examples_per_sec'])
@@ -109,6 +137,7 @@ def render(results: Dict[str, Dict[str, Any]], train_steps: int,
   for label in [STOCK] + [label for label, _ in OURS]:
     r = results[label]
     loop_rate = r['loop_examples_per_sec']
+    low, high = r['accuracy_range']
     rows.append([
         label + (' **(best local)**' if label == best else ''),
         f'{r["trainer_wall_s"]:.1f}',
@@ -116,7 +145,7 @@ def render(results: Dict[str, Dict[str, Any]], train_steps: int,
         f'{r["examples_per_sec"]:.0f}',
         f'{r["examples_per_sec"] / stock["examples_per_sec"]:.2f}',
         f'{loop_rate:.0f}' if loop_rate else 'n/a',
-        f'{r["accuracy"]:.4f}',
+        f'{r["accuracy"]:.4f} ({low:.4f}-{high:.4f})',
         f'{r["accuracy"] - stock["accuracy"]:+.4f}',
     ])
   one_device_wall = results[OURS[0][0]]['trainer_wall_s']
@@ -127,13 +156,14 @@ def render(results: Dict[str, Dict[str, Any]], train_steps: int,
   return (
       'Full Chicago taxi data (15,000 rows), stock Transform shared by all '
       f'variants (MLMD cache), {train_steps} train steps, global batch '
-      f'{GLOBAL_BATCH}, the '
-      'same Keras model (`pipelines/taxi_module.py`). Trainer wall time is '
+      f'{GLOBAL_BATCH}, the same Keras model (`pipelines/taxi_module.py`); '
+      f'{rounds} rounds, each variant trained anew per round, the order '
+      'reversed every other round; means over rounds. Trainer wall time is '
       "the component's execution time in MLMD (process start, training, "
       'evaluation, export); examples/s = steps x batch / Trainer wall time; '
       "loop examples/s is the managed loop's own steady-state rate "
       '(excluding the first, tracing step). Accuracy: the Evaluator on the '
-      'raw eval split. Load average before/after: '
+      'raw eval split, mean (min-max over rounds). Load average before/after: '
       f'{load[0]:.1f} / {load[1]:.1f} (the machine is shared).\n\n' +
       report.table(['Trainer', 'wall s', 'speed-up vs stock', 'examples/s',
                     'examples/s ratio', 'loop examples/s (steady)',
@@ -147,17 +177,25 @@ def render(results: Dict[str, Dict[str, Any]], train_steps: int,
 
 
 def main(results_dir: str = 'benchmarks/results',
-         train_steps: int = TRAIN_STEPS, eval_steps: int = EVAL_STEPS) -> str:
+         train_steps: int = TRAIN_STEPS, eval_steps: int = EVAL_STEPS,
+         rounds: int = ROUNDS) -> str:
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
   root = tempfile.mkdtemp(prefix='bench_trainer_')
   load_before = os.getloadavg()[0]
-  results = {STOCK: _run_variant(root, None, train_steps, eval_steps)}
-  for label, distribution in OURS:
-    results[label] = _run_variant(root, distribution, train_steps, eval_steps)
-    print(f'[bench_trainer] {label}: {results[label]}', flush=True)
-  body = render(results, train_steps, [load_before, os.getloadavg()[0]])
+  variants = [(STOCK, None)] + OURS
+  measured = {label: [] for label, _ in variants}
+  for round_index in range(rounds):
+    order = variants if round_index % 2 == 0 else variants[::-1]
+    for label, distribution in order:
+      measured[label].append(_run_variant(root, distribution, train_steps,
+                                          eval_steps, round_index))
+      print(f'[bench_trainer] round {round_index} {label}: '
+            f'{measured[label][-1]}', flush=True)
   with open(os.path.join(root, 'results.json'), 'w') as f:
-    json.dump(results, f, indent=1)
+    json.dump(measured, f, indent=1)
+  results = {label: aggregate(rounds_) for label, rounds_ in measured.items()}
+  body = render(results, train_steps, rounds,
+                [load_before, os.getloadavg()[0]])
   return report.write(results_dir, 'trainer',
                       'HighPerfTrainer vs stock Trainer', body)
 
@@ -167,5 +205,7 @@ if __name__ == '__main__':
   parser.add_argument('--results-dir', default='benchmarks/results')
   parser.add_argument('--train-steps', type=int, default=TRAIN_STEPS)
   parser.add_argument('--eval-steps', type=int, default=EVAL_STEPS)
+  parser.add_argument('--rounds', type=int, default=ROUNDS)
   args = parser.parse_args()
-  print(main(args.results_dir, args.train_steps, args.eval_steps))
+  print(main(args.results_dir, args.train_steps, args.eval_steps,
+             args.rounds))

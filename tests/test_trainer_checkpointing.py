@@ -1,4 +1,4 @@
-"""CheckpointConfig validation, the stable location and CheckpointStore integrity."""
+"""CheckpointConfig, the stable checkpoint location and CheckpointStore."""
 
 import json
 import uuid
@@ -84,7 +84,8 @@ def test_stable_checkpoint_dir_keeps_the_filesystem(root, expected):
 
 def test_stable_checkpoint_dir_sanitizes_and_rejects_empty():
   assert checkpointing.stable_checkpoint_dir(
-      '/r', 'my pipeline', 'Trainer.v2/x', 'f') == '/r/my_pipeline/Trainer.v2_x/f'
+      '/r', 'my pipeline', 'Trainer.v2/x', 'f') == (
+          '/r/my_pipeline/Trainer.v2_x/f')
   with pytest.raises(ValueError, match="node_id=''"):
     checkpointing.stable_checkpoint_dir('/r', 'p', '', 'f')
 

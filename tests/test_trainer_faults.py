@@ -132,13 +132,13 @@ def _signal_when(task, pick_pid, sig):
   return sent
 
 
-def _mwms_task(root, data):
+def _mwms_task(root, data, **fault_tolerance):
   # 2 workers x 2 examples per step: one pass in 16 steps; each worker reads
   # its own file.
   return tt.make_task(root, data, strategy='multi_worker_mirrored',
                       num_workers=2, train_steps=16, per_replica_batch_size=2,
                       fault_tolerance={'save_every_steps': 4,
-                                       'max_restarts': 1},
+                                       'max_restarts': 1, **fault_tolerance},
                       hparams={'step_sleep_seconds': 0.1})
 
 
@@ -189,7 +189,8 @@ def test_mwms_sigterm_checkpoints_on_every_worker_and_loses_nothing(
     tmp_path, data, child_env):
   del child_env
   root = str(tmp_path)
-  task = _mwms_task(root, data)
+  # Time-based saves too: the workers agree on them with a collective.
+  task = _mwms_task(root, data, save_every_seconds=0.5)
   _signal_when(task, _worker_1_at_step(5), signal.SIGTERM)
   launch = _run_mwms(task, root)
 

@@ -19,6 +19,12 @@ from tests import trainer_testing as tt
 # Two windows of the input pipeline's shuffle (8 batches of 4), so the first
 # 64 examples read are exactly one pass over the data.
 NUM_EXAMPLES = 64
+# Helpers of the loop tested directly.
+# pylint: disable=protected-access
+per_example_loss = loop._per_example_loss
+rows = loop._rows
+auto_shard_policy = loop._auto_shard_policy
+# pylint: enable=protected-access
 
 
 @pytest.fixture(scope='module')
@@ -161,7 +167,7 @@ def test_multi_output_loss_is_rejected():
                                   tf.keras.layers.Dense(1)(inputs)])
   model.compile(loss=['mse', 'mse'])
   with pytest.raises(ValueError, match='one loss'):
-    loop._per_example_loss(model)  # pylint: disable=protected-access
+    per_example_loss(model)
 
 
 @pytest.mark.parametrize('loss', [
@@ -174,7 +180,7 @@ def test_per_example_loss_matches_keras_mean(loss):
   model.compile(loss=loss)
   labels = tf.constant([0.0, 1.0, 1.0])
   predictions = tf.constant([[0.2], [0.7], [0.4]])
-  per_example = loop._per_example_loss(model)(labels, predictions)  # pylint: disable=protected-access
+  per_example = per_example_loss(model)(labels, predictions)
   assert per_example.shape == (3,)
   expected = tf.keras.losses.BinaryCrossentropy()(labels, predictions)
   np.testing.assert_allclose(tf.reduce_mean(per_example), expected, rtol=1e-6)
@@ -182,12 +188,11 @@ def test_per_example_loss_matches_keras_mean(loss):
 
 def test_rows_slices_dense_ragged_and_sparse():
   dense = tf.reshape(tf.range(12), [6, 2])
-  np.testing.assert_array_equal(loop._rows(dense, 2, 2), [[4, 5], [6, 7]])  # pylint: disable=protected-access
+  np.testing.assert_array_equal(rows(dense, 2, 2), [[4, 5], [6, 7]])
   ragged = tf.ragged.constant([[1], [2, 3], [], [4, 5, 6]])
-  assert loop._rows(ragged, 1, 2).to_list() == [[2, 3], []]  # pylint: disable=protected-access
-  sparse = ragged.to_sparse()
-  rows = loop._rows(sparse, 2, 2)  # pylint: disable=protected-access
-  assert tf.RaggedTensor.from_sparse(rows).to_list() == [[], [4, 5, 6]]
+  assert rows(ragged, 1, 2).to_list() == [[2, 3], []]
+  sparse_rows = rows(ragged.to_sparse(), 2, 2)
+  assert tf.RaggedTensor.from_sparse(sparse_rows).to_list() == [[], [4, 5, 6]]
 
 
 @pytest.mark.parametrize('files, workers, policy', [
@@ -196,7 +201,7 @@ def test_rows_slices_dense_ragged_and_sparse():
     (1, 2, tf.data.experimental.AutoShardPolicy.DATA),
 ])
 def test_auto_shard_policy_fits_the_file_count(files, workers, policy):
-  assert loop._auto_shard_policy(files, workers) == policy  # pylint: disable=protected-access
+  assert auto_shard_policy(files, workers) == policy
 
 
 @pytest.mark.slow

@@ -66,30 +66,32 @@ import os, signal, sys
 from components.transform import input_pipeline
 from tests import transform_data
 dataset = input_pipeline.build_dataset(
-    [sys.argv[1]], transform_data.FEATURE_SPEC, 'label', 32,
+    [sys.argv[1]], transform_data.DENSE_SPEC, 'label', 1024,
     input_pipeline.InputPipelineConfig(cache='disk', cache_dir=sys.argv[2]))
-iterator = iter(dataset)
-for _ in range(5):
-  next(iterator)
+iterator = iter(dataset)  # Alive at the kill, as in a preempted trainer.
+next(iterator)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_disk_cache_survives_a_killed_run(train_patterns, tmp_path):
+def test_disk_cache_survives_a_killed_run(tmp_path):
   """A run killed mid-cache (preemption) must not block the next one."""
+  # Large enough that the cache is still being written at the kill.
+  num_examples = 50_000
+  patterns = transform_data.write_split(str(tmp_path), num_examples, 5)
   cache_dir = str(tmp_path / 'c')
   killed = subprocess.run(
-      [sys.executable, '-c', _KILLED_WHILE_CACHING, train_patterns[0],
+      [sys.executable, '-c', _KILLED_WHILE_CACHING, patterns[0],
        cache_dir], cwd=os.path.dirname(os.path.dirname(__file__)),
       capture_output=True, text=True, timeout=120)
   assert killed.returncode == -9, killed.stderr[-2000:]
   assert any(name.endswith('.lockfile') for name in os.listdir(cache_dir))
   config = InputPipelineConfig(cache='disk', cache_dir=cache_dir)
   dataset = input_pipeline.build_dataset(
-      train_patterns, transform_data.FEATURE_SPEC, 'label', BATCH, config,
+      patterns, transform_data.DENSE_SPEC, 'label', 1024, config,
       num_epochs=2, drop_remainder=False)
   counts = collections.Counter(_flat(_ids(dataset)))
-  assert counts == {i: 2 for i in range(NUM_EXAMPLES)}
+  assert counts == {i: 2 for i in range(num_examples)}
   assert any(name.endswith('.index') for name in os.listdir(cache_dir))
 
 

@@ -28,7 +28,8 @@ CHILD_TIMEOUT_SECONDS = 300
 def write_id_dataset(directory: str, num_examples: int, num_files: int = 2,
                      seed: int = 0) -> Dict[str, str]:
   """GZIP TFRecords of examples 0..num_examples-1, plus schema.pbtxt."""
-  from tensorflow_transform.tf_metadata import schema_utils  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from tensorflow_transform.tf_metadata import schema_utils
   os.makedirs(directory, exist_ok=True)
   rng = np.random.default_rng(seed)
   features = rng.normal(size=(num_examples,
@@ -98,7 +99,8 @@ def start_child(task: TrainingTask, root: str) -> subprocess.Popen:
   """Starts `run_managed_training` for `task` in a fresh process."""
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
-  log = open(os.path.join(root, 'child.log'), 'ab')  # pylint: disable=consider-using-with
+  # The child owns the log file; it stays open as long as the child runs.
+  log = open(os.path.join(root, 'child.log'), 'ab')  # pylint: disable=R1732
   return subprocess.Popen(
       [sys.executable, '-m', 'tests.trainer_testing', task_path],
       cwd=REPO_ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT)

@@ -225,7 +225,8 @@ class CheckpointStore:
     if not tf.io.gfile.isdir(self.directory):
       return []
     names = [n.rstrip('/') for n in tf.io.gfile.listdir(self.directory)]
-    steps = sorted((int(m.group(1)) for m in map(_CHECKPOINT_DIR.match, names) if m),
+    steps = sorted((int(m.group(1))
+                    for m in map(_CHECKPOINT_DIR.match, names) if m),
                    reverse=True)
     return [_join(self.directory, self.checkpoint_name(s)) for s in steps]
 

@@ -17,7 +17,6 @@ No TFX or TensorFlow import: the supervisor is plain subprocess management.
 
 import collections
 import ctypes
-import ctypes.util
 import dataclasses
 import json
 import os
@@ -31,8 +30,8 @@ from absl import logging
 import portpicker
 
 _PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6',
-                    use_errno=True)
+# The C library's symbols (prctl), as linked into this interpreter.
+_LIBC = ctypes.CDLL(None, use_errno=True)
 # A killed cluster's processes get this long to exit after SIGTERM before
 # SIGKILL.
 DEFAULT_GRACE_S = 10.0

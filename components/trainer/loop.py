@@ -234,7 +234,7 @@ class _ManagedTraining:
     self.save_seconds = 0.0
     self.last_save_step = -1
     self.last_save_path = None
-    self.last_save_time = time.monotonic()
+    self.last_save_time = None  # Set when the training loop starts.
     self.writer = (tf.summary.create_file_writer(
         os.path.join(task.model_run_dir, 'train')) if self.is_chief else None)
 
@@ -443,6 +443,7 @@ class _ManagedTraining:
     watcher = preemption.make_watcher(
         strategy, self.checkpoint, lambda: self.save(int(self.step.numpy())))
     stats = _StepStats(start)
+    self.last_save_time = time.monotonic()
     try:
       current, loss = start, float('nan')
       while current < self.train_steps:
@@ -491,6 +492,7 @@ class _ManagedTraining:
     watcher = preemption.SigtermWatcher(
         lambda: self.save(int(self.step.numpy())))
     stats = _StepStats(start)
+    self.last_save_time = time.monotonic()
     current, loss = start, float('nan')
     try:
       while current < train_steps:
@@ -678,11 +680,11 @@ def skip_autograph_for_tf_keras() -> None:
     from tensorflow.python.autograph.core import config as autograph_config
     from tensorflow.python.autograph.core import config_lib
     # pylint: enable=g-import-not-at-top
-    rule = config_lib.DoNotConvert('tf_keras')
-    if not any(isinstance(r, config_lib.DoNotConvert) and
-               r.matches('tf_keras') for r in autograph_config.CONVERSION_RULES):
+    rules = tuple(autograph_config.CONVERSION_RULES)
+    if not any(isinstance(r, config_lib.DoNotConvert) and r.matches('tf_keras')
+               for r in rules):
       autograph_config.CONVERSION_RULES = (
-          (rule,) + tuple(autograph_config.CONVERSION_RULES))
+          (config_lib.DoNotConvert('tf_keras'),) + rules)
   except (ImportError, AttributeError) as e:
     logging.info('Autograph rules not adjusted for tf_keras: %s', e)
 

@@ -1,4 +1,4 @@
-"""Preemption notices (SIGTERM): checkpoint at the next step boundary, then stop.
+"""Preemption notices (SIGTERM): checkpoint at the next step boundary, stop.
 
 MultiWorkerMirroredStrategy uses TF's own `PreemptionCheckpointHandler`: the
 workers agree through the coordination service on the step after which all of

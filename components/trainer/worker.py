@@ -23,6 +23,8 @@ from typing import Any, Dict, List
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import tensorflow as tf
+
 from components.trainer import preemption
 from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
@@ -40,7 +42,6 @@ def tf_config() -> Dict[str, Any]:
 
 def run_server() -> None:
   """Serves this process's ps/worker task of TF_CONFIG until killed."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   server = tf.distribute.Server(
       resolver.cluster_spec(), job_name=resolver.task_type,
@@ -53,7 +54,6 @@ def run_server() -> None:
 
 def count_records(file_patterns: List[str], compression_type: str) -> int:
   """Records in TFRecord files (for epoch-based lengths)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   dataset = tf.data.TFRecordDataset(input_pipeline.list_files(file_patterns),
                                     compression_type=compression_type)
   return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))

@@ -25,7 +25,6 @@ from tfx.types import artifact_utils
 from tfx.types import standard_component_specs
 from tfx.utils import io_utils
 from tfx_bsl.public import tfxio
-from tfx_bsl.tfxio import dataset_options
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components.transform import report
@@ -63,10 +62,10 @@ class Executor(transform_executor.Executor):
         exec_properties.get(standard_component_specs.SPLITS_CONFIG_KEY),
         input_dict[standard_component_specs.EXAMPLES_KEY])
     examples = input_dict[standard_component_specs.EXAMPLES_KEY]
-    # Transform materializes tf.Example TFRecords from TFRecord inputs.
-    transformed = (output_dict.get(
-        standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
-                   if _all_file_format(examples, _TFRECORDS_GZIP) else None)
+    # From TFRecord inputs, Transform materializes tf.Example TFRecords.
+    transformed = (
+        output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
+        if _are_tfrecords(examples) else None)
     num_examples = None
     if transformed:
       counts = _reshard(transformed, splits_config.transform,
@@ -81,9 +80,7 @@ class Executor(transform_executor.Executor):
                     if transformed else None)
     raw_patterns = ({split: _split_patterns(examples, split)
                      for split in splits_config.transform}
-                    if _all_file_format(examples, _TFRECORDS_GZIP) and all(
-                        examples_utils.get_payload_format_string(a) ==
-                        _TF_EXAMPLE for a in examples) else None)
+                    if _are_tfrecords(examples, _TF_EXAMPLE) else None)
     references = ({STOCK_READER: _stock_reader(
         materialized, tft_output.transformed_metadata.schema,
         tuning.batch_size)} if materialized else {})
@@ -111,9 +108,13 @@ class Executor(transform_executor.Executor):
                  result.config.to_json())
 
 
-def _all_file_format(examples: List[types.Artifact], file_format: str) -> bool:
-  return all(examples_utils.get_file_format(a) == file_format
-             for a in examples)
+def _are_tfrecords(examples: List[types.Artifact],
+                   payload_format: Optional[str] = None) -> bool:
+  """Whether every artifact holds gzipped TFRecords (of `payload_format`)."""
+  return all(
+      examples_utils.get_file_format(a) == _TFRECORDS_GZIP and
+      payload_format in (None, examples_utils.get_payload_format_string(a))
+      for a in examples)
 
 
 def _split_patterns(artifacts: List[types.Artifact], split: str) -> List[str]:
@@ -140,7 +141,7 @@ def _stock_reader(patterns: List[str], schema: schema_pb2.Schema,
   """The reader TFX's `data_accessor.tf_dataset_factory` builds (defaults)."""
   return lambda: tfxio.TFExampleRecord(
       file_pattern=patterns, schema=schema).TensorFlowDataset(
-          dataset_options.TensorFlowDatasetOptions(batch_size=batch_size))
+          tfxio.TensorFlowDatasetOptions(batch_size=batch_size))
 
 
 def _write_artifact(artifact: types.Artifact, result: tuner.TuningResult,
