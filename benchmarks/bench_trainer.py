@@ -2,9 +2,9 @@
 
     python -m benchmarks.bench_trainer [--results-dir D] [--train-steps N]
 
-Side by side in one run, in one taxi pipeline (full taxi data, stock
+Side by side in one run, in one taxi pipeline root (full taxi data, stock
 Transform, caching on so that every variant trains on the same transformed
-examples): the stock Trainer running the taxi module's stock `run_fn`
+examples), each pipeline run in a fresh process: the stock Trainer running the taxi module's stock `run_fn`
 (`model.fit` over the TFX data accessor) and HighPerfTrainer in managed mode
 (the same module's `build_model`) with one_device and with each local
 multi-replica strategy; same train steps, same global batch, same model.
@@ -17,6 +17,8 @@ split. Writes benchmarks/results/trainer.md.
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from typing import Any, Dict, List, Optional
 
@@ -157,8 +159,9 @@ def render(results: Dict[str, Dict[str, Any]], train_steps: int,
       'Full Chicago taxi data (15,000 rows), stock Transform shared by all '
       f'variants (MLMD cache), {train_steps} train steps, global batch '
       f'{GLOBAL_BATCH}, the same Keras model (`pipelines/taxi_module.py`); '
-      f'{rounds} rounds, each variant trained anew per round, the order '
-      'reversed every other round; means over rounds. Trainer wall time is '
+      f'{rounds} rounds, each variant trained anew per round in a fresh '
+      'process (as in a real pipeline run), the order reversed every other '
+      'round; means over rounds. Trainer wall time is '
       "the component's execution time in MLMD (process start, training, "
       'evaluation, export); examples/s = steps x batch / Trainer wall time; '
       "loop examples/s is the managed loop's own steady-state rate "
@@ -176,19 +179,40 @@ def render(results: Dict[str, Dict[str, Any]], train_steps: int,
       'cores.\n')
 
 
+VARIANTS = [(STOCK, None)] + OURS
+
+
+def _run_variant_process(root: str, index: int, train_steps: int,
+                         eval_steps: int, round_index: int) -> Dict[str, Any]:
+  """`_run_variant` in a fresh Python process, as a pipeline run would be.
+
+  In one long-lived process the stock Trainer, which trains in the
+  orchestrator's process, would find TensorFlow and Keras warm from the
+  previous rounds; ours always trains in fresh processes.
+  """
+  out = os.path.join(root, f'variant-{index}-round-{round_index}.json')
+  subprocess.run(
+      [sys.executable, '-m', 'benchmarks.bench_trainer', '--root', root,
+       '--variant', str(index), '--round', str(round_index), '--out', out,
+       '--train-steps', str(train_steps), '--eval-steps', str(eval_steps)],
+      check=True, env=dict(os.environ, TF_USE_LEGACY_KERAS='1'))
+  with open(out) as f:
+    return json.load(f)
+
+
 def main(results_dir: str = 'benchmarks/results',
          train_steps: int = TRAIN_STEPS, eval_steps: int = EVAL_STEPS,
          rounds: int = ROUNDS) -> str:
-  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
   root = tempfile.mkdtemp(prefix='bench_trainer_')
   load_before = os.getloadavg()[0]
-  variants = [(STOCK, None)] + OURS
-  measured = {label: [] for label, _ in variants}
+  measured = {label: [] for label, _ in VARIANTS}
   for round_index in range(rounds):
-    order = variants if round_index % 2 == 0 else variants[::-1]
-    for label, distribution in order:
-      measured[label].append(_run_variant(root, distribution, train_steps,
-                                          eval_steps, round_index))
+    order = list(enumerate(VARIANTS))
+    if round_index % 2:
+      order.reverse()
+    for index, (label, _) in order:
+      measured[label].append(_run_variant_process(
+          root, index, train_steps, eval_steps, round_index))
       print(f'[bench_trainer] round {round_index} {label}: '
             f'{measured[label][-1]}', flush=True)
   with open(os.path.join(root, 'results.json'), 'w') as f:
@@ -206,6 +230,18 @@ if __name__ == '__main__':
   parser.add_argument('--train-steps', type=int, default=TRAIN_STEPS)
   parser.add_argument('--eval-steps', type=int, default=EVAL_STEPS)
   parser.add_argument('--rounds', type=int, default=ROUNDS)
+  # One variant in this process (used by `main` for each measurement).
+  parser.add_argument('--variant', type=int, help=argparse.SUPPRESS)
+  parser.add_argument('--root', help=argparse.SUPPRESS)
+  parser.add_argument('--round', type=int, help=argparse.SUPPRESS)
+  parser.add_argument('--out', help=argparse.SUPPRESS)
   args = parser.parse_args()
-  print(main(args.results_dir, args.train_steps, args.eval_steps,
-             args.rounds))
+  if args.variant is None:
+    print(main(args.results_dir, args.train_steps, args.eval_steps,
+               args.rounds))
+  else:
+    os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+    with open(args.out, 'w') as f:
+      json.dump(_run_variant(args.root, VARIANTS[args.variant][1],
+                             args.train_steps, args.eval_steps, args.round),
+                f)

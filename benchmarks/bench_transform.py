@@ -37,6 +37,7 @@ SCALE_EXAMPLES = 1_000_000
 BATCH_SIZE = 256
 TRANSFORM_ROUNDS = 2
 READER_ROUNDS = 3
+TRAIN_ROUNDS = 3
 TRAIN_STEPS = 200
 TRAIN_WARMUP_STEPS = 20
 BEAM_ARGS = ['--direct_running_mode=in_memory', '--direct_num_workers=1']
@@ -174,14 +175,23 @@ def _epoch_rate(iterator, num_batches: int, batch_size: int) -> float:
   return num_batches * batch_size / (time.perf_counter() - start)
 
 
+def stock_reader(pattern: str, schema, label: str):
+  """The dataset the stock Trainer's `fn_args.data_accessor` builds."""
+  from tfx.components.util import tfxio_utils  # pylint: disable=g-import-not-at-top
+  from tfx.types import standard_artifacts  # pylint: disable=g-import-not-at-top
+  from tfx_bsl.public import tfxio  # pylint: disable=g-import-not-at-top
+  examples = standard_artifacts.Examples()
+  examples.uri = os.path.dirname(os.path.dirname(pattern))
+  factory = tfxio_utils.get_tf_dataset_factory_from_artifact([examples], [])
+  return factory([pattern], tfxio.TensorFlowDatasetOptions(
+      batch_size=BATCH_SIZE, label_key=label), schema)
+
+
 def measure_readers(pattern: str, num_examples: int, stock_graph: str,
                     tuned_config) -> Dict[str, List[float]]:
   """Examples/s of full epochs: stock, ours (epoch 1, 2), ceiling."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
-  from tfx.components.util import tfxio_utils  # pylint: disable=g-import-not-at-top
-  from tfx.types import standard_artifacts  # pylint: disable=g-import-not-at-top
-  from tfx_bsl.public import tfxio  # pylint: disable=g-import-not-at-top
   from components.transform import input_pipeline  # pylint: disable=g-import-not-at-top
   from pipelines import taxi_module  # pylint: disable=g-import-not-at-top
 
@@ -189,15 +199,6 @@ def measure_readers(pattern: str, num_examples: int, stock_graph: str,
   spec = tft_output.transformed_feature_spec()
   label = taxi_module.LABEL_KEY
   num_batches = num_examples // BATCH_SIZE
-  examples = standard_artifacts.Examples()
-  examples.uri = os.path.dirname(os.path.dirname(pattern))
-  stock_factory = tfxio_utils.get_tf_dataset_factory_from_artifact(
-      [examples], [])
-
-  def stock():
-    return stock_factory([pattern], tfxio.TensorFlowDatasetOptions(
-        batch_size=BATCH_SIZE, label_key=label),
-                         tft_output.transformed_metadata.schema)
 
   def ceiling():
     def parse(serialized):
@@ -210,7 +211,9 @@ def measure_readers(pattern: str, num_examples: int, stock_graph: str,
 
   rates = {'stock': [], 'ours_first': [], 'ours_later': [], 'ceiling': []}
   for round_index in range(READER_ROUNDS):
-    rates['stock'].append(_epoch_rate(iter(stock()), num_batches, BATCH_SIZE))
+    rates['stock'].append(_epoch_rate(
+        iter(stock_reader(pattern, tft_output.transformed_metadata.schema,
+                          label)), num_batches, BATCH_SIZE))
     ours = iter(input_pipeline.build_dataset(
         [pattern], spec, label, BATCH_SIZE, tuned_config, seed=round_index))
     rates['ours_first'].append(_epoch_rate(ours, num_batches, BATCH_SIZE))
@@ -231,24 +234,22 @@ def measure_training(pattern: str, stock_graph: str,
   """Training examples/s of model.fit fed by the stock reader and by ours."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
-  from tfx_bsl.public import tfxio  # pylint: disable=g-import-not-at-top
   from components.transform import input_pipeline  # pylint: disable=g-import-not-at-top
   from pipelines import taxi_module  # pylint: disable=g-import-not-at-top
   tft_output = tft.TFTransformOutput(stock_graph)
   label = taxi_module.LABEL_KEY
   datasets = {
-      'stock': lambda: tfxio.TFExampleRecord(
-          file_pattern=[pattern],
-          schema=tft_output.transformed_metadata.schema).TensorFlowDataset(
-              tfxio.TensorFlowDatasetOptions(batch_size=BATCH_SIZE,
-                                             label_key=label)),
+      'stock': lambda: stock_reader(
+          pattern, tft_output.transformed_metadata.schema, label),
       'ours': lambda: input_pipeline.build_dataset(
           [pattern], tft_output.transformed_feature_spec(), label,
           BATCH_SIZE, tuned_config),
   }
   rates = {name: [] for name in datasets}
-  for _ in range(2):
-    for name, make in datasets.items():
+  for round_index in range(TRAIN_ROUNDS):
+    order = sorted(datasets, reverse=bool(round_index % 2))
+    for name in order:
+      make = datasets[name]
       model = taxi_module.build_model()
       dataset = make()
       model.fit(dataset, steps_per_epoch=TRAIN_WARMUP_STEPS, epochs=1,
@@ -332,7 +333,8 @@ def render(transforms, rates, training, num_examples, tuned_config,
       'same step.',
       '',
       '## Training examples/s (model.fit, taxi build_model, '
-      f'{TRAIN_STEPS} steps after {TRAIN_WARMUP_STEPS} warm-up)',
+      f'{TRAIN_STEPS} steps after {TRAIN_WARMUP_STEPS} warm-up, '
+      f'{TRAIN_ROUNDS} rounds in alternating order)',
       '',
       report.table(
           ['input', 'examples/s (median)', 'all rounds'],

@@ -12,13 +12,12 @@ from tfx import types
 from tfx.components.transform import component as transform_component
 from tfx.dsl.components.base import base_beam_component
 from tfx.dsl.components.base import executor_spec
+from tfx.proto import transform_pb2
 from tfx.types import component_spec
 from tfx.types import standard_component_specs
 
 from components.transform import executor
 from components.transform.config import TuningConfig
-from components.transform.executor import TUNED_INPUT_PIPELINE_KEY
-from components.transform.executor import TUNING_KEY
 from components.types import TunedInputPipeline
 
 
@@ -26,11 +25,11 @@ class OptimizedTransformSpec(standard_component_specs.TransformSpec):
   """TransformSpec plus the tuning config and the tuned pipeline output."""
   PARAMETERS = {
       **standard_component_specs.TransformSpec.PARAMETERS,
-      TUNING_KEY: component_spec.ExecutionParameter(type=str),
+      executor.TUNING_KEY: component_spec.ExecutionParameter(type=str),
   }
   OUTPUTS = {
       **standard_component_specs.TransformSpec.OUTPUTS,
-      TUNED_INPUT_PIPELINE_KEY: component_spec.ChannelParameter(
+      executor.TUNED_INPUT_PIPELINE_KEY: component_spec.ChannelParameter(
           type=TunedInputPipeline),
   }
 
@@ -47,8 +46,9 @@ class _UpgradeTransformSpec(base_beam_component.BaseBeamComponent):
   def __init__(self, spec: types.ComponentSpec, **kwargs):
     upgraded = OptimizedTransformSpec(
         **spec.exec_properties, **spec.inputs, **spec.outputs,
-        **{TUNING_KEY: self._tuning.to_json(),
-           TUNED_INPUT_PIPELINE_KEY: types.Channel(type=TunedInputPipeline)})
+        **{executor.TUNING_KEY: self._tuning.to_json(),
+           executor.TUNED_INPUT_PIPELINE_KEY: types.Channel(
+               type=TunedInputPipeline)})
     super().__init__(spec=upgraded, **kwargs)
 
 
@@ -69,7 +69,7 @@ class OptimizedTransform(transform_component.Transform, _UpgradeTransformSpec):
                schema: types.BaseChannel,
                module_file: Optional[str] = None,
                preprocessing_fn: Optional[str] = None,
-               splits_config: Optional[Any] = None,
+               splits_config: Optional[transform_pb2.SplitsConfig] = None,
                analyzer_cache: Optional[types.BaseChannel] = None,
                materialize: bool = True,
                disable_analyzer_cache: bool = False,

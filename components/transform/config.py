@@ -44,7 +44,7 @@ class TuningConfig:
       it is faster. Off by default: exact resume needs a deterministic order.
     tune_split: The materialized split the tuner measures on.
   """
-  time_budget_s: float = 10.0
+  time_budget_s: float = 8.0
   ram_budget_bytes: Optional[int] = None
   batch_size: int = 256
   cache: str = 'auto'

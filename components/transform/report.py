@@ -46,7 +46,8 @@ def render_markdown(result: TuningResult, extra: Dict[str, str]) -> str:
       f'cached size ~{_mib(result.cache_bytes)}; RAM budget '
       f'{_mib(result.ram_budget_bytes)}',
       f'- tuning took {result.seconds:.1f} s for {len(result.candidates)} '
-      'candidates',
+      f'candidates; load average {result.load_average:.1f} on '
+      f'{result.cores} cores while measuring',
   ]
   lines += [f'- {key}: {value}' for key, value in extra.items()]
   lines += ['', '## Stages', '',

@@ -32,8 +32,8 @@ CACHE_OVERHEAD = 1.1
 # Lets AUTOTUNE settle before timing.
 _WARMUP_S = 0.2
 _WINDOWS = 3
-# Kept back from the deadline for writing the report.
-_REPORT_RESERVE_S = 0.5
+# Kept back from the deadline for writing the report (matplotlib included).
+_REPORT_RESERVE_S = 1.5
 # Budget left that 'auto' needs to try the on-the-fly path: loading the
 # transform graph into a tf.data function takes seconds the first time.
 ON_THE_FLY_MIN_LEFT_S = 12.0
@@ -79,6 +79,10 @@ class TuningResult:
   later_epochs_examples_per_sec: Optional[float]
   seconds: float
   notes: List[str]
+  # 1-minute load average and cores while measuring: rates from a busy
+  # machine are lower and noisier.
+  load_average: float = 0.0
+  cores: int = 1
 
 
 def physical_memory_bytes() -> int:
@@ -223,10 +227,29 @@ def _describe(changes: Dict[str, Any]) -> str:
 
 
 class _Clock:
+  """The deadline, and how long one measurement takes on this machine now.
 
-  def __init__(self, budget_s: float, start: Optional[float] = None):
+  Each measurement costs more than its timed seconds (building and tracing
+  the pipeline, warm-up), and more on a loaded machine; the slowest one so
+  far is the estimate used to decide whether another fits the budget.
+  """
+
+  def __init__(self, budget_s: float, seconds: float,
+               start: Optional[float] = None):
     self.start = time.monotonic() if start is None else start
     self.deadline = self.start + budget_s - _REPORT_RESERVE_S
+    self.seconds = seconds
+    self.measurement_cost = seconds + _WARMUP_S
+
+  def measure(self, make_dataset: DatasetFn) -> float:
+    started = time.monotonic()
+    rate = measure_rate(make_dataset, self.seconds)
+    self.measurement_cost = max(self.measurement_cost,
+                                time.monotonic() - started)
+    return rate
+
+  def fits(self, measurements: int) -> bool:
+    return self.left() >= measurements * self.measurement_cost
 
   def left(self) -> float:
     return self.deadline - time.monotonic()
@@ -304,8 +327,9 @@ def tune(tuning: TuningConfig,
       before this call (e.g. before re-sharding).
   """
   tuning = tuning.validate()
-  clock = _Clock(tuning.time_budget_s, clock_start)
-  batch, seconds = tuning.batch_size, tuning.measure_seconds
+  clock = _Clock(tuning.time_budget_s, tuning.measure_seconds, clock_start)
+  batch = tuning.batch_size
+  cores = cores or os.cpu_count() or 1
   notes: List[str] = []
   sources = _sources(tuning, feature_spec, materialized_patterns,
                      transform_graph_uri, raw_file_patterns, compression_type,
@@ -317,7 +341,7 @@ def tune(tuning: TuningConfig,
         tuning.allow_nondeterministic)
     m = Measurement(
         _describe(changes), source.placement,
-        measure_rate(source.full(changes, batch), seconds), dict(changes),
+        clock.measure(source.full(changes, batch)), dict(changes),
         allowed, '' if allowed else 'not allowed: exact resume needs a '
         'deterministic order (allow_nondeterministic=False)')
     candidates.append(m)
@@ -342,11 +366,11 @@ def tune(tuning: TuningConfig,
   # 2. References, for the report.
   reference_results = []
   for name, make in (references or {}).items():
-    if clock.left() < 3 * seconds:
+    if not clock.fits(1):
       notes.append(f'Reference {name!r} not measured: time budget.')
       continue
     reference_results.append(Measurement(
-        name, 'reference', measure_rate(make, seconds), {}, allowed=False,
+        name, 'reference', clock.measure(make), {}, allowed=False,
         note='reference only'))
 
   # 3. Dataset size, then the cache decision.
@@ -359,29 +383,32 @@ def tune(tuning: TuningConfig,
   cache, cache_reason = choose_cache(tuning, cache_bytes, ram_budget)
 
   # 4. Stage rates of the chosen path.
-  stages = _stage_rates(source, defaults[placement], batch, seconds, clock,
-                        notes)
+  stages = _stage_rates(source, defaults[placement], batch, clock, notes)
 
   # 5. Greedy search over the knobs, each trial at the best config so far.
   best = defaults[placement]
-  for knob, changes in _search_space(len(source.files),
-                                     cores or os.cpu_count() or 1):
+  for knob, changes in _search_space(len(source.files), cores):
     if len(candidates) >= tuning.max_candidates:
       notes.append(f'Search stopped at max_candidates before {knob!r}.')
       break
-    if clock.left() < 3 * seconds:
+    if not clock.fits(1):
       notes.append(f'Search stopped by the time budget before {knob!r}.')
       break
     trial = run(source, {**best.changes, **changes})
     if trial.allowed and trial.examples_per_sec > (
         best.examples_per_sec * MIN_GAIN):
-      best = _confirmed_better(source, best, trial, batch, seconds)
+      if clock.fits(2):
+        best = _confirmed_better(source, best, trial, batch, clock)
+      else:
+        trial.note = 'faster once; no time left to confirm, not adopted'
+        notes.append(f'Search stopped by the time budget at {knob!r}.')
+        break
 
   # 6. With time left: the other path's stages.
   for other in sources.values():
     if other is not source and other.placement in defaults:
-      stages += _stage_rates(other, defaults[other.placement], batch, seconds,
-                             clock, notes)
+      stages += _stage_rates(other, defaults[other.placement], batch, clock,
+                             notes)
 
   config = source.config({
       **best.changes, 'cache': cache,
@@ -397,8 +424,8 @@ def tune(tuning: TuningConfig,
   later = None
   if cache == 'memory':
     fill_s = num_examples / max(best.examples_per_sec, 1.0)
-    if clock.left() > fill_s + 3 * seconds:
-      later = _cached_rate(source, config, batch, seconds, num_examples)
+    if clock.left() > fill_s + clock.measurement_cost:
+      later = _cached_rate(source, config, batch, clock, num_examples)
     else:
       notes.append('Later-epoch (cached) rate not measured: time budget '
                    f'(filling the cache takes ~{fill_s:.1f} s).')
@@ -413,14 +440,14 @@ def tune(tuning: TuningConfig,
       num_examples=num_examples, cache_bytes=cache_bytes,
       ram_budget_bytes=ram_budget, batch_size=batch,
       later_epochs_examples_per_sec=later, seconds=clock.elapsed(),
-      notes=notes)
+      notes=notes, load_average=os.getloadavg()[0], cores=cores)
 
 
 def _confirmed_better(source: _Source, best: Measurement, trial: Measurement,
-                      batch: int, seconds: float) -> Measurement:
+                      batch: int, clock: _Clock) -> Measurement:
   """Re-measures both; the trial wins if its mean rate is still higher."""
-  again_best = measure_rate(source.full(best.changes, batch), seconds)
-  again_trial = measure_rate(source.full(trial.changes, batch), seconds)
+  again_best = clock.measure(source.full(best.changes, batch))
+  again_trial = clock.measure(source.full(trial.changes, batch))
   best.examples_per_sec = (best.examples_per_sec + again_best) / 2
   trial.examples_per_sec = (trial.examples_per_sec + again_trial) / 2
   trial.note = 'confirmed by a second measurement (mean of two)'
@@ -488,8 +515,7 @@ def choose_placement(tuning: TuningConfig, defaults: Dict[str, Measurement],
 
 
 def _stage_rates(source: _Source, full: Measurement, batch: int,
-                 seconds: float, clock: _Clock,
-                 notes: List[str]) -> List[StageRate]:
+                 clock: _Clock, notes: List[str]) -> List[StageRate]:
   """Cumulative rates of read -> parse (-> transform) -> batch on one path.
 
   'batch' is the whole default pipeline (rebatch, shuffle window, prefetch).
@@ -503,12 +529,12 @@ def _stage_rates(source: _Source, full: Measurement, batch: int,
     raw_spec = tft.TFTransformOutput(
         source.base.transform_graph_uri).raw_feature_spec()
     stage_names.append('transform')
-  if clock.left() < len(stage_names) * (seconds + 3 * _WARMUP_S):
+  if not clock.fits(len(stage_names)):
     notes.append(f'Stage rates of the {source.placement} path not measured: '
                  'time budget.')
     return []
-  cumulative = [(stage, measure_rate(source.prefix(batch, stage, raw_spec),
-                                     seconds)) for stage in stage_names]
+  cumulative = [(stage, clock.measure(source.prefix(batch, stage, raw_spec)))
+                for stage in stage_names]
   cumulative.append(('batch', full.examples_per_sec))
   read_bytes = _serialized_bytes_per_example(source, batch)
   result, previous_cost = [], 0.0
@@ -531,11 +557,11 @@ def _serialized_bytes_per_example(source: _Source, batch: int) -> float:
 
 
 def _cached_rate(source: _Source, config: InputPipelineConfig, batch: int,
-                 seconds: float, num_examples: int) -> float:
+                 clock: _Clock, num_examples: int) -> float:
   """Rate of the epochs after the first, once the cache is filled.
 
   The skip over the first epoch fills the cache before the timing starts.
   """
-  return measure_rate(
+  return clock.measure(
       lambda: source.dataset(config, batch, shuffle=True).skip(
-          num_examples // batch + 2), seconds)
+          num_examples // batch + 2))
