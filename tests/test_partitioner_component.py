@@ -244,3 +244,12 @@ def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
   assert len(plan['layer_signature']) == TAXI_LAYER_CALLS
   assert os.path.getsize(os.path.join(plan_artifact.uri,
                                       report.SCHEDULE_PNG)) > 0
+
+  # The trainer executed the plan: GPipe over the plan's stages.
+  (model_run,) = _artifacts_of_type(metadata_path, 'ModelRun')
+  with open(os.path.join(model_run.uri, 'training_result.json')) as f:
+    result = json.load(f)
+  assert result['pipeline_parallel'] == {
+      'num_stages': 2, 'num_microbatches': 8,
+      'boundaries': plan['boundaries'], 'remat': plan['remat']}
+  assert result['steps'] == 20

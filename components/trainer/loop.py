@@ -14,6 +14,10 @@ the same trajectory as an uninterrupted run. Parameter-server training is
 asynchronous: it resumes the variables and the exact step count, while each
 worker streams its own shuffled pass over the data (no global data order
 exists to resume).
+
+With a partition plan (GPipePartitioner) the model's stages live on their own
+devices and every step runs the GPipe schedule (`partitioner.gpipe`) instead
+of data-parallel replicas; checkpoints, resume, eval and export are the same.
 """
 
 import dataclasses
@@ -29,6 +33,7 @@ from typing import Any, Callable, Dict, Optional
 from absl import logging
 import tensorflow as tf
 
+from components.partitioner import gpipe
 from components.trainer import checkpointing
 from components.trainer import export
 from components.trainer import preemption
@@ -228,6 +233,10 @@ class _ManagedTraining:
     self.accumulation = self.distribution.gradient_accumulation_steps
     self.replicas = strategy.num_replicas_in_sync
     self.global_batch = self.distribution.global_batch(self.replicas)
+    self.plan = (gpipe.load_plan(task.partition_plan_uri)
+                 if task.partition_plan_uri else None)
+    if self.plan is not None:
+      self._check_plan_fits()
     self.examples_per_step = self.global_batch * self.accumulation
     self.train_steps = self._train_steps()
     self.saves = 0
@@ -245,12 +254,43 @@ class _ManagedTraining:
           'worker.resolve_lengths turns train_epochs into steps first.')
     return int(self.task.train_steps)
 
+  def _check_plan_fits(self) -> None:
+    """GPipe replaces data parallelism and accumulates micro-batches itself."""
+    if self.replicas != 1 or self.kind == 'parameter_server':
+      raise ValueError(
+          f'A partition plan runs the model across devices itself; it needs a '
+          f'single-replica strategy (one_device), not {self.kind!r} with '
+          f'{self.replicas} replicas.')
+    if self.accumulation != 1:
+      raise ValueError(
+          f'gradient_accumulation_steps={self.accumulation} with a partition '
+          'plan: GPipe already accumulates over the plan\'s micro-batches; '
+          'use 1.')
+    if self.global_batch != self.plan['batch_size']:
+      raise ValueError(
+          f'The global batch {self.global_batch} differs from the partition '
+          f"plan's batch_size {self.plan['batch_size']}; set "
+          'per_replica_batch_size to the batch the plan was made for.')
+
   # --- model and checkpoint
+
+  def _build_pipelined_model(self) -> tf.keras.Model:
+    """The model with each stage's variables on its own device."""
+    devices = gpipe.stage_devices(self.plan['num_stages'])
+    model = gpipe.build_model_on_devices(
+        lambda: self.module.build_model(self.task.hparams), self.plan, devices)
+    self.gpipe_runner = gpipe.GPipeRunner(model, self.plan, devices)
+    return model
 
   def build_model(self) -> None:
     """Model, optimizer slots and the step counter, in the strategy scope."""
-    with self.strategy.scope():
-      self.model = self.module.build_model(self.task.hparams)
+    self.gpipe_runner = None
+    # GPipe places every stage itself, so it builds outside the strategy.
+    scope = (self.strategy.scope() if self.plan is None else
+             tf.distribute.get_strategy().scope())
+    with scope:
+      self.model = (self.module.build_model(self.task.hparams)
+                    if self.plan is None else self._build_pipelined_model())
       if not self.model.built:
         self.model(self._sample_features(), training=False)
       self.step = tf.Variable(
@@ -416,17 +456,26 @@ class _ManagedTraining:
   # --- synchronous strategies
 
   def train_synchronous(self, start: int) -> Dict[str, Any]:
-    dataset = self.strategy.distribute_datasets_from_function(
-        self.train_dataset_fn(start, DATA_SEED, self.data.config))
-    iterator = iter(dataset)
-    replica_step = self.replica_step_fn()
+    dataset_fn = self.train_dataset_fn(start, DATA_SEED, self.data.config)
     strategy, step = self.strategy, self.step
+    if self.gpipe_runner is None:
+      iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+      replica_step = self.replica_step_fn()
 
-    @tf.function
-    def train_step(iterator):
-      losses = strategy.run(replica_step, args=(next(iterator),))
-      step.assign_add(1)
-      return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+      @tf.function
+      def train_step(iterator):
+        losses = strategy.run(replica_step, args=(next(iterator),))
+        step.assign_add(1)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+    else:
+      iterator = iter(dataset_fn(tf.distribute.InputContext()))
+      runner = self.gpipe_runner
+
+      def train_step(iterator):
+        # The runner's step is one tf.function holding the GPipe schedule.
+        loss = runner.train_step(*next(iterator))
+        step.assign_add(1)
+        return loss
 
     @tf.function
     def any_worker(flag):
@@ -616,6 +665,12 @@ class _ManagedTraining:
         'checkpoint_seconds': round(self.save_seconds, 4),
         'resume_events': self.events,
         'wall_seconds': round(time.monotonic() - self.started, 3),
+        'pipeline_parallel': None if self.plan is None else {
+            'num_stages': self.plan['num_stages'],
+            'num_microbatches': self.gpipe_runner.num_microbatches,
+            'boundaries': self.plan['boundaries'],
+            'remat': self.plan['remat'],
+        },
     })
     result = _json_value(result)
     if self.is_chief:

@@ -90,7 +90,13 @@ def resolve_lengths(task: TrainingTask, num_replicas: int) -> TrainingTask:
 def train(task: TrainingTask) -> Dict[str, Any]:
   """Trains as this process's part of the task; returns the result dict."""
   config = DistributionConfig.from_dict(task.distribution)
-  strategy_lib.configure_logical_cpus(config.logical_cpu_devices)
+  logical_cpus = config.logical_cpu_devices
+  if task.partition_plan_uri:
+    # GPipe stages need a device each; without GPUs they are logical CPUs.
+    from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
+    logical_cpus = max(logical_cpus or 1,
+                       gpipe.load_plan(task.partition_plan_uri)['num_stages'])
+  strategy_lib.configure_logical_cpus(logical_cpus)
   strategy = strategy_lib.make_strategy(config.strategy, config)
   task = resolve_lengths(task, strategy.num_replicas_in_sync)
   is_chief = strategy_lib.is_chief(tf_config())
