@@ -19,13 +19,20 @@ _IMAGE_PACKAGE_ROOT = '/tfx-hpm'
 def compile_pipeline(output: str, image: str, pipeline_root: str,
                      data_root: str, module: str, serving_model_dir: str,
                      stock: bool = False, distribution=None,
-                     train_steps: int = 1000, eval_steps: int = 150) -> str:
+                     train_steps: int = 1000, eval_steps: int = 150,
+                     gpipe_stages: int = 0, gpipe_batch_size: int = 64) -> str:
   """Writes the KFP v2 PipelineJob JSON to `output` and returns its path."""
   from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner  # pylint: disable=g-import-not-at-top
   from pipelines import taxi_pipeline  # pylint: disable=g-import-not-at-top
 
-  factories = {} if stock else taxi_pipeline.hpm_factories(
-      distribution=distribution)
+  factories = {}
+  if not stock:
+    distribution = dict(distribution or {})
+    if gpipe_stages:
+      distribution.setdefault('global_batch_size', gpipe_batch_size)
+      factories['extra_trainer_inputs'] = taxi_pipeline.gpipe_partitioner(
+          gpipe_stages, gpipe_batch_size)
+    factories.update(taxi_pipeline.hpm_factories(distribution=distribution))
   pipeline = taxi_pipeline.create_pipeline(
       pipeline_name='taxi-hpm' + ('-stock' if stock else ''),
       pipeline_root=pipeline_root,
@@ -69,11 +76,15 @@ def main(argv=None) -> int:
                       help='Stock Transform and Trainer instead of ours.')
   parser.add_argument('--distribution', default='{}',
                       help='HighPerfTrainer distribution config as JSON.')
+  parser.add_argument('--gpipe-stages', type=int, default=0,
+                      help='Add a GPipePartitioner with this many stages.')
+  parser.add_argument('--gpipe-batch-size', type=int, default=64)
   args = parser.parse_args(argv)
   path = compile_pipeline(
       args.output, args.image, args.pipeline_root, args.data_root,
       args.module, args.serving_model_dir, stock=args.stock,
-      distribution=json.loads(args.distribution))
+      distribution=json.loads(args.distribution),
+      gpipe_stages=args.gpipe_stages, gpipe_batch_size=args.gpipe_batch_size)
   print(f'Wrote {path}')
   return 0
 

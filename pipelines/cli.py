@@ -32,6 +32,11 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
       '--distribution', default='{}',
       help='HighPerfTrainer distribution config as JSON, e.g. '
       '\'{"strategy": "mirrored", "logical_cpu_devices": 2}\'.')
+  parser.add_argument(
+      '--gpipe-stages', type=int, default=0,
+      help='Add a GPipePartitioner with this many stages (0: none); the '
+      'trainer then runs the GPipe schedule with --gpipe-batch-size.')
+  parser.add_argument('--gpipe-batch-size', type=int, default=64)
   parser.add_argument('--enable-cache', action='store_true')
 
 
@@ -44,9 +49,15 @@ def pipeline_from_args(args: argparse.Namespace):
         data_root, tempfile.mkdtemp(prefix='taxi_sample_'), args.sample_rows)
   pipeline_root = os.path.abspath(args.pipeline_root)
   factories = {}
+  if args.gpipe_stages and args.stock:
+    raise SystemExit('--gpipe-stages needs our trainer; drop --stock.')
   if not args.stock:
-    factories = taxi_pipeline.hpm_factories(
-        distribution=json.loads(args.distribution))
+    distribution = json.loads(args.distribution)
+    if args.gpipe_stages:
+      distribution.setdefault('global_batch_size', args.gpipe_batch_size)
+      factories['extra_trainer_inputs'] = taxi_pipeline.gpipe_partitioner(
+          args.gpipe_stages, args.gpipe_batch_size)
+    factories.update(taxi_pipeline.hpm_factories(distribution=distribution))
   return taxi_pipeline.create_pipeline(
       pipeline_name=args.pipeline_name,
       pipeline_root=pipeline_root,

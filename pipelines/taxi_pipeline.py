@@ -217,12 +217,18 @@ def hpm_factories(distribution: Optional[Dict] = None,
   from components import HighPerfTrainer, OptimizedTransform  # pylint: disable=g-import-not-at-top
 
   def make_transform(examples, schema, module_file):
-    return OptimizedTransform(examples=examples, schema=schema,
-                              module_file=module_file, tuning=tuning or {})
+    return OptimizedTransform(
+        examples=examples, schema=schema, tuning=tuning or {},
+        **module_kwargs(module_file, 'preprocessing_fn'))
 
   def make_trainer(inputs: TrainerInputs):
+    trainer_distribution = dict(distribution or {})
+    if not is_module_file(inputs.module_file):
+      # A module name reaches the trainer as its run_fn path; the module's
+      # build_model still makes this managed training.
+      trainer_distribution.setdefault('mode', 'managed')
     return HighPerfTrainer(
-        module_file=inputs.module_file,
+        **module_kwargs(inputs.module_file, 'run_fn'),
         examples=inputs.examples,
         transform_graph=inputs.transform_graph,
         schema=inputs.schema,
@@ -230,7 +236,29 @@ def hpm_factories(distribution: Optional[Dict] = None,
             'tuned_input_pipeline'),
         train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps),
-        distribution=distribution or {},
+        distribution=trainer_distribution,
         **inputs.extra_inputs)
 
   return {'make_transform': make_transform, 'make_trainer': make_trainer}
+
+
+def gpipe_partitioner(num_stages: int, batch_size: int) -> Callable:
+  """`extra_trainer_inputs` that plans GPipe stages for the trainer.
+
+  The trainer's global batch must match: pass the same `batch_size` as
+  `distribution['global_batch_size']`.
+  """
+  from components import GPipePartitioner  # pylint: disable=g-import-not-at-top
+
+  def add_partitioner(transformed_examples, transform_outputs, module):
+    module_arg = ({'module_file': module} if is_module_file(module) else
+                  {'module_path': module})
+    partitioner = GPipePartitioner(
+        config={'num_stages': num_stages, 'batch_size': batch_size},
+        examples=transformed_examples,
+        transform_graph=transform_outputs['transform_graph'],
+        **module_arg)
+    return [partitioner], {
+        'partition_plan': partitioner.outputs['partition_plan']}
+
+  return add_partitioner

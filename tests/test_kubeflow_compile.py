@@ -1,7 +1,5 @@
 """The pipeline compiles for Kubeflow Pipelines v2 and the spec parses."""
 
-import json
-
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 import pytest
@@ -14,7 +12,7 @@ STOCK_EXECUTORS = {
 }
 
 
-def _compile(tmp_path, stock):
+def _compile(tmp_path, stock, gpipe_stages=0):
   path = runner.compile_pipeline(
       output=str(tmp_path / 'pipeline.json'),
       image='example.com/tfx-hpm:test',
@@ -22,7 +20,7 @@ def _compile(tmp_path, stock):
       data_root='/tfx-hpm/data/taxi',
       module='pipelines.taxi_module',
       serving_model_dir=str(tmp_path / 'serving'),
-      stock=stock)
+      stock=stock, gpipe_stages=gpipe_stages)
   with open(path) as f:
     job = json_format.Parse(f.read(), pipeline_spec_pb2.PipelineJob(),
                             ignore_unknown_fields=False)
@@ -44,5 +42,16 @@ def test_compiled_spec_is_a_pipeline_job_with_every_component(tmp_path, stock):
   if not stock:
     trainer = spec.components['Trainer']
     assert 'tuned_input_pipeline' in trainer.input_definitions.artifacts
-    executor = json.dumps(dict(spec.deployment_spec['executors']['Trainer_executor']))
+    executor = json_format.MessageToJson(
+        spec.deployment_spec['executors']['Trainer_executor'])
     assert 'components.trainer.executor' in executor
+    assert 'tfx_hpm.TunedInputPipeline' in json_format.MessageToJson(
+        trainer.input_definitions)
+
+
+def test_pipeline_with_gpipe_partitioner_compiles(tmp_path):
+  _, spec = _compile(tmp_path, stock=False, gpipe_stages=2)
+  assert {'GPipePartitioner', 'Trainer'} <= set(spec.root.dag.tasks)
+  trainer_inputs = spec.root.dag.tasks['Trainer'].inputs.artifacts
+  assert trainer_inputs['partition_plan'].task_output_artifact.producer_task \
+      == 'GPipePartitioner'

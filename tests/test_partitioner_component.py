@@ -233,7 +233,7 @@ def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
   assert all(state == 'COMPLETE' for state in states.values()), states
   assert 'binary_accuracy' in run.metrics
 
-  (plan_artifact,) = _artifacts_of_type(metadata_path, 'PartitionPlan')
+  (plan_artifact,) = _artifacts_of_type(metadata_path, 'tfx_hpm.PartitionPlan')
   properties = plan_artifact.custom_properties
   assert properties['num_stages'].int_value == 2
   assert properties['num_microbatches'].int_value == 8
