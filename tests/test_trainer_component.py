@@ -11,7 +11,6 @@ from tfx.types import standard_artifacts
 
 from components import HighPerfTrainer
 from components import types as hpm_types
-from components.trainer import component
 from components.trainer import executor
 from components.trainer import fn_args as fn_args_lib
 from pipelines import data
@@ -69,7 +68,7 @@ def test_drop_in_spec_and_exec_properties():
 
 
 def test_mode_follows_the_module():
-  check = component.check_module_contract
+  check = executor.check_module_contract
   assert check(STOCK_TAXI_MODULE, None, None, 'auto') == 'run_fn'
   assert check(data.default_module_file(), None, None, 'auto') == 'managed'
   assert check(data.default_module_file(), None, None, 'run_fn') == 'run_fn'
@@ -179,3 +178,27 @@ def test_auto_shard_policy_fits_the_file_count(tmp_path):
   dataset = factory([path], None, None)
   assert (dataset.options().experimental_distribute.auto_shard_policy ==
           policy.DATA)
+
+
+def test_dataset_factory_batches_the_global_batch(tmp_path):
+  options = tf.io.TFRecordOptions(compression_type='GZIP')
+  with tf.io.TFRecordWriter(str(tmp_path / 'part-0.gz'), options) as writer:
+    for i in range(10):
+      writer.write(tf.train.Example(features=tf.train.Features(feature={
+          'x': tf.train.Feature(float_list=tf.train.FloatList(value=[i])),
+          'label': tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+      })).SerializeToString())
+  spec = {'x': tf.io.FixedLenFeature([1], tf.float32),
+          'label': tf.io.FixedLenFeature([], tf.int64)}
+  factory = fn_args_lib.DatasetFactory(
+      tf.distribute.OneDeviceStrategy('/cpu:0'), spec, None,
+      global_batch_size=4)
+  batches = list(factory([str(tmp_path / 'part-*')], 'label', shuffle=False,
+                         num_epochs=1))
+  assert len(batches) == 2  # 10 examples, batches of 4, remainder dropped.
+  features, labels = batches[0]
+  assert labels.numpy().tolist() == [0, 1, 2, 3]
+  assert features['x'].shape == (4, 1)
+  bigger = list(factory([str(tmp_path / 'part-*')], None, batch_size=5,
+                        shuffle=False, num_epochs=1))
+  assert [b['label'].shape[0] for b in bigger] == [5, 5]

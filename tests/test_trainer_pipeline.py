@@ -145,6 +145,20 @@ def test_strategy_trains_taxi_and_is_blessed(strategies_root, taxi_sample_dir,
   assert _completed_runs(strategies_root, 'Transform') == 1
 
 
+def test_run_fn_under_multi_worker_mirrored(strategies_root, taxi_sample_dir):
+  """A stock-contract run_fn on 2 workers: the data accessor is sharded to
+  fit the file count, and only the chief writes the model and logs."""
+  run = _run(strategies_root, taxi_sample_dir,
+             {'strategy': 'multi_worker_mirrored', 'num_workers': 2,
+              'mode': 'run_fn'})
+  model_run = _latest_model_run(strategies_root)
+  _assert_trained_and_blessed(run, model_run, 'multi_worker_mirrored', 2,
+                              'run_fn')
+  # The non-chief worker's TensorBoard logs go to their own folder.
+  assert os.path.isdir(os.path.join(model_run.uri, 'worker-1'))
+  assert os.path.isdir(os.path.join(model_run.uri, 'train'))
+
+
 def test_in_process_launcher_trains_in_the_executor(strategies_root,
                                                     taxi_sample_dir):
   """launcher='in_process' (for orchestrators that run one pod per task)."""

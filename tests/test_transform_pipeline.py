@@ -22,6 +22,7 @@ from ml_metadata.proto import metadata_store_pb2
 from components import OptimizedTransform
 from components.transform import input_pipeline
 from components.transform.input_pipeline import InputPipelineConfig
+from components.types import TunedInputPipeline
 from pipelines import data
 from pipelines import taxi_module
 
@@ -79,10 +80,13 @@ def _rows(dataset):
   """Multiset of examples as hashable rows (feature name, value) + label."""
   rows = collections.Counter()
   for features, label in dataset:
-    columns = sorted((k, v.numpy().tolist()) for k, v in features.items())
-    columns.append(('label', label.numpy().tolist()))
-    for i in range(len(columns[-1][1])):
-      rows[tuple((k, values[i]) for k, values in columns)] += 1
+    size = int(label.shape[0])
+    # Each value as a tuple: features are [batch] or [batch, 1].
+    columns = [(k, v.numpy().reshape(size, -1).tolist())
+               for k, v in sorted(features.items())]
+    columns.append(('label', label.numpy().reshape(size, -1).tolist()))
+    for i in range(size):
+      rows[tuple((k, tuple(values[i])) for k, values in columns)] += 1
   return rows
 
 
@@ -229,7 +233,8 @@ def test_artifact_has_config_report_chart_and_properties(run):
   config = metadata_store_pb2.ConnectionConfig()
   config.sqlite.filename_uri = run.metadata_path
   store = metadata_store.MetadataStore(config)
-  [artifact] = [a for a in store.get_artifacts_by_type('TunedInputPipeline')
+  [artifact] = [a for a in store.get_artifacts_by_type(
+      TunedInputPipeline.TYPE_NAME)
                 if a.uri == uri]
   props = {k: v for k, v in artifact.custom_properties.items()}
   assert props['examples_per_sec'].double_value > 0

@@ -12,9 +12,7 @@ Everything is validated here, at construction: the configs, and the module's
 contract (managed mode needs `build_model(hparams)`, run_fn mode `run_fn`).
 """
 
-import importlib
 import importlib.util
-from types import ModuleType
 import re
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -27,7 +25,6 @@ from tfx.proto import trainer_pb2
 from tfx.types import component_spec
 from tfx.types import standard_artifacts
 from tfx.types import standard_component_specs
-from tfx.utils import io_utils
 from tfx.utils import json_utils
 
 from components import types as hpm_types
@@ -78,35 +75,6 @@ def _module_source(module_file: str) -> Tuple[Optional[str], Optional[str]]:
     return None, module_file
   raise ValueError(f'module_file {module_file!r} does not exist, and is not '
                    'an importable module name either.')
-
-
-def _load_module(module_file: Optional[str], module_path: Optional[str],
-                 run_fn: Optional[str]) -> ModuleType:
-  """Imports the user module once to check its contract."""
-  if run_fn or module_path:
-    return importlib.import_module(module_path or run_fn.rpartition('.')[0])
-  path = io_utils.ensure_local(module_file)
-  spec = importlib.util.spec_from_file_location('_hpm_checked_user_module',
-                                                path)
-  if spec is None:
-    raise ValueError(f'module_file {module_file!r} is not a Python file.')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def check_module_contract(module_file: Optional[str],
-                          module_path: Optional[str], run_fn: Optional[str],
-                          mode: str) -> str:
-  """Returns the training mode; raises if the module lacks its entry point."""
-  module = _load_module(module_file, module_path, run_fn)
-  run_fn_name = run_fn.rpartition('.')[2] if run_fn else 'run_fn'
-  return config_lib.resolve_mode(
-      mode,
-      has_build_model=callable(getattr(module, 'build_model', None)),
-      has_run_fn=callable(getattr(module, run_fn_name, None)),
-      run_fn_given=bool(run_fn),
-      module=config_lib.describe_module(module_file, module_path, run_fn))
 
 
 class HighPerfTrainer(base_component.BaseComponent):
@@ -176,8 +144,8 @@ class HighPerfTrainer(base_component.BaseComponent):
     module_path = None
     if module_file:
       module_file, module_path = _module_source(module_file)
-    mode = check_module_contract(module_file, module_path, run_fn,
-                                 config.mode)
+    mode = executor.check_module_contract(module_file, module_path, run_fn,
+                                          config.mode)
     config_lib.check_train_length(mode, train_args.num_steps,
                                   config.train_epochs)
     spec = HighPerfTrainerSpec(

@@ -10,9 +10,12 @@ records the training result on `model_run`.
 
 import dataclasses
 import hashlib
+import importlib
+import importlib.util
 import json
 import os
 import sys
+from types import ModuleType
 from typing import Any, Dict, List, Optional
 
 from absl import logging
@@ -75,6 +78,39 @@ def _read_json_artifact(artifacts: Optional[List[types.Artifact]],
     return json.load(f)
 
 
+def _load_module(module_file: Optional[str], module_path: Optional[str],
+                 run_fn: Optional[str]) -> ModuleType:
+  """Imports the user module (file, module name, or the run_fn's module)."""
+  if run_fn or module_path:
+    return importlib.import_module(module_path or run_fn.rpartition('.')[0])
+  path = io_utils.ensure_local(module_file)
+  spec = importlib.util.spec_from_file_location('_hpm_checked_user_module',
+                                                path)
+  if spec is None:
+    raise ValueError(f'module_file {module_file!r} is not a Python file.')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def check_module_contract(module_file: Optional[str],
+                          module_path: Optional[str], run_fn: Optional[str],
+                          mode: str) -> str:
+  """Returns the training mode; raises if the module lacks its entry point.
+
+  The component calls it at construction, the executor again at run time
+  (where a packaged module is importable by name).
+  """
+  module = _load_module(module_file, module_path, run_fn)
+  run_fn_name = run_fn.rpartition('.')[2] if run_fn else 'run_fn'
+  return config_lib.resolve_mode(
+      mode,
+      has_build_model=callable(getattr(module, 'build_model', None)),
+      has_run_fn=callable(getattr(module, run_fn_name, None)),
+      run_fn_given=bool(run_fn),
+      module=config_lib.describe_module(module_file, module_path, run_fn))
+
+
 class Executor(base_executor.BaseExecutor):
   """Trains with the configured (or automatically chosen) strategy."""
 
@@ -119,15 +155,10 @@ class Executor(base_executor.BaseExecutor):
 
   def _make_task(self, input_dict, output_dict, props, config,
                  fault_tolerance, module_identity) -> TrainingTask:
-    mode = config_lib.resolve_mode(
-        config.mode,
-        has_build_model=udf_utils.try_get_fn(props, 'build_model') is not None,
-        has_run_fn=udf_utils.try_get_fn(props, 'run_fn') is not None,
-        run_fn_given=bool(props.get(standard_component_specs.RUN_FN_KEY)),
-        module=config_lib.describe_module(
-            props.get(standard_component_specs.MODULE_FILE_KEY),
-            props.get(standard_component_specs.MODULE_PATH_KEY),
-            props.get(standard_component_specs.RUN_FN_KEY)))
+    mode = check_module_contract(
+        props.get(standard_component_specs.MODULE_FILE_KEY),
+        props.get(standard_component_specs.MODULE_PATH_KEY),
+        props.get(standard_component_specs.RUN_FN_KEY), config.mode)
     stock_args = trainer_executor.GenericExecutor()._GetFnArgs(  # pylint: disable=protected-access
         input_dict, output_dict, props)
     config_lib.check_train_length(mode, stock_args.train_steps or 0,

@@ -16,13 +16,13 @@ TFX is imported only inside `build_fn_args` / `run_user_fn`; the dataset
 factory is TFX-free.
 """
 
-import json
 import os
 import tempfile
 from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
+from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
 from components.trainer.task import TrainingTask
 from components.transform import input_pipeline
@@ -142,7 +142,7 @@ def build_fn_args(task: TrainingTask, strategy: tf.distribute.Strategy,
   fn_args.strategy = strategy
   fn_args.dataset_factory = make_dataset_factory(task, strategy)
   fn_args.checkpoint_dir = task.checkpoint_dir
-  tf_config = json.loads(os.environ.get('TF_CONFIG') or '{}')
+  tf_config = strategy_lib.tf_config_from_env()
   cluster = tf_config.get('cluster', {})
   num_workers = len(cluster.get('worker', [])) + len(cluster.get('chief', []))
   if num_workers > 1:

@@ -38,15 +38,18 @@ class Environment:
     return len(self.tf_config.get('cluster', {}).get(task_type, []))
 
 
+def tf_config_from_env() -> Dict[str, Any]:
+  """This process's TF_CONFIG (cluster and task), {} if unset."""
+  return json.loads(os.environ.get('TF_CONFIG') or '{}')
+
+
 def detect_environment(config: DistributionConfig) -> Environment:
   """Looks for a TPU, an orchestrator's TF_CONFIG and GPUs.
 
   TF_CONFIG only counts for launcher `in_process`: with `local` the launcher
   builds its own localhost cluster from num_workers / num_ps.
   """
-  tf_config = {}
-  if config.launcher == 'in_process':
-    tf_config = json.loads(os.environ.get('TF_CONFIG') or '{}')
+  tf_config = tf_config_from_env() if config.launcher == 'in_process' else {}
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # Listing physical devices does not initialize the runtime, so logical
   # devices can still be configured afterwards.

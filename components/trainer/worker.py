@@ -36,10 +36,6 @@ RESULT_FILE = 'training_result.json'
 ROLES = ('trainer', 'server')
 
 
-def tf_config() -> Dict[str, Any]:
-  return json.loads(os.environ.get('TF_CONFIG') or '{}')
-
-
 def run_server() -> None:
   """Serves this process's ps/worker task of TF_CONFIG until killed."""
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -99,7 +95,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
   strategy_lib.configure_logical_cpus(logical_cpus)
   strategy = strategy_lib.make_strategy(config.strategy, config)
   task = resolve_lengths(task, strategy.num_replicas_in_sync)
-  is_chief = strategy_lib.is_chief(tf_config())
+  is_chief = strategy_lib.is_chief(strategy_lib.tf_config_from_env())
   start = time.time()
   if task.mode == 'managed':
     from components.trainer import loop  # pylint: disable=g-import-not-at-top
@@ -129,7 +125,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
 
 def run_in_process(task: TrainingTask) -> Dict[str, Any]:
   """launcher='in_process': this process's role comes from TF_CONFIG."""
-  task_type = tf_config().get('task', {}).get('type')
+  task_type = strategy_lib.tf_config_from_env().get('task', {}).get('type')
   if (task.distribution['strategy'] == 'parameter_server' and
       task_type in ('ps', 'worker')):
     run_server()
