@@ -166,7 +166,8 @@ def scale_split(split_dir: str, out_dir: str, min_examples: int) -> int:
   os.makedirs(out_dir, exist_ok=True)
   for c in range(copies):
     for f in files:
-      shutil.copy(f, os.path.join(out_dir, f'copy{c:04d}-{os.path.basename(f)}'))
+      shutil.copy(f, os.path.join(
+          out_dir, f'copy{c:04d}-{os.path.basename(f)}'))
   return copies * per_copy
 
 

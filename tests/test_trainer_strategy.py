@@ -138,7 +138,7 @@ def test_logical_cpu_strategies_build_real_replicas():
       from components.trainer import strategy as s
       from components.trainer.config import DistributionConfig
       config = DistributionConfig(strategy='mirrored', logical_cpu_devices=3)
-      s.configure_logical_cpus(3)
+      s.configure_logical_cpus(4)  # One more, as GPipe stages may need.
       replicas = [s.make_strategy(name, config).num_replicas_in_sync
                   for name in ('mirrored', 'central_storage', 'one_device')]
       print('REPLICAS', replicas)

@@ -177,7 +177,11 @@ def configure_logical_cpus(num_devices: int) -> None:
 
 
 def _replica_devices(config: DistributionConfig):
-  """GPUs where there are any, else the (logical) CPU devices."""
+  """GPUs where there are any, else `logical_cpu_devices` CPU devices.
+
+  The process may hold more logical CPUs than replicas (GPipe stages need a
+  device each); the replicas take the first ones.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   gpus = tf.config.list_logical_devices('GPU')
   if gpus:
@@ -188,7 +192,7 @@ def _replica_devices(config: DistributionConfig):
         f'logical_cpu_devices={config.logical_cpu_devices} but only '
         f'{len(cpus)} CPU device(s) exist; configure_logical_cpus() must run '
         'before TensorFlow initializes.')
-  return cpus
+  return cpus[:max(1, config.logical_cpu_devices)]
 
 
 def make_strategy(name: str, config: DistributionConfig):

@@ -280,7 +280,8 @@ def build_dataset(file_patterns: List[str],
     file_patterns: Globs of (gzipped) TFRecord files of transformed
       tf.Examples. With an on-the-fly config, the raw examples of the same
       split (from the config) are read and transformed instead.
-    feature_spec: Parsing spec, e.g. `TFTransformOutput.transformed_feature_spec()`.
+    feature_spec: Parsing spec, e.g.
+      `TFTransformOutput.transformed_feature_spec()`.
     label_key: Feature popped into the label, or None.
     batch_size: Global batch size; with `input_context` each input pipeline
       batches `input_context.get_per_replica_batch_size(batch_size)`.

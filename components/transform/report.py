@@ -77,7 +77,7 @@ def render_markdown(result: TuningResult, extra: Dict[str, str]) -> str:
 
 
 def render_chart(result: TuningResult) -> bytes:
-  """PNG: horizontal bars of every candidate's examples/s, chosen highlighted."""
+  """PNG: bars of every candidate's examples/s, the chosen one green."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
