@@ -6,9 +6,13 @@ Pusher. Each must train the taxi model on the small sample with a real local
 cluster where the strategy has one, and the Evaluator must bless the export.
 """
 
+import glob
 import json
 import os
 import re
+import signal
+import threading
+import time
 
 import pytest
 from ml_metadata import metadata_store
@@ -47,7 +51,8 @@ def _judge_on_its_own(pipeline: tfx.dsl.Pipeline) -> None:
 
 
 def _run(root: str, data_root: str, distribution: dict,
-         module_file: str = None, custom_config: dict = None):
+         module_file: str = None, custom_config: dict = None,
+         train_steps: int = TRAIN_STEPS, fault_tolerance: dict = None):
   def make_trainer(inputs: taxi_pipeline.TrainerInputs):
     return HighPerfTrainer(
         module_file=inputs.module_file,
@@ -58,12 +63,12 @@ def _run(root: str, data_root: str, distribution: dict,
         eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps),
         custom_config=custom_config,
         distribution={'timeout_s': 900, **distribution},
-        fault_tolerance={'max_restarts': 0})
+        fault_tolerance=fault_tolerance or {'max_restarts': 0})
 
   pipeline = taxi_pipeline.create_pipeline(
       pipeline_name=PIPELINE_NAME, pipeline_root=root,
       serving_model_dir=os.path.join(root, 'serving_model'),
-      data_root=data_root, module_file=module_file, train_steps=TRAIN_STEPS,
+      data_root=data_root, module_file=module_file, train_steps=train_steps,
       eval_steps=EVAL_STEPS, make_trainer=make_trainer, enable_cache=True)
   _judge_on_its_own(pipeline)
   tfx.orchestration.LocalDagRunner().run(pipeline)
@@ -209,3 +214,48 @@ def test_stock_taxi_module_runs_unchanged(tmp_path, taxi_sample_dir):
       model_run.custom_properties['strategy_reason'].string_value)
   # The stock run_fn writes TensorBoard logs into model_run.
   assert os.path.isdir(os.path.join(model_run.uri, 'train'))
+
+
+def _kill_trainer_after_first_checkpoint(root: str, killed: list) -> None:
+  """SIGKILLs the training process once a checkpoint is published."""
+  deadline = time.time() + 600
+  while time.time() < deadline and not killed:
+    if glob.glob(os.path.join(root, '_hpm_checkpoints', '**', 'ckpt-*',
+                              'MANIFEST.json'), recursive=True):
+      for pid in os.listdir('/proc'):
+        command = _cmdline(pid)
+        if (pid.isdigit() and 'components.trainer.worker' in command and
+            root in command):
+          os.kill(int(pid), signal.SIGKILL)
+          killed.append(int(pid))
+          return
+    time.sleep(0.05)
+
+
+def test_killed_trainer_resumes_and_records_it_on_model_run(tmp_path,
+                                                           taxi_sample_dir):
+  """SIGKILL of the training process mid-run: the launcher restarts it, it
+  resumes from the last checkpoint, and model_run records the resume."""
+  root, steps = str(tmp_path / 'root'), 1500
+  killed = []
+  killer = threading.Thread(target=_kill_trainer_after_first_checkpoint,
+                            args=(root, killed), daemon=True)
+  killer.start()
+  run = _run(root, taxi_sample_dir, {'strategy': 'one_device'},
+             train_steps=steps,
+             fault_tolerance={'max_restarts': 1, 'save_every_steps': 100})
+  killer.join(timeout=5)
+  assert killed, 'the training process finished before it could be killed'
+  model_run = _latest_model_run(root)
+  props = model_run.custom_properties
+  assert props['restarts'].int_value == 1
+  assert props['resumes'].int_value == 1
+  events = json.loads(props['resume_events'].string_value)
+  resumed = [e for e in events if e['event'] == 'resumed']
+  assert resumed and resumed[0]['from_step'] % 100 == 0
+  assert resumed[0]['from_step'] >= 100
+  with open(os.path.join(model_run.uri, 'training_result.json')) as f:
+    result = json.load(f)
+  assert result['steps'] == steps  # Exact optimizer updates across attempts.
+  assert result['start_step'] == resumed[0]['from_step']
+  assert {e.node_id: e.state for e in run.executions}['Trainer'] == 'COMPLETE'

@@ -259,6 +259,12 @@ class Executor(base_executor.BaseExecutor):
     model_run.set_string_custom_property('training_mode', result['mode'])
     restarts = len(result.get('launch', {}).get('restarts', []))
     model_run.set_int_custom_property('restarts', restarts)
+    # Where training resumed from, and what each crash cost (issue: resume
+    # events live on the artifact, not only in training_result.json).
+    events = result.get('resume_events') or []
+    model_run.set_string_custom_property('resume_events', json.dumps(events))
+    model_run.set_int_custom_property('resumes', sum(
+        1 for e in events if e.get('event') == 'resumed'))
 
   def _pipeline_name(self) -> str:
     info = self._context and self._context.pipeline_info
