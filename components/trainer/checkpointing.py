@@ -37,6 +37,8 @@ from typing import Any, Dict, List, Optional
 from absl import logging
 import tensorflow as tf
 
+from components.json_config import JsonConfig
+
 MANIFEST_NAME = 'MANIFEST.json'
 EVENTS_NAME = 'events.json'
 PROGRESS_NAME = 'progress.json'
@@ -48,7 +50,8 @@ _SAFE_NAME = re.compile(r'[^A-Za-z0-9._-]+')
 
 
 @dataclasses.dataclass
-class CheckpointConfig:
+class CheckpointConfig(JsonConfig):
+  OPTIONS_NAME = 'fault_tolerance'
   """When and how HighPerfTrainer checkpoints (one JSON exec property).
 
   Attributes:
@@ -97,28 +100,6 @@ class CheckpointConfig:
                        'be True or False.')
     return self
 
-  def to_dict(self) -> Dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), sort_keys=True)
-
-  @classmethod
-  def from_dict(cls, values: Optional[Dict[str, Any]]) -> 'CheckpointConfig':
-    """Builds and validates a config; unknown keys are an error."""
-    if isinstance(values, cls):
-      return values.validate()
-    values = dict(values or {})
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-      raise ValueError(f'Unknown fault_tolerance option(s) {unknown}; allowed: '
-                       f'{known}.')
-    return cls(**values).validate()
-
-  @classmethod
-  def from_json(cls, text: Optional[str]) -> 'CheckpointConfig':
-    return cls.from_dict(json.loads(text) if text else {})
 
 
 def _is_int(value: Any, minimum: int) -> bool:

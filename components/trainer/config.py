@@ -6,8 +6,9 @@ milliseconds. Every error names the bad value and what is allowed instead.
 """
 
 import dataclasses
-import json
-from typing import Any, Dict, Optional
+from typing import Any, Optional
+
+from components.json_config import JsonConfig
 
 STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
               'parameter_server', 'central_storage', 'tpu')
@@ -28,7 +29,8 @@ DEFAULT_PER_REPLICA_BATCH_SIZE = 32
 
 
 @dataclasses.dataclass
-class DistributionConfig:
+class DistributionConfig(JsonConfig):
+  OPTIONS_NAME = 'distribution'
   """How HighPerfTrainer distributes training.
 
   Attributes:
@@ -162,28 +164,6 @@ class DistributionConfig:
     """Examples per (micro-)step over all `num_replicas` replicas."""
     return self.per_replica_batch(num_replicas) * num_replicas
 
-  def to_dict(self) -> Dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), sort_keys=True)
-
-  @classmethod
-  def from_dict(cls, values: Optional[Dict[str, Any]]) -> 'DistributionConfig':
-    """Builds and validates a config; unknown keys are an error."""
-    if isinstance(values, cls):
-      return values.validate()
-    values = dict(values or {})
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-      raise ValueError(f'Unknown distribution option(s) {unknown}; allowed: '
-                       f'{known}.')
-    return cls(**values).validate()
-
-  @classmethod
-  def from_json(cls, text: Optional[str]) -> 'DistributionConfig':
-    return cls.from_dict(json.loads(text) if text else {})
 
 
 def resolve_mode(mode: str, *, has_build_model: bool, has_run_fn: bool,

@@ -7,15 +7,17 @@ value and the allowed ones.
 """
 
 import dataclasses
-import json
 from typing import Any, Dict, Optional, Sequence, Union
+
+from components.json_config import JsonConfig
 
 CACHE_MODES = ('auto', 'memory', 'disk', 'none')
 MATERIALIZE_MODES = ('auto', 'always', 'on_the_fly')
 
 
 @dataclasses.dataclass
-class TuningConfig:
+class TuningConfig(JsonConfig):
+  OPTIONS_NAME = 'tuning'
   """How OptimizedTransform measures and tunes the trainer's input pipeline.
 
   Attributes:
@@ -120,26 +122,6 @@ class TuningConfig:
                        "examples; with materialize=False use 'on_the_fly' or "
                        "'auto'.")
     return self
-
-  def to_dict(self) -> Dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), sort_keys=True)
-
-  @classmethod
-  def from_dict(cls, values: Optional[Dict[str, Any]]) -> 'TuningConfig':
-    values = dict(values or {})
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-      raise ValueError(f'Unknown tuning option(s) {unknown}; allowed: '
-                       f'{known}.')
-    return cls(**values).validate()
-
-  @classmethod
-  def from_json(cls, text: Optional[str]) -> 'TuningConfig':
-    return cls.from_dict(json.loads(text) if text else {})
 
   @classmethod
   def parse(cls, value: Union[None, str, Dict[str, Any], 'TuningConfig']

@@ -31,6 +31,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
+from components.json_config import JsonConfig
+
 AUTOTUNE = tf.data.AUTOTUNE
 CACHE_MODES = ('none', 'memory', 'disk')
 TRANSFORM_PLACEMENTS = ('materialized', 'on_the_fly')
@@ -41,11 +43,12 @@ _SPLIT_DIR = re.compile(r'(?:^|/)Split-([^/]+)/')
 
 
 @dataclasses.dataclass
-class InputPipelineConfig:
+class InputPipelineConfig(JsonConfig):
   """How to read, parse, transform, cache and prefetch training examples.
 
   Integer knobs take -1 for tf.data AUTOTUNE.
   """
+  OPTIONS_NAME = 'input pipeline'
   interleave_cycle_length: int = AUTOTUNE
   interleave_parallelism: int = AUTOTUNE
   read_buffer_bytes: int = 256 * 1024
@@ -104,26 +107,6 @@ class InputPipelineConfig:
                        'transform_graph_uri and raw_file_patterns (split -> '
                        'globs of the raw examples).')
     return self
-
-  def to_dict(self) -> Dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), sort_keys=True)
-
-  @classmethod
-  def from_dict(cls, values: Optional[Dict[str, Any]]) -> 'InputPipelineConfig':
-    values = dict(values or {})
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ValueError(f'Unknown input pipeline option(s) {unknown}; allowed: '
-                       f'{sorted(known)}.')
-    return cls(**values).validate()
-
-  @classmethod
-  def from_json(cls, text: str) -> 'InputPipelineConfig':
-    return cls.from_dict(json.loads(text) if text else {})
 
 
 def _options(config: InputPipelineConfig) -> tf.data.Options:

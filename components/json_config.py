@@ -1,0 +1,48 @@
+"""Base of the suite's configs: dataclasses passed as JSON exec properties.
+
+Keys are strict: an unknown key is an error naming the allowed ones, since a
+typo silently falling back to a default is the worst kind of bad config. No
+TFX import, so config validation tests run without TFX.
+"""
+
+import dataclasses
+import json
+from typing import Any, Dict, Optional, Union
+
+
+class JsonConfig:
+  """Mixin for dataclass configs: to/from dict and JSON, strict keys.
+
+  Subclasses are dataclasses that define `validate()` (returning self) and
+  `OPTIONS_NAME`, the name errors use for their options.
+  """
+  OPTIONS_NAME = 'config'
+
+  def validate(self):
+    return self
+
+  def to_dict(self) -> Dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), sort_keys=True)
+
+  @classmethod
+  def from_dict(cls, values: Union[None, Dict[str, Any], 'JsonConfig']):
+    """Builds and validates a config; unknown keys are an error."""
+    if isinstance(values, cls):
+      return values.validate()
+    if values is not None and not isinstance(values, dict):
+      raise ValueError(f'{cls.OPTIONS_NAME} must be a JSON object (dict), '
+                       f'got {values!r}.')
+    values = dict(values or {})
+    known = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+      raise ValueError(f'Unknown {cls.OPTIONS_NAME} option(s) {unknown}; '
+                       f'allowed: {known}.')
+    return cls(**values).validate()
+
+  @classmethod
+  def from_json(cls, text: Optional[str]):
+    return cls.from_dict(json.loads(text) if text else {})
