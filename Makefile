@@ -9,13 +9,16 @@ export PYTHONUNBUFFERED := 1
 # Silence TF's C++ info logs; Python progress logging stays on.
 export TF_CPP_MIN_LOG_LEVEL ?= 1
 
-# The 3.10 interpreter: PYTHON=..., a working python3.10, or pyenv's 3.10.
+# The 3.10 interpreter: PYTHON=..., a working python3.10, or pyenv's 3.10
+# (through the pyenv command, or its versions folder when pyenv is not on PATH).
 PYTHON ?= $(shell \
   if python3.10 -c 'import sys' >/dev/null 2>&1; then command -v python3.10; \
   elif command -v pyenv >/dev/null 2>&1 && \
        PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.10(\.|$$)' | tail -1) \
        pyenv which python3.10 >/dev/null 2>&1; then \
     PYENV_VERSION=$$(pyenv versions --bare | grep -E '^3\.10(\.|$$)' | tail -1) pyenv which python3.10; \
+  else \
+    ls -1 "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.10*/bin/python3.10 2>/dev/null | tail -1; \
   fi)
 
 RUN_ARGS ?=
