@@ -85,3 +85,13 @@ def test_eval_config_threshold(threshold):
   metric = config.metrics_specs[0].metrics[0]
   assert metric.class_name == 'BinaryAccuracy'
   assert metric.threshold.value_threshold.lower_bound.value == threshold
+
+
+def test_module_file_builds_into_a_wheel_as_tfx_does_at_compile_time(tmp_path):
+  # LocalDagRunner and KubeflowV2DagRunner package the module file with
+  # bdist_wheel; a venv without the `wheel` package fails every pipeline run.
+  from tfx.components.util import udf_utils
+  wheel_path, module_path = udf_utils.package_user_module_file(
+      'WheelCheck', data.default_module_file(), str(tmp_path))
+  assert wheel_path.endswith('.whl') and os.path.exists(wheel_path)
+  assert module_path.startswith('taxi_module@')
