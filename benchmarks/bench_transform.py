@@ -12,8 +12,12 @@ Side by side, in one run, on the Chicago taxi data shipped with tfx:
    config OptimizedTransform chose) for the first and for later epochs, and
    the in-memory ceiling (the same parsed tensors, already cached); rounds
    alternate and the medians are reported.
-3. Training examples/s: `model.fit` of the taxi module's `build_model` fed by
-   the stock reader and by ours.
+3. HighPerfTrainer end to end: the real component (managed loop, one_device)
+   trains the taxi model on OptimizedTransform's output, once with the tuned
+   artifact wired in, once without (InputPipelineConfig defaults), once with
+   a sequential config (one reader, one parse call, no cache: the shape of the
+   stock reader); on the taxi train split (many epochs, so the cache counts)
+   and on the >= 1M copy (the first epoch); each run a fresh process.
 Writes benchmarks/results/transform.md and copies the tuning report next to
 it (transform_tuning_report.md, transform_candidates.png).
 """
@@ -37,9 +41,21 @@ SCALE_EXAMPLES = 1_000_000
 BATCH_SIZE = 256
 TRANSFORM_ROUNDS = 2
 READER_ROUNDS = 5
-TRAIN_ROUNDS = 3
-TRAIN_STEPS = 200
-TRAIN_WARMUP_STEPS = 20
+TRAINER_ROUNDS = 2
+TRAINER_STEPS = 1000
+TRAINER_EVAL_STEPS = 10
+# The input pipelines HighPerfTrainer is fed: (label, config for it). 'tuned'
+# wires in OptimizedTransform's artifact, 'defaults' none; 'sequential' is a
+# hand-made artifact in the shape of the stock reader.
+TRAINER_INPUTS = {
+    'tuned': 'tuned artifact (OptimizedTransform)',
+    'defaults': 'no artifact (InputPipelineConfig defaults)',
+    'sequential': 'sequential config (1 reader, batch after interleave, '
+                  '1 parse call, no cache)',
+}
+SEQUENTIAL_CONFIG = {'interleave_cycle_length': 1, 'interleave_parallelism': 1,
+                     'batch_in_reader': False, 'parse_parallel_calls': 1,
+                     'cache': 'none'}
 BEAM_ARGS = ['--direct_running_mode=in_memory', '--direct_num_workers=1']
 GOAL_FIRST_EPOCH = 2.0
 GOAL_LATER_EPOCHS = 0.8
@@ -159,9 +175,9 @@ def _output(root: str, output: str) -> str:
 
 def scale_split(split_dir: str, out_dir: str, min_examples: int) -> int:
   """Copies the split's files until they hold >= min_examples; returns N."""
-  from components.transform import sharding  # pylint: disable=g-import-not-at-top
+  from components.transform import input_pipeline  # pylint: disable=g-import-not-at-top
   files = sorted(glob.glob(os.path.join(split_dir, '*')))
-  per_copy = sharding.count_records(files, 'GZIP')
+  per_copy = input_pipeline.count_records(files, 'GZIP')
   copies = math.ceil(min_examples / per_copy)
   os.makedirs(out_dir, exist_ok=True)
   for c in range(copies):
@@ -232,45 +248,112 @@ def measure_readers(pattern: str, num_examples: int, stock_graph: str,
   return rates
 
 
-def training_worker(pattern: str, stock_graph: str, config_path: str) -> None:
-  """Prints the training examples/s (JSON) measured in this fresh process."""
+def trainer_worker(examples_uri: str, graph_uri: str, tuned_uri: str,
+                   root: str) -> None:
+  """One HighPerfTrainer run (in this fresh process) over imported inputs.
+
+  `tuned_uri` is a TunedInputPipeline folder (config.json), or '' to wire in
+  none.
+  """
+  from tfx import v1 as tfx  # pylint: disable=g-import-not-at-top
+  from components import HighPerfTrainer  # pylint: disable=g-import-not-at-top
+  from components.types import TunedInputPipeline  # pylint: disable=g-import-not-at-top
+  from pipelines import data  # pylint: disable=g-import-not-at-top
+  examples = tfx.dsl.Importer(
+      source_uri=examples_uri,
+      artifact_type=tfx.types.standard_artifacts.Examples,
+      properties={'split_names': json.dumps(['train', 'eval'])},
+  ).with_id('examples')
+  graph = tfx.dsl.Importer(
+      source_uri=graph_uri,
+      artifact_type=tfx.types.standard_artifacts.TransformGraph,
+  ).with_id('transform_graph')
+  components = [examples, graph]
+  tuned = None
+  if tuned_uri:
+    importer = tfx.dsl.Importer(
+        source_uri=tuned_uri, artifact_type=TunedInputPipeline).with_id(
+            'tuned_input_pipeline')
+    components.append(importer)
+    tuned = importer.outputs['result']
+  components.append(HighPerfTrainer(
+      module_file=data.default_module_file(),
+      examples=examples.outputs['result'],
+      transform_graph=graph.outputs['result'],
+      tuned_input_pipeline=tuned,
+      train_args=tfx.proto.TrainArgs(num_steps=TRAINER_STEPS),
+      eval_args=tfx.proto.EvalArgs(num_steps=TRAINER_EVAL_STEPS),
+      distribution={'strategy': 'one_device', 'global_batch_size': BATCH_SIZE},
+      fault_tolerance={'max_restarts': 0}).with_id('Trainer'))
+  _run_pipeline(root, components)
+
+
+def _trainer_result(root: str) -> Dict[str, float]:
+  """The loop's steady examples/s and the Trainer step's wall seconds."""
+  store = _store(os.path.join(root, 'metadata.db'))
+  names = {t.id: t.name for t in store.get_execution_types()}
+  [execution] = [e for e in store.get_executions()
+                 if names[e.type_id].endswith('HighPerfTrainer')]
+  [model_run] = store.get_artifacts_by_type('ModelRun')
+  with open(os.path.join(model_run.uri, 'training_result.json')) as f:
+    result = json.load(f)
+  if result['steps'] != TRAINER_STEPS:
+    raise RuntimeError(f'HighPerfTrainer trained {result["steps"]} steps, not '
+                       f'{TRAINER_STEPS}: {result}')
+  return {'loop': result['examples_per_sec'],
+          'wall': (execution.last_update_time_since_epoch -
+                   execution.create_time_since_epoch) / 1000}
+
+
+def _sequential_artifact(tuned_uri: str, work: str) -> str:
+  """A TunedInputPipeline folder: the tuned config, made sequential."""
   from components.transform.input_pipeline import InputPipelineConfig  # pylint: disable=g-import-not-at-top
-  with open(config_path) as f:
-    config = InputPipelineConfig.from_dict(json.load(f))
-  print(json.dumps(measure_training(pattern, stock_graph, config)))
+  with open(os.path.join(tuned_uri, 'config.json')) as f:
+    config = dict(json.load(f), **SEQUENTIAL_CONFIG)
+  folder = os.path.join(work, 'sequential_input_pipeline')
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, 'config.json'), 'w') as f:
+    f.write(InputPipelineConfig.from_dict(config).to_json())
+  return folder
 
 
-def measure_training(pattern: str, stock_graph: str,
-                     tuned_config) -> Dict[str, List[float]]:
-  """Training examples/s of model.fit fed by the stock reader and by ours."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
-  from components.transform import input_pipeline  # pylint: disable=g-import-not-at-top
-  from pipelines import taxi_module  # pylint: disable=g-import-not-at-top
-  tft_output = tft.TFTransformOutput(stock_graph)
-  label = taxi_module.LABEL_KEY
-  datasets = {
-      'stock': lambda: stock_reader(
-          pattern, tft_output.transformed_metadata.schema, label),
-      'ours': lambda: input_pipeline.build_dataset(
-          [pattern], tft_output.transformed_feature_spec(), label,
-          BATCH_SIZE, tuned_config),
-  }
-  rates = {name: [] for name in datasets}
-  for round_index in range(TRAIN_ROUNDS):
-    order = sorted(datasets, reverse=bool(round_index % 2))
-    for name in order:
-      make = datasets[name]
-      model = taxi_module.build_model()
-      dataset = make()
-      model.fit(dataset, steps_per_epoch=TRAIN_WARMUP_STEPS, epochs=1,
-                verbose=0)
-      start = time.perf_counter()
-      model.fit(dataset, steps_per_epoch=TRAIN_STEPS, epochs=1, verbose=0)
-      rates[name].append(TRAIN_STEPS * BATCH_SIZE /
-                         (time.perf_counter() - start))
-      tf.keras.backend.clear_session()
-  return rates
+def measure_trainer(datasets: Dict[str, str], graph_uri: str,
+                    tuned_uri: str, work: str) -> Dict[str, Dict[str, List]]:
+  """HighPerfTrainer per (dataset, input): loop examples/s, wall seconds.
+
+  `datasets` maps a label to an Examples folder (Split-train, Split-eval).
+  """
+  artifacts = {'tuned': tuned_uri, 'defaults': '',
+               'sequential': _sequential_artifact(tuned_uri, work)}
+  results = {d: {i: {'loop': [], 'wall': []} for i in TRAINER_INPUTS}
+             for d in datasets}
+  for round_index in range(TRAINER_ROUNDS):
+    order = list(TRAINER_INPUTS)
+    if round_index % 2:
+      order.reverse()
+    for dataset, examples_uri in datasets.items():
+      for name in order:
+        root = os.path.join(work, f'trainer_{dataset}_{name}_{round_index}')
+        subprocess.run(
+            [sys.executable, '-m', 'benchmarks.bench_transform',
+             '--trainer-worker', examples_uri, graph_uri, artifacts[name],
+             root], check=True, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        for key, value in _trainer_result(root).items():
+          results[dataset][name][key].append(value)
+        print(f'[bench_transform] HighPerfTrainer {dataset} {name}: '
+              f'{results[dataset][name]["loop"][-1]:,.0f} examples/s, '
+              f'{results[dataset][name]["wall"][-1]:.1f} s', flush=True)
+  return results
+
+
+def scaled_examples(transformed_uri: str, scaled_train: str) -> str:
+  """An Examples folder: the scaled train split and the real eval split."""
+  folder = os.path.dirname(scaled_train)
+  eval_dir = os.path.join(folder, 'Split-eval')
+  if not os.path.exists(eval_dir):
+    shutil.copytree(os.path.join(transformed_uri, 'Split-eval'), eval_dir)
+  return folder
 
 
 def _median(values: List[float]) -> float:
@@ -281,8 +364,8 @@ def _all(values: List[float], fmt: str = '{:,.0f}') -> str:
   return ' / '.join(fmt.format(v) for v in values)
 
 
-def render(transforms, rates, training, num_examples, tuned_config,
-           load_before, load_after) -> str:
+def render(transforms, rates, trainer, trainer_data, num_examples,
+           tuned_config, load_before, load_after) -> str:
   """The results markdown."""
   stock, first, later, ceiling = (_median(rates[k]) for k in (
       'stock', 'ours_first', 'ours_later', 'ceiling'))
@@ -343,20 +426,31 @@ def render(transforms, rates, training, num_examples, tuned_config,
       "The last row is OptimizedTransform's own overhead, timed inside the "
       'same step.',
       '',
-      '## Training examples/s (model.fit, taxi build_model, '
-      f'{TRAIN_STEPS} steps after {TRAIN_WARMUP_STEPS} warm-up, '
-      f'{TRAIN_ROUNDS} rounds in alternating order)',
+      f'## HighPerfTrainer training examples/s (one_device, batch '
+      f'{BATCH_SIZE}, {TRAINER_STEPS} steps, {TRAINER_ROUNDS} rounds in '
+      'alternating order, each a fresh pipeline run)',
+      '',
+      'The real component trains the taxi model on OptimizedTransform\'s '
+      'output; only its input pipeline differs. Loop examples/s is the '
+      "managed loop's steady rate (training_result.json, after the first, "
+      "tracing step); wall s is the Trainer step's MLMD execution time "
+      '(process start, training, evaluation, export). '
+      f'On the taxi train split ({trainer_data["taxi"]:,} examples) the '
+      f'{TRAINER_STEPS} steps are {TRAINER_STEPS * BATCH_SIZE / trainer_data["taxi"]:.0f} '
+      'epochs, so a cache pays; on the scaled copy they are '
+      f'{TRAINER_STEPS * BATCH_SIZE / trainer_data["scaled"]:.2f} of the first '
+      'epoch.',
       '',
       report.table(
-          ['input', 'examples/s (median)', 'all rounds'],
-          [['stock TFX reader', f'{_median(training["stock"]):,.0f}',
-            _all(training['stock'])],
-           ['OptimizedTransform tuned pipeline',
-            f'{_median(training["ours"]):,.0f}', _all(training['ours'])]]),
-      '',
-      'HighPerfTrainer end to end (its own executor and distribution) is '
-      'not measured here; the lead adds it when the trainer benchmark runs '
-      'with the tuned artifact wired in.',
+          ['data', 'input pipeline', 'loop examples/s (median)',
+           'vs defaults', 'vs sequential', 'Trainer wall s (median)',
+           'all rounds (examples/s)'],
+          [[dataset, TRAINER_INPUTS[name],
+            f'{_median(runs[name]["loop"]):,.0f}',
+            f'{_median(runs[name]["loop"]) / _median(runs["defaults"]["loop"]):.2f}x',
+            f'{_median(runs[name]["loop"]) / _median(runs["sequential"]["loop"]):.2f}x',
+            f'{_median(runs[name]["wall"]):.1f}', _all(runs[name]['loop'])]
+           for dataset, runs in trainer.items() for name in TRAINER_INPUTS]),
       '',
       '## Goals',
       '',
@@ -405,13 +499,16 @@ def main(results_dir: str = 'benchmarks/results',
   pattern = os.path.join(scaled_dir, '*')
   stock_graph = _output(stock_root, 'transform_graph')
   rates = measure_readers(pattern, num_examples, stock_graph, tuned_config)
-  # A fresh process, so the reader measurements' caches and threads are gone.
-  training = json.loads(subprocess.run(
-      [sys.executable, '-m', 'benchmarks.bench_transform', '--train-worker',
-       pattern, stock_graph, os.path.join(tuned_uri, 'config.json')],
-      check=True, capture_output=True, text=True).stdout.splitlines()[-1])
-  body = render(transforms, rates, training, num_examples, tuned_config,
-                load_before, os.getloadavg()[0])
+  ours_examples = _output(ours_root, 'transformed_examples')
+  trainer = measure_trainer(
+      {'taxi': ours_examples,
+       'scaled': scaled_examples(ours_examples, scaled_dir)},
+      _output(ours_root, 'transform_graph'), tuned_uri, work)
+  from components.transform import input_pipeline  # pylint: disable=g-import-not-at-top
+  trainer_data = {'taxi': input_pipeline.count_records(glob.glob(os.path.join(
+      ours_examples, 'Split-train', '*')), 'GZIP'), 'scaled': num_examples}
+  body = render(transforms, rates, trainer, trainer_data, num_examples,
+                tuned_config, load_before, os.getloadavg()[0])
   os.makedirs(results_dir, exist_ok=True)
   shutil.copy(os.path.join(tuned_uri, 'report.md'),
               os.path.join(results_dir, 'transform_tuning_report.md'))
@@ -428,13 +525,13 @@ if __name__ == '__main__':
   parser.add_argument('--worker', nargs=4,
                       metavar=('VARIANT', 'EXAMPLES', 'SCHEMA', 'ROOT'),
                       help='internal: run one Transform step and exit')
-  parser.add_argument('--train-worker', nargs=3,
-                      metavar=('PATTERN', 'GRAPH', 'CONFIG'),
-                      help='internal: measure training examples/s and exit')
+  parser.add_argument('--trainer-worker', nargs=4,
+                      metavar=('EXAMPLES', 'GRAPH', 'TUNED', 'ROOT'),
+                      help='internal: run one HighPerfTrainer step and exit')
   args = parser.parse_args()
   if args.worker:
     transform_worker(*args.worker)
-  elif args.train_worker:
-    training_worker(*args.train_worker)
+  elif args.trainer_worker:
+    trainer_worker(*args.trainer_worker)
   else:
     print(main(args.results_dir, args.work_dir))

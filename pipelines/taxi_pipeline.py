@@ -75,8 +75,12 @@ def stock_trainer(inputs: TrainerInputs):
       eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps))
 
 
-def eval_config(accuracy_threshold: float) -> tfma.EvalConfig:
-  """Binary accuracy must reach the threshold and not regress."""
+def eval_config(accuracy_threshold: float,
+                compare_to_baseline: bool = True) -> tfma.EvalConfig:
+  """Binary accuracy must reach the threshold (and, comparing, not regress)."""
+  change_threshold = tfma.GenericChangeThreshold(
+      direction=tfma.MetricDirection.HIGHER_IS_BETTER,
+      absolute={'value': -1e-10}) if compare_to_baseline else None
   return tfma.EvalConfig(
       model_specs=[
           tfma.ModelSpec(
@@ -92,9 +96,7 @@ def eval_config(accuracy_threshold: float) -> tfma.EvalConfig:
                   threshold=tfma.MetricThreshold(
                       value_threshold=tfma.GenericValueThreshold(
                           lower_bound={'value': accuracy_threshold}),
-                      change_threshold=tfma.GenericChangeThreshold(
-                          direction=tfma.MetricDirection.HIGHER_IS_BETTER,
-                          absolute={'value': -1e-10}))),
+                      change_threshold=change_threshold)),
               tfma.MetricConfig(class_name='ExampleCount'),
           ])
       ])
@@ -111,6 +113,7 @@ def create_pipeline(
     train_steps: int = 1000,
     eval_steps: int = 150,
     accuracy_threshold: float = 0.6,
+    compare_to_baseline: bool = True,
     make_transform: TransformFactory = stock_transform,
     make_trainer: TrainerFactory = stock_trainer,
     extra_trainer_inputs: Optional[Callable[..., Dict]] = None,
@@ -132,6 +135,10 @@ def create_pipeline(
     train_steps: Trainer training steps.
     eval_steps: Trainer evaluation steps.
     accuracy_threshold: Evaluator's lower bound on binary accuracy.
+    compare_to_baseline: Also require no regression against the latest
+      blessed model (a Resolver feeds it to the Evaluator). False judges each
+      model on the accuracy bound alone, e.g. runs that are not ordered by
+      quality.
     make_transform: Builds the Transform step from (examples, schema, module).
     make_trainer: Builds the Trainer step from `TrainerInputs`.
     extra_trainer_inputs: Optional callable taking (examples, transform) and
@@ -175,17 +182,19 @@ def create_pipeline(
           transform_outputs=dict(transform.outputs),
           extra_inputs=extra_channels)).with_id(TRAINER_ID)
 
-  model_resolver = tfx.dsl.Resolver(
-      strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
-      model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-      model_blessing=tfx.dsl.Channel(
-          type=tfx.types.standard_artifacts.ModelBlessing)).with_id(
-              'latest_blessed_model_resolver')
+  baseline = []
+  if compare_to_baseline:
+    baseline = [tfx.dsl.Resolver(
+        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+        model_blessing=tfx.dsl.Channel(
+            type=tfx.types.standard_artifacts.ModelBlessing)).with_id(
+                'latest_blessed_model_resolver')]
   evaluator = tfx.components.Evaluator(
       examples=example_gen.outputs['examples'],
       model=trainer.outputs['model'],
-      baseline_model=model_resolver.outputs['model'],
-      eval_config=eval_config(accuracy_threshold))
+      baseline_model=baseline[0].outputs['model'] if baseline else None,
+      eval_config=eval_config(accuracy_threshold, compare_to_baseline))
   pusher = tfx.components.Pusher(
       model=trainer.outputs['model'],
       model_blessing=evaluator.outputs['blessing'],
@@ -195,7 +204,7 @@ def create_pipeline(
 
   components = [
       example_gen, statistics_gen, schema_gen, example_validator, transform,
-      *extra_components, trainer, model_resolver, evaluator, pusher
+      *extra_components, trainer, *baseline, evaluator, pusher
   ]
   return tfx.dsl.Pipeline(
       pipeline_name=pipeline_name,

@@ -1,5 +1,6 @@
 """The taxi pipeline factory wires every component, stock or ours."""
 
+import json
 import os
 
 import pytest
@@ -85,6 +86,19 @@ def test_eval_config_threshold(threshold):
   metric = config.metrics_specs[0].metrics[0]
   assert metric.class_name == 'BinaryAccuracy'
   assert metric.threshold.value_threshold.lower_bound.value == threshold
+  assert metric.threshold.HasField('change_threshold')
+
+
+def test_without_baseline_each_model_is_judged_on_the_bound_alone(tmp_path):
+  pipeline = _build(tmp_path, compare_to_baseline=False)
+  ids = [c.id for c in pipeline.components]
+  assert 'latest_blessed_model_resolver' not in ids
+  evaluator = next(c for c in pipeline.components if c.id == 'Evaluator')
+  assert 'baseline_model' not in evaluator.inputs
+  config = json.loads(evaluator.exec_properties['eval_config'])
+  threshold = config['metrics_specs'][0]['metrics'][0]['threshold']
+  assert 'change_threshold' not in threshold
+  assert threshold['value_threshold']['lower_bound'] == 0.6
 
 
 def test_module_file_builds_into_a_wheel_as_tfx_does_at_compile_time(tmp_path):

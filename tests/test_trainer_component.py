@@ -169,6 +169,7 @@ def test_managed_mode_needs_a_training_length():
 def test_auto_shard_policy_fits_the_file_count(tmp_path):
   policy = tf.data.experimental.AutoShardPolicy
   assert fn_args_lib.auto_shard_policy(4, 2) == policy.FILE
+  assert fn_args_lib.auto_shard_policy(2, 2) == policy.FILE
   assert fn_args_lib.auto_shard_policy(1, 2) == policy.DATA
   path = str(tmp_path / 'one.tfrecord')
   with tf.io.TFRecordWriter(path) as writer:

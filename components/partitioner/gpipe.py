@@ -46,6 +46,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from absl import logging
 import tensorflow as tf
 
+# Part of this module's API (see the docstring): stages need a device each.
+from components.devices import configure_logical_cpus  # pylint: disable=unused-import
 from components.partitioner import graph as graph_lib
 from components.partitioner import plan as plan_lib
 
@@ -56,26 +58,6 @@ def load_plan(plan_dir: str) -> Dict[str, Any]:
   """Reads plan.json from a PartitionPlan artifact directory."""
   with tf.io.gfile.GFile(os.path.join(plan_dir, plan_lib.PLAN_FILE)) as f:
     return json.load(f)
-
-
-def configure_logical_cpus(num_devices: int) -> None:
-  """Splits the CPU into `num_devices` logical devices.
-
-  Must run before TensorFlow initializes its devices (before the first op);
-  a process that already has enough logical CPUs is left as it is.
-  """
-  cpu = tf.config.list_physical_devices('CPU')[0]
-  try:
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
-  except RuntimeError as e:
-    existing = len(tf.config.list_logical_devices('CPU'))
-    if existing < num_devices:
-      raise RuntimeError(
-          f'cannot split the CPU into {num_devices} logical devices: '
-          f'TensorFlow already initialized {existing}. Call '
-          'configure_logical_cpus at process start, before any TensorFlow '
-          'op runs.') from e
 
 
 def stage_devices(num_stages: int) -> List[str]:

@@ -39,11 +39,14 @@ def feature_spec(task: TrainingTask) -> Dict[str, Any]:
     from tensorflow_metadata.proto.v0 import schema_pb2  # pylint: disable=g-import-not-at-top
     from tensorflow_transform.tf_metadata import schema_utils  # pylint: disable=g-import-not-at-top
     schema = schema_pb2.Schema()
-    with tf.io.gfile.GFile(task.schema_path) as f:
+    path = task.schema_path
+    if tf.io.gfile.isdir(path):  # A Schema artifact's folder.
+      path = os.path.join(path, 'schema.pbtxt')
+    with tf.io.gfile.GFile(path) as f:
       text_format.Parse(f.read(), schema)
     return schema_utils.schema_as_feature_spec(schema).feature_spec
-  raise ValueError('The dataset factory needs a transform_graph or a schema '
-                   'input to parse the examples; the Trainer got neither.')
+  raise ValueError('Parsing the examples needs a transform_graph or a schema '
+                   'input; the Trainer got neither.')
 
 
 class DatasetFactory:

@@ -23,7 +23,6 @@ of data-parallel replicas; checkpoints, resume, eval and export are the same.
 import dataclasses
 import importlib
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
@@ -36,6 +35,7 @@ import tensorflow as tf
 from components.partitioner import gpipe
 from components.trainer import checkpointing
 from components.trainer import export
+from components.trainer import fn_args
 from components.trainer import preemption
 from components.trainer.config import DistributionConfig
 from components.trainer.task import TrainingTask
@@ -51,7 +51,6 @@ PROGRESS_EVERY_SECONDS = 0.1
 PS_STEPS_PER_JOIN = 50
 # Batches each parameter-server worker shuffles over (its own order).
 PS_SHUFFLE_BATCHES = 16
-RESULT_FILE = 'training_result.json'
 _PER_WORKER_SEED = object()
 
 
@@ -93,16 +92,11 @@ def _data_for(task: TrainingTask, module) -> _Data:
     if not hasattr(module, name):
       raise ValueError(f'Managed mode needs `{name}` in the module '
                        f'{module.__name__}; it does not define it.')
+  feature_spec = fn_args.feature_spec(task)
   tf_transform_output = None
   if task.transform_output:
     import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
     tf_transform_output = tft.TFTransformOutput(task.transform_output)
-    feature_spec = tf_transform_output.transformed_feature_spec()
-  elif task.schema_path:
-    feature_spec = _feature_spec_from_schema(task.schema_path)
-  else:
-    raise ValueError('Managed mode needs a transform_output or a schema_path '
-                     'to parse the examples; the task has neither.')
   config = input_pipeline.InputPipelineConfig.from_dict(task.input_pipeline)
   if not config.deterministic:
     logging.warning('input_pipeline.deterministic is False: a resumed run '
@@ -111,26 +105,6 @@ def _data_for(task: TrainingTask, module) -> _Data:
   return _Data(feature_spec=feature_spec, label_key=module.LABEL_KEY,
                raw_label_key=getattr(module, 'RAW_LABEL_KEY', None),
                config=config, tf_transform_output=tf_transform_output)
-
-
-def _feature_spec_from_schema(schema_path: str) -> Dict[str, Any]:
-  # pylint: disable=g-import-not-at-top
-  from google.protobuf import text_format
-  from tensorflow_metadata.proto.v0 import schema_pb2
-  from tensorflow_transform.tf_metadata import schema_utils
-  # pylint: enable=g-import-not-at-top
-  if tf.io.gfile.isdir(schema_path):
-    schema_path = os.path.join(schema_path, 'schema.pbtxt')
-  with tf.io.gfile.GFile(schema_path) as f:
-    schema = text_format.Parse(f.read(), schema_pb2.Schema())
-  return schema_utils.schema_as_feature_spec(schema).feature_spec
-
-
-def _auto_shard_policy(num_files: int, num_workers: int):
-  """FILE sharding when every worker gets a file, else DATA (by record)."""
-  if num_files >= num_workers:
-    return tf.data.experimental.AutoShardPolicy.FILE
-  return tf.data.experimental.AutoShardPolicy.DATA
 
 
 def _rows(value, start, size: int):
@@ -577,7 +551,7 @@ class _ManagedTraining:
         batch_size=self.global_batch, config=self.data.config, shuffle=False,
         seed=DATA_SEED)
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = _auto_shard_policy(
+    options.experimental_distribute.auto_shard_policy = fn_args.auto_shard_policy(
         len(input_pipeline.list_files(self.task.eval_files)),
         _num_workers(self.strategy))
     return dataset.with_options(options)
@@ -672,13 +646,7 @@ class _ManagedTraining:
             'remat': self.plan['remat'],
         },
     })
-    result = _json_value(result)
-    if self.is_chief:
-      tf.io.gfile.makedirs(self.task.model_run_dir)
-      with tf.io.gfile.GFile(
-          os.path.join(self.task.model_run_dir, RESULT_FILE), 'w') as f:
-        f.write(json.dumps(result, sort_keys=True, indent=1))
-    return result
+    return _json_value(result)
 
 
 class _StepStats:
@@ -748,8 +716,9 @@ def run_managed_training(task: TrainingTask,
                          strategy: tf.distribute.Strategy) -> Dict[str, Any]:
   """Trains (resuming if a checkpoint exists), evaluates and exports.
 
-  Returns the JSON-serializable result (also written by the chief to
-  `<model_run_dir>/training_result.json`); `preempted: true` means training
+  Returns the JSON-serializable result (the worker's chief writes it, with
+  what it adds, to `<model_run_dir>/training_result.json`); `preempted: true`
+  means training
   stopped at a checkpoint after SIGTERM: exit with
   `preemption.PREEMPTED_EXIT_CODE` and run again to resume.
   """

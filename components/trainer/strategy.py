@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any, Dict, Tuple
 
+from components import devices
 from components.trainer.config import CONCRETE_STRATEGIES
 from components.trainer.config import DistributionConfig
 from components.trainer.config import LOGICAL_CPU_STRATEGIES
@@ -155,24 +156,15 @@ def is_chief(tf_config: Dict[str, Any]) -> bool:
 def configure_logical_cpus(num_devices: int) -> None:
   """Splits the CPU into `num_devices` logical devices; call before TF runs.
 
-  Raises a clear error where TensorFlow already initialized its devices in
-  this process differently (launcher `in_process` inside a pipeline run).
+  The error names the trainer settings to change where TensorFlow already
+  started in this process (launcher `in_process` inside a pipeline run).
   """
-  if num_devices <= 1:
-    return
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  cpu = tf.config.list_physical_devices('CPU')[0]
   try:
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+    devices.configure_logical_cpus(num_devices)
   except RuntimeError as e:
-    existing = len(tf.config.list_logical_devices('CPU'))
-    if existing == num_devices:
-      return
     raise RuntimeError(
         f'logical_cpu_devices={num_devices} needs a TensorFlow runtime that '
-        f'has not started yet, but this process already runs TF with '
-        f'{existing} CPU device(s). Use launcher=\'local\' (a fresh training '
+        f'has not started yet: {e} Use launcher=\'local\' (a fresh training '
         'process) or set logical_cpu_devices=0.') from e
 
 

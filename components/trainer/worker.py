@@ -48,13 +48,6 @@ def run_server() -> None:
   server.join()
 
 
-def count_records(file_patterns: List[str], compression_type: str) -> int:
-  """Records in TFRecord files (for epoch-based lengths)."""
-  dataset = tf.data.TFRecordDataset(input_pipeline.list_files(file_patterns),
-                                    compression_type=compression_type)
-  return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-
-
 def resolve_lengths(task: TrainingTask, num_replicas: int) -> TrainingTask:
   """The task with concrete batch sizes and step counts for `num_replicas`.
 
@@ -71,10 +64,12 @@ def resolve_lengths(task: TrainingTask, num_replicas: int) -> TrainingTask:
       task.input_pipeline).compression_type
   train_steps, eval_steps = task.train_steps, task.eval_steps
   if config.train_epochs:
-    examples = count_records(task.train_files, compression)
+    examples = input_pipeline.count_records(
+        input_pipeline.list_files(task.train_files), compression)
     train_steps = max(1, config.train_epochs * examples // examples_per_update)
   if task.mode == 'managed' and not eval_steps:
-    examples = count_records(task.eval_files, compression)
+    examples = input_pipeline.count_records(
+        input_pipeline.list_files(task.eval_files), compression)
     eval_steps = max(1, examples // (per_replica * num_replicas))
   distribution = dataclasses.replace(
       config, per_replica_batch_size=per_replica, global_batch_size=None,

@@ -27,6 +27,7 @@ from tfx.utils import io_utils
 from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+from components.transform import input_pipeline
 from components.transform import report
 from components.transform import sharding
 from components.transform import tuner
@@ -130,7 +131,7 @@ def _reshard(transformed: List[types.Artifact], splits: List[str],
     counts[split] = 0
     for uri in artifact_utils.get_split_uris(transformed, split):
       counts[split] += (sharding.reshard(uri, num_shards).num_records
-                        if num_shards else sharding.count_records(
+                        if num_shards else input_pipeline.count_records(
                             tf.io.gfile.glob(os.path.join(uri, '*')),
                             'GZIP'))
   return counts

@@ -38,6 +38,7 @@ CACHE_MODES = ('none', 'memory', 'disk')
 TRANSFORM_PLACEMENTS = ('materialized', 'on_the_fly')
 COMPRESSION_TYPES = ('GZIP', 'ZLIB', '')
 MIN_READ_BATCH = 512
+_COUNT_BATCH = 4096
 # TFX lays out every split of an Examples artifact as `<uri>/Split-<name>/`.
 _SPLIT_DIR = re.compile(r'(?:^|/)Split-([^/]+)/')
 
@@ -128,6 +129,15 @@ def list_files(file_patterns: List[str]) -> List[str]:
   if not files:
     raise ValueError(f'No files match {file_patterns}.')
   return files
+
+
+def count_records(files: List[str], compression_type: str) -> int:
+  """Records in TFRecord files (for shard sizes and epoch lengths)."""
+  # Eager batches: no tf.function to trace, which costs more than counting a
+  # small split.
+  dataset = tf.data.TFRecordDataset(files, compression_type=compression_type)
+  return sum(len(batch) for batch in
+             dataset.batch(_COUNT_BATCH).as_numpy_iterator())
 
 
 def split_of(file_patterns: List[str]) -> str:

@@ -28,14 +28,6 @@ class ShardedSplit:
   resharded: bool
 
 
-def count_records(files: List[str], compression_type: str) -> int:
-  # Eager batches: no tf.function to trace, which costs more than counting a
-  # small split.
-  dataset = tf.data.TFRecordDataset(files, compression_type=compression_type)
-  return sum(len(batch) for batch in
-             dataset.batch(_WRITE_BATCH).as_numpy_iterator())
-
-
 def reshard(split_dir: str, num_shards: int,
             compression_type: str = 'GZIP') -> ShardedSplit:
   """Rewrites the files of `split_dir` as `num_shards` files (if fewer).
@@ -47,7 +39,7 @@ def reshard(split_dir: str, num_shards: int,
     compression_type: Compression of the existing and the new files.
   """
   files = input_pipeline.list_files([os.path.join(split_dir, '*')])
-  num_records = count_records(files, compression_type)
+  num_records = input_pipeline.count_records(files, compression_type)
   num_shards = min(num_shards, num_records)
   if len(files) >= num_shards:
     return ShardedSplit(files, num_records, resharded=False)

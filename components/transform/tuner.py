@@ -18,7 +18,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from components.transform import input_pipeline
-from components.transform import sharding
 from components.transform.config import TuningConfig
 from components.transform.input_pipeline import AUTOTUNE, InputPipelineConfig
 
@@ -260,7 +259,7 @@ class _Clock:
 
 def estimate_num_examples(files: List[str], compression: str) -> int:
   """Records in `files`, from the first file's records per byte."""
-  per_byte = sharding.count_records(files[:1], compression) / max(
+  per_byte = input_pipeline.count_records(files[:1], compression) / max(
       tf.io.gfile.stat(files[0]).length, 1)
   return round(per_byte * sum(tf.io.gfile.stat(f).length for f in files))
 
