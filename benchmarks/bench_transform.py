@@ -147,6 +147,17 @@ def transform_worker(variant: str, examples_uri: str, schema_uri: str,
   _run_pipeline(root, [examples, schema, transform])
 
 
+def _run_worker(*args: str) -> None:
+  """This module in a fresh process; its log's tail if it fails."""
+  proc = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.bench_transform', *args],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      check=False)
+  if proc.returncode:
+    raise RuntimeError(f'{" ".join(args[:2])} failed '
+                       f'(exit {proc.returncode}):\n{proc.stdout[-4000:]}')
+
+
 def time_transforms(upstream: Dict[str, str], work: str) -> Dict[str, List]:
   """Transform wall seconds per variant, alternating fresh processes."""
   seconds = {'stock': [], 'optimized': [], 'overhead': []}
@@ -154,10 +165,8 @@ def time_transforms(upstream: Dict[str, str], work: str) -> Dict[str, List]:
   for round_index in range(TRANSFORM_ROUNDS):
     for variant in ('stock', 'optimized'):
       root = os.path.join(work, f'transform_{variant}_{round_index}')
-      subprocess.run(
-          [sys.executable, '-m', 'benchmarks.bench_transform', '--worker',
-           variant, upstream['examples'], upstream['schema'], root],
-          check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+      _run_worker('--worker', variant, upstream['examples'],
+                  upstream['schema'], root)
       step = _step_seconds(os.path.join(root, 'metadata.db'))
       seconds[variant].append(step['step'])
       if variant == 'optimized':
@@ -334,11 +343,8 @@ def measure_trainer(datasets: Dict[str, str], graph_uri: str,
     for dataset, examples_uri in datasets.items():
       for name in order:
         root = os.path.join(work, f'trainer_{dataset}_{name}_{round_index}')
-        subprocess.run(
-            [sys.executable, '-m', 'benchmarks.bench_transform',
-             '--trainer-worker', examples_uri, graph_uri, artifacts[name],
-             root], check=True, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+        _run_worker('--trainer-worker', examples_uri, graph_uri,
+                    artifacts[name], root)
         for key, value in _trainer_result(root).items():
           results[dataset][name][key].append(value)
         print(f'[bench_transform] HighPerfTrainer {dataset} {name}: '
@@ -482,7 +488,7 @@ def render(transforms, rates, trainer, trainer_data, num_examples,
 def main(results_dir: str = 'benchmarks/results',
          work_dir: str = None) -> str:
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
-  from components.transform.input_pipeline import InputPipelineConfig  # pylint: disable=g-import-not-at-top
+  from components.transform import input_pipeline  # pylint: disable=g-import-not-at-top
   work = work_dir or tempfile.mkdtemp(prefix='bench_transform_')
   load_before = os.getloadavg()[0]
   upstream = run_upstream(os.path.join(work, 'upstream'))
@@ -491,7 +497,7 @@ def main(results_dir: str = 'benchmarks/results',
   ours_root = transforms['roots']['optimized']
   tuned_uri = _output(ours_root, 'tuned_input_pipeline')
   with open(os.path.join(tuned_uri, 'config.json')) as f:
-    tuned_config = InputPipelineConfig.from_dict(json.load(f))
+    tuned_config = input_pipeline.InputPipelineConfig.from_dict(json.load(f))
   scaled_dir = os.path.join(work, 'scaled', 'Split-train')
   num_examples = scale_split(
       os.path.join(_output(stock_root, 'transformed_examples'), 'Split-train'),
@@ -504,7 +510,6 @@ def main(results_dir: str = 'benchmarks/results',
       {'taxi': ours_examples,
        'scaled': scaled_examples(ours_examples, scaled_dir)},
       _output(ours_root, 'transform_graph'), tuned_uri, work)
-  from components.transform import input_pipeline  # pylint: disable=g-import-not-at-top
   trainer_data = {'taxi': input_pipeline.count_records(glob.glob(os.path.join(
       ours_examples, 'Split-train', '*')), 'GZIP'), 'scaled': num_examples}
   body = render(transforms, rates, trainer, trainer_data, num_examples,
