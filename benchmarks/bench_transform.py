@@ -378,6 +378,11 @@ def render(transforms, rates, trainer, trainer_data, num_examples,
   stock_s, ours_s, overhead_s = (_median(transforms['seconds'][k])
                                  for k in ('stock', 'optimized', 'overhead'))
   ok = lambda passed: 'yes' if passed else '**no**'  # pylint: disable=g-long-lambda
+
+  def loop_ratio(dataset: str, name: str, baseline: str) -> float:
+    runs = trainer[dataset]
+    return _median(runs[name]['loop']) / _median(runs[baseline]['loop'])
+
   lines = [
       f'Reader: transformed taxi train split copied to {num_examples:,} '
       f'examples (gzip TFRecords), batch {BATCH_SIZE}, full epochs iterated '
@@ -458,6 +463,18 @@ def render(transforms, rates, trainer, trainer_data, num_examples,
             f'{_median(runs[name]["wall"]):.1f}', _all(runs[name]['loop'])]
            for dataset, runs in trainer.items() for name in TRAINER_INPUTS]),
       '',
+      f'With the tuned artifact HighPerfTrainer trained '
+      f'{loop_ratio("taxi", "tuned", "defaults"):.2f}x as fast as with the '
+      'defaults on the taxi split (cached epochs) and '
+      f'{loop_ratio("scaled", "tuned", "defaults"):.2f}x on the first epoch '
+      'of the scaled copy; the sequential config trained '
+      f'{loop_ratio("taxi", "sequential", "defaults"):.2f}x and '
+      f'{loop_ratio("scaled", "sequential", "defaults"):.2f}x as fast as the '
+      'defaults. The training step bounds these rates, not the reader: even '
+      f'the stock reader alone delivers {stock:,.0f} examples/s (above), more '
+      'than any run trained, so what the input pipeline changes is how much '
+      'CPU it takes from the training step on the 2 shared cores.',
+      '',
       '## Goals',
       '',
       report.table(
@@ -512,6 +529,9 @@ def main(results_dir: str = 'benchmarks/results',
       _output(ours_root, 'transform_graph'), tuned_uri, work)
   trainer_data = {'taxi': input_pipeline.count_records(glob.glob(os.path.join(
       ours_examples, 'Split-train', '*')), 'GZIP'), 'scaled': num_examples}
+  with open(os.path.join(work, 'measurements.json'), 'w') as f:
+    json.dump({'transforms': transforms, 'rates': rates, 'trainer': trainer,
+               'trainer_data': trainer_data}, f, indent=1)
   body = render(transforms, rates, trainer, trainer_data, num_examples,
                 tuned_config, load_before, os.getloadavg()[0])
   os.makedirs(results_dir, exist_ok=True)
