@@ -211,3 +211,16 @@ def test_two_replica_strategies_split_every_batch(tmp_path, data, strategy):
   assert all(len(ids) == 4 for ids in by_step.values())
   assert sorted(i for ids in by_step.values() for i in ids) == list(
       range(NUM_EXAMPLES))
+
+
+def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
+  steady = loop._StepStats(start_step=0)  # pylint: disable=protected-access
+  steady.steps_done(50)  # One parameter-server join: tracing included.
+  only_join = steady.summary(50, 0.1, preempted=False)
+  assert only_join['steps_per_sec'] > 0
+  assert only_join['rate_includes_first_step'] is True
+  steady.steps_done(50)
+  two_joins = steady.summary(100, 0.1, preempted=False)
+  assert two_joins['steps_per_sec'] > 0
+  assert two_joins['rate_includes_first_step'] is False
+  assert loop._StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0  # pylint: disable=protected-access

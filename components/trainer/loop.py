@@ -651,7 +651,12 @@ class _ManagedTraining:
 
 class _StepStats:
   """Steps of this attempt and their steady rate (after the first step, which
-  includes tracing; the periodic checkpoint waits are included)."""
+  includes tracing; the periodic checkpoint waits are included).
+
+  Where all steps ended at once (one parameter-server join), there is no
+  steady part: the rate then spans the whole attempt, tracing included, and
+  `rate_includes_first_step` says so.
+  """
 
   def __init__(self, start_step: int):
     self.start_step = start_step
@@ -677,15 +682,20 @@ class _StepStats:
     self.last = (now, self.steps)
 
   def summary(self, step: int, loss: float, preempted: bool) -> Dict[str, Any]:
-    steps_per_sec = 0.0
+    steps_per_sec, whole_attempt = 0.0, False
     if self.first and self.last[1] > self.first[1]:
       steps_per_sec = (self.last[1] - self.first[1]) / max(
           self.last[0] - self.first[0], 1e-9)
+    elif self.first:
+      steps_per_sec = self.steps / max(self.first[0] - self.began, 1e-9)
+      whole_attempt = True
     return {'steps': step, 'start_step': self.start_step,
             'steps_this_attempt': self.steps, 'train_loss': loss,
             'first_step_seconds': self.first_step_seconds,
             'first_step_time': self.first_step_time,
-            'steps_per_sec': steps_per_sec, 'preempted': preempted}
+            'steps_per_sec': steps_per_sec,
+            'rate_includes_first_step': whole_attempt,
+            'preempted': preempted}
 
 
 def skip_autograph_for_tf_keras() -> None:
