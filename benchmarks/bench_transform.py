@@ -84,20 +84,22 @@ def _store(metadata_path: str):
   return metadata_store.MetadataStore(config)
 
 
+def _wall_seconds(metadata_path: str, node_id: str) -> float:
+  """A step's wall time: its MLMD execution's lifetime."""
+  from pipelines import summary  # pylint: disable=g-import-not-at-top
+  run = summary.read_run(metadata_path)
+  return {e.node_id: e.wall_s for e in run.executions}[node_id]
+
+
 def _step_seconds(metadata_path: str) -> Dict[str, float]:
   """The Transform step's wall time, and for ours the stock part inside it.
 
-  The step's time is its MLMD execution's lifetime; OptimizedTransform
-  records the stock Transform's share as a custom property.
+  OptimizedTransform records the stock Transform's share as a custom
+  property.
   """
   from components.types import TunedInputPipeline  # pylint: disable=g-import-not-at-top
-  store = _store(metadata_path)
-  names = {t.id: t.name for t in store.get_execution_types()}
-  [execution] = [e for e in store.get_executions()
-                 if names[e.type_id].endswith('Transform')]
-  result = {'step': (execution.last_update_time_since_epoch -
-                     execution.create_time_since_epoch) / 1000}
-  for artifact in store.get_artifacts_by_type(
+  result = {'step': _wall_seconds(metadata_path, 'Transform')}
+  for artifact in _store(metadata_path).get_artifacts_by_type(
       TunedInputPipeline.TYPE_NAME):
     result['stock_inside'] = artifact.custom_properties[
         'transform_seconds'].double_value
@@ -299,19 +301,15 @@ def trainer_worker(examples_uri: str, graph_uri: str, tuned_uri: str,
 
 def _trainer_result(root: str) -> Dict[str, float]:
   """The loop's steady examples/s and the Trainer step's wall seconds."""
-  store = _store(os.path.join(root, 'metadata.db'))
-  names = {t.id: t.name for t in store.get_execution_types()}
-  [execution] = [e for e in store.get_executions()
-                 if names[e.type_id].endswith('HighPerfTrainer')]
-  [model_run] = store.get_artifacts_by_type('ModelRun')
+  metadata_path = os.path.join(root, 'metadata.db')
+  [model_run] = _store(metadata_path).get_artifacts_by_type('ModelRun')
   with open(os.path.join(model_run.uri, 'training_result.json')) as f:
     result = json.load(f)
   if result['steps'] != TRAINER_STEPS:
     raise RuntimeError(f'HighPerfTrainer trained {result["steps"]} steps, not '
                        f'{TRAINER_STEPS}: {result}')
   return {'loop': result['examples_per_sec'],
-          'wall': (execution.last_update_time_since_epoch -
-                   execution.create_time_since_epoch) / 1000}
+          'wall': _wall_seconds(metadata_path, 'Trainer')}
 
 
 def _sequential_artifact(tuned_uri: str, work: str) -> str:

@@ -551,9 +551,10 @@ class _ManagedTraining:
         batch_size=self.global_batch, config=self.data.config, shuffle=False,
         seed=DATA_SEED)
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = fn_args.auto_shard_policy(
-        len(input_pipeline.list_files(self.task.eval_files)),
-        _num_workers(self.strategy))
+    options.experimental_distribute.auto_shard_policy = (
+        fn_args.auto_shard_policy(
+            len(input_pipeline.list_files(self.task.eval_files)),
+            _num_workers(self.strategy)))
     return dataset.with_options(options)
 
   def evaluate(self, model: tf.keras.Model,
@@ -728,8 +729,7 @@ def run_managed_training(task: TrainingTask,
 
   Returns the JSON-serializable result (the worker's chief writes it, with
   what it adds, to `<model_run_dir>/training_result.json`); `preempted: true`
-  means training
-  stopped at a checkpoint after SIGTERM: exit with
+  means training stopped at a checkpoint after SIGTERM: exit with
   `preemption.PREEMPTED_EXIT_CODE` and run again to resume.
   """
   skip_autograph_for_tf_keras()
