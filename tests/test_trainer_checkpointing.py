@@ -177,10 +177,10 @@ def test_crash_before_manifest_never_looks_valid(root, monkeypatch):
   store = CheckpointStore(root + '/fp', state.checkpoint)
   _save_steps(store, state, [4])
 
-  def crash(*unused_args):
+  def crash(*unused_args, **unused_kwargs):
     raise KeyboardInterrupt('killed while publishing')
 
-  monkeypatch.setattr(checkpointing, '_write_json_atomically', crash)
+  monkeypatch.setattr(checkpointing.storage, 'write_json', crash)
   state.set(8)
   with pytest.raises(KeyboardInterrupt):
     store.save(8)

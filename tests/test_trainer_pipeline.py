@@ -15,11 +15,13 @@ import threading
 import time
 
 import pytest
+import tensorflow as tf
 from ml_metadata import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
 
 from components import HighPerfTrainer
+from components.trainer.task import TrainingTask
 from pipelines import data
 from pipelines import summary
 from pipelines import taxi_pipeline
@@ -175,18 +177,32 @@ def test_worker_crash_fails_the_component_with_its_log(strategies_root,
   assert re.search(r"Training process 'worker-\d' exited with code 1",
                    message), message
   assert 'not-a-size' in message  # From the worker's own traceback.
-  leftovers = [pid for pid in os.listdir('/proc') if pid.isdigit() and
-               'components.trainer.worker' in _cmdline(pid) and
-               strategies_root in _cmdline(pid)]
-  assert not leftovers
+  assert not _training_processes(strategies_root)
 
 
-def _cmdline(pid: str) -> str:
-  try:
-    with open(f'/proc/{pid}/cmdline', 'rb') as f:
-      return f.read().decode(errors='replace')
-  except OSError:
-    return ''
+def _training_processes(root: str) -> list:
+  """Pids of training processes of a task that writes under `root`.
+
+  Workers read their task from a local file the executor deletes once the
+  cluster stopped, so a worker whose task file is gone is a leftover too.
+  """
+  pids = []
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        argv = f.read().decode(errors='replace').split('\0')
+    except OSError:
+      continue
+    if 'components.trainer.worker' not in argv or '--task' not in argv:
+      continue
+    try:
+      task = TrainingTask.load(argv[argv.index('--task') + 1])
+    except (OSError, ValueError, tf.errors.OpError):
+      pids.append(int(pid))
+      continue
+    if task.model_run_dir.startswith(root):
+      pids.append(int(pid))
+  return pids
 
 
 def test_stock_taxi_module_runs_unchanged(tmp_path, taxi_sample_dir):
@@ -208,13 +224,10 @@ def _kill_trainer_after_first_checkpoint(root: str, killed: list) -> None:
   while time.time() < deadline and not killed:
     if glob.glob(os.path.join(root, '_hpm_checkpoints', '**', 'ckpt-*',
                               'MANIFEST.json'), recursive=True):
-      for pid in os.listdir('/proc'):
-        command = _cmdline(pid)
-        if (pid.isdigit() and 'components.trainer.worker' in command and
-            root in command):
-          os.kill(int(pid), signal.SIGKILL)
-          killed.append(int(pid))
-          return
+      for pid in _training_processes(root):
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        return
     time.sleep(0.05)
 
 

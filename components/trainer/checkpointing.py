@@ -15,11 +15,12 @@ Layout of one checkpoint directory (any `tf.io.gfile` filesystem):
   events.json                 resume events of every attempt (chief only)
   progress.json               last step reached, so a restart knows what it lost
 
-The manifest is the commit point: it is written last, atomically (a temporary
-file renamed over the target; object stores publish an object only when its
-upload completes), so a crash mid-write leaves a directory without a manifest,
-which is never restored. Directory renames are avoided on purpose: they are
-copy-and-delete on object stores. Restore re-checks every listed file's size
+The manifest is the commit point: it is written last, atomically
+(`storage.write_json`: an object store publishes an object only when its
+upload completes; a local file is renamed over the target), so a crash
+mid-write leaves a directory without a manifest, which is never restored.
+Directory renames are avoided on purpose: object stores cannot rename a
+folder atomically (TF's GCS plugin cannot rename one at all). Restore re-checks every listed file's size
 and hash and falls back to the previous checkpoint when one does not match.
 """
 
@@ -31,12 +32,12 @@ import shutil
 import tempfile
 import threading
 import time
-import uuid
 from typing import Any, Dict, List, Optional
 
 from absl import logging
 import tensorflow as tf
 
+from components import storage
 from components.json_config import JsonConfig
 
 MANIFEST_NAME = 'MANIFEST.json'
@@ -163,25 +164,6 @@ def _sha256(path: str) -> str:
       digest.update(chunk)
 
 
-def _write_json_atomically(path: str, value: Any) -> None:
-  """Writes `path` so that readers see the old or the new content, never half.
-
-  Object stores publish an object only once its upload completes; on other
-  filesystems a rename over the target is atomic.
-  """
-  temp = f'{path}.tmp-{uuid.uuid4().hex}'
-  with tf.io.gfile.GFile(temp, 'w') as f:
-    f.write(json.dumps(value, sort_keys=True, indent=1))
-  tf.io.gfile.rename(temp, path, overwrite=True)
-
-
-def _read_json(path: str) -> Optional[Any]:
-  if not tf.io.gfile.exists(path):
-    return None
-  with tf.io.gfile.GFile(path, 'r') as f:
-    return json.loads(f.read())
-
-
 class CheckpointStore:
   """Saves, verifies, restores and prunes checkpoints of one training.
 
@@ -233,7 +215,7 @@ class CheckpointStore:
     manifest = {'version': _MANIFEST_VERSION, 'step': int(step),
                 'created': time.time(), 'files': files, 'extra': extra or {}}
     # Publishing: without its manifest a checkpoint is never restored.
-    _write_json_atomically(_join(final_dir, MANIFEST_NAME), manifest)
+    storage.write_json(_join(final_dir, MANIFEST_NAME), manifest, atomic=True)
     self._prune()
     return final_dir
 
@@ -257,7 +239,7 @@ class CheckpointStore:
     """Returns the manifest of `path`; raises CorruptCheckpointError."""
     manifest_path = _join(path, MANIFEST_NAME)
     try:
-      manifest = _read_json(manifest_path)
+      manifest = storage.read_json(manifest_path)
     except (ValueError, tf.errors.OpError) as e:
       raise CorruptCheckpointError(f'unreadable manifest: {e}') from e
     if manifest is None:
@@ -328,19 +310,20 @@ class CheckpointStore:
     return others
 
   def read_events(self) -> List[Dict[str, Any]]:
-    return _read_json(_join(self.directory, EVENTS_NAME)) or []
+    return storage.read_json(_join(self.directory, EVENTS_NAME)) or []
 
   def append_event(self, event: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Adds `event` to the events of this training (chief only); returns all."""
     events = self.read_events() + [event]
     if self._is_chief:
       tf.io.gfile.makedirs(self.directory)
-      _write_json_atomically(_join(self.directory, EVENTS_NAME), events)
+      storage.write_json(_join(self.directory, EVENTS_NAME), events,
+                         atomic=True)
     return events
 
   def read_progress(self) -> Optional[Dict[str, Any]]:
     try:
-      return _read_json(_join(self.directory, PROGRESS_NAME))
+      return storage.read_json(_join(self.directory, PROGRESS_NAME))
     except (ValueError, tf.errors.OpError):
       return None
 
@@ -348,8 +331,8 @@ class CheckpointStore:
     """Records the last step reached, to count lost steps after a crash."""
     if self._is_chief:
       tf.io.gfile.makedirs(self.directory)
-      _write_json_atomically(_join(self.directory, PROGRESS_NAME),
-                             {'step': int(step), 'time': time.time()})
+      storage.write_json(_join(self.directory, PROGRESS_NAME),
+                         {'step': int(step), 'time': time.time()}, atomic=True)
 
   def delete_all(self) -> None:
     """Removes the whole checkpoint directory (after a successful export)."""
@@ -367,7 +350,7 @@ class ProgressMarker:
   """
 
   def __init__(self, store: CheckpointStore,
-               min_interval_seconds: float = 0.1):
+               min_interval_seconds: float = 1.0):
     self._store = store
     self._min_interval_seconds = min_interval_seconds
     self._step = None

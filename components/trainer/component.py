@@ -33,6 +33,7 @@ from components.trainer import config as config_lib
 from components.trainer import executor
 
 
+DEFAULT_NODE_ID = 'Trainer'
 _MODULE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*')
 
 
@@ -167,6 +168,10 @@ class HighPerfTrainer(base_component.BaseComponent):
         model=types.Channel(type=standard_artifacts.Model),
         model_run=types.Channel(type=standard_artifacts.ModelRun))
     super().__init__(spec=spec)
+    # The stock Trainer's node id (`.with_id()` still overrides): a pipeline
+    # that only changes the import keeps its pipeline-root layout, MLMD
+    # contexts, cache and resolvers.
+    self.id = DEFAULT_NODE_ID
     if module_file and udf_utils.should_package_user_modules():
       # As the stock Trainer: the module file travels as a wheel, and
       # `module_path` points into it at run time.

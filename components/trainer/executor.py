@@ -14,7 +14,9 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
+import tempfile
 from types import ModuleType
 from typing import Any, Dict, List, Optional
 
@@ -23,10 +25,12 @@ from tfx import types
 from tfx.components.trainer import executor as trainer_executor
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_executor
+from tfx.dsl.io import fileio
 from tfx.types import artifact_utils
 from tfx.types import standard_component_specs
 from tfx.utils import io_utils
 
+from components import storage
 from components.trainer import checkpointing
 from components.trainer import config as config_lib
 from components.trainer import launcher
@@ -74,8 +78,10 @@ def _read_json_artifact(artifacts: Optional[List[types.Artifact]],
   if not artifacts:
     return None
   path = os.path.join(artifact_utils.get_single_uri(artifacts), name)
-  with open(io_utils.ensure_local(path)) as f:
-    return json.load(f)
+  value = storage.read_json(path)
+  if value is None:
+    raise FileNotFoundError(f'Input artifact file {path} does not exist.')
+  return value
 
 
 def _load_module(module_file: Optional[str], module_path: Optional[str],
@@ -118,12 +124,17 @@ class Executor(base_executor.BaseExecutor):
          output_dict: Dict[str, List[types.Artifact]],
          exec_properties: Dict[str, Any]) -> None:
     self._log_startup(input_dict, output_dict, exec_properties)
+    # Absent when the executor runs with the stock Trainer's properties: a
+    # drop-in then trains with the defaults.
     config = config_lib.DistributionConfig.from_json(
-        exec_properties[DISTRIBUTION_KEY])
+        exec_properties.get(DISTRIBUTION_KEY))
     fault_tolerance = checkpointing.CheckpointConfig.from_json(
         exec_properties.get(FAULT_TOLERANCE_KEY))
     model_run = artifact_utils.get_single_instance(
         output_dict[standard_component_specs.MODEL_RUN_KEY])
+    # Before anything costly: an unwritable pipeline root (or checkpoint
+    # root, below) fails now, naming the path and the storage's error.
+    storage.check_writable(model_run.uri, 'model_run output')
 
     env = strategy_lib.detect_environment(config)
     config, reason = strategy_lib.resolve(config, env)
@@ -142,11 +153,11 @@ class Executor(base_executor.BaseExecutor):
         props[standard_component_specs.MODULE_PATH_KEY] = module_name
       task = self._make_task(input_dict, output_dict, props, config,
                              fault_tolerance, module_identity)
-      task_path = os.path.join(task.model_run_dir, TASK_FILE)
-      task.save(task_path)
-      result = self._train(task, task_path, config, fault_tolerance)
+      storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
+      task.save(os.path.join(task.model_run_dir, TASK_FILE))
+      result = self._train(task, config, fault_tolerance)
 
-    if not os.path.exists(task.serving_model_dir):
+    if not fileio.exists(task.serving_model_dir):
       raise RuntimeError(f'Training finished but wrote no model to '
                          f'{task.serving_model_dir}.')
     self._record_result(model_run, result)
@@ -209,30 +220,55 @@ class Executor(base_executor.BaseExecutor):
             'exec_properties': props,
         })
 
-  def _train(self, task: TrainingTask, task_path: str,
+  def _train(self, task: TrainingTask,
              config: config_lib.DistributionConfig,
              fault_tolerance: checkpointing.CheckpointConfig
             ) -> Dict[str, Any]:
     if config.launcher == 'in_process':
       return worker.run_in_process(task)
+    shared = {'model': task.serving_model_dir, 'model_run': task.model_run_dir,
+              'checkpoints': task.checkpoint_dir}
+    unshared = {k: v for k, v in shared.items() if storage.is_process_local(v)}
+    if unshared:
+      raise ValueError(
+          f"launcher='local' trains in child processes, which cannot see "
+          f'{unshared}: that filesystem lives in one process. Use '
+          "launcher='in_process', or storage that processes share.")
+    # Processes read their task and write their logs locally (a log being
+    # written cannot live on an object store); the logs are uploaded to
+    # model_run when the cluster stops, also when it failed.
+    local_dir = tempfile.mkdtemp(prefix='hpm-launch-')
+    task_path = os.path.join(local_dir, TASK_FILE)
+    task.save(task_path)
+    local_logs = os.path.join(local_dir, CLUSTER_LOG_DIR)
+    logs = os.path.join(task.model_run_dir, CLUSTER_LOG_DIR)
 
     def argv_for_role(role):
       return [sys.executable, '-m', 'components.trainer.worker', '--task',
               task_path, '--role', role]
 
-    launch = launcher.run_supervised(
-        lambda attempt: launcher.cluster_processes(
-            config.strategy, config.num_workers, config.num_ps,
-            argv_for_role),
-        os.path.join(task.model_run_dir, CLUSTER_LOG_DIR),
-        timeout_s=config.timeout_s,
-        max_restarts=fault_tolerance.max_restarts)
+    try:
+      launch = launcher.run_supervised(
+          lambda attempt: launcher.cluster_processes(
+              config.strategy, config.num_workers, config.num_ps,
+              argv_for_role),
+          local_logs,
+          timeout_s=config.timeout_s,
+          max_restarts=fault_tolerance.max_restarts)
+    except launcher.ClusterFailedError as e:
+      # The same error, naming the uploaded logs instead of the local ones.
+      raise type(e)(str(e).replace(local_logs, logs), e.failure,
+                    e.restarts) from e
+    finally:
+      storage.upload_tree(local_logs, logs)
+      shutil.rmtree(local_dir, ignore_errors=True)
     result_path = os.path.join(task.model_run_dir, worker.RESULT_FILE)
-    with open(result_path) as f:
-      result = json.load(f)
-    result['launch'] = launch.to_dict()
-    with open(result_path, 'w') as f:
-      json.dump(result, f, indent=1, sort_keys=True)
+    result = storage.read_json(result_path)
+    if result is None:
+      raise RuntimeError(f'Training finished but wrote no result to '
+                         f'{result_path}; cluster logs: {logs}.')
+    result['launch'] = launch.relocated(local_logs, logs).to_dict()
+    storage.write_json(result_path, result)
     return result
 
   @staticmethod
@@ -242,11 +278,9 @@ class Executor(base_executor.BaseExecutor):
     model_run.set_string_custom_property('strategy', config.strategy)
     model_run.set_string_custom_property('strategy_reason', reason)
     model_run.set_string_custom_property('launcher', config.launcher)
-    os.makedirs(model_run.uri, exist_ok=True)
-    with open(os.path.join(model_run.uri, DECISION_FILE), 'w') as f:
-      json.dump({'strategy': config.strategy, 'reason': reason,
-                 'environment': dataclasses.asdict(env),
-                 'config': config.to_dict()}, f, indent=1, sort_keys=True)
+    storage.write_json(os.path.join(model_run.uri, DECISION_FILE), {
+        'strategy': config.strategy, 'reason': reason,
+        'environment': dataclasses.asdict(env), 'config': config.to_dict()})
 
   @staticmethod
   def _record_result(model_run: types.Artifact, result: Dict[str, Any]):

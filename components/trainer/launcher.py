@@ -71,6 +71,16 @@ class LaunchResult:
   def to_dict(self):
     return dataclasses.asdict(self)
 
+  def relocated(self, log_dir: str, new_log_dir: str) -> 'LaunchResult':
+    """The same result, its log paths under `new_log_dir` (logs uploaded)."""
+    def move(path: str) -> str:
+      return new_log_dir + path[len(log_dir):] if path.startswith(
+          log_dir) else path
+    return dataclasses.replace(
+        self, log_dir=move(self.log_dir),
+        restarts=[dataclasses.replace(r, log_path=move(r.log_path))
+                  for r in self.restarts])
+
 
 class ClusterFailedError(RuntimeError):
   """A training process failed (and no restart was left)."""

@@ -44,8 +44,9 @@ from components.transform import input_pipeline
 # Seed of the data order; fixed so that every attempt replays the same order.
 DATA_SEED = 20240611
 # The chief records the last step reached (to count the steps a crash lost)
-# in the background, at most this often.
-PROGRESS_EVERY_SECONDS = 0.1
+# in the background, at most this often: object stores throttle repeated
+# writes to one object (about one per second on GCS).
+PROGRESS_EVERY_SECONDS = 1.0
 # Parameter-server steps scheduled between two joins (checkpoint and
 # preemption checks happen at joins).
 PS_STEPS_PER_JOIN = 50

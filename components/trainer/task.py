@@ -10,6 +10,8 @@ import dataclasses
 import json
 from typing import Any, Dict, List, Optional
 
+from components import storage
+
 
 @dataclasses.dataclass
 class TrainingTask:
@@ -52,10 +54,8 @@ class TrainingTask:
     return cls(**json.loads(text))
 
   def save(self, path: str) -> None:
-    with open(path, 'w') as f:
-      f.write(self.to_json())
+    storage.write_text(path, self.to_json())
 
   @classmethod
   def load(cls, path: str) -> 'TrainingTask':
-    with open(path) as f:
-      return cls.from_json(f.read())
+    return cls.from_json(storage.read_text(path))

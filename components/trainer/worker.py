@@ -13,7 +13,6 @@ the launcher stops it. No TFX import here: managed-mode processes start fast.
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf
 
+from components import storage
 from components.trainer import preemption
 from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
@@ -112,9 +112,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
       'train_wall_s': time.time() - start,
   }
   if is_chief:
-    os.makedirs(task.model_run_dir, exist_ok=True)
-    with open(os.path.join(task.model_run_dir, RESULT_FILE), 'w') as f:
-      json.dump(result, f, indent=1, sort_keys=True, default=str)
+    storage.write_json(os.path.join(task.model_run_dir, RESULT_FILE), result)
   return result
 
 

@@ -20,6 +20,8 @@ from components.transform import executor
 from components.transform.config import TuningConfig
 from components.types import TunedInputPipeline
 
+DEFAULT_NODE_ID = 'Transform'
+
 
 class OptimizedTransformSpec(standard_component_specs.TransformSpec):
   """TransformSpec plus the tuning config and the tuned pipeline output."""
@@ -117,3 +119,7 @@ class OptimizedTransform(transform_component.Transform, _UpgradeTransformSpec):
         custom_config=custom_config,
         disable_statistics=disable_statistics,
         stats_options_updater_fn=stats_options_updater_fn)
+    # The stock Transform's node id (`.with_id()` still overrides), so a
+    # pipeline that only changes the import keeps its layout, MLMD contexts
+    # and cache.
+    self.id = DEFAULT_NODE_ID

@@ -27,6 +27,7 @@ from tfx.utils import io_utils
 from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+from components import storage
 from components.transform import input_pipeline
 from components.transform import report
 from components.transform import sharding
@@ -50,6 +51,8 @@ class Executor(transform_executor.Executor):
     tuning = TuningConfig.from_json(exec_properties.get(TUNING_KEY))
     tuned_artifact = artifact_utils.get_single_instance(
         output_dict[TUNED_INPUT_PIPELINE_KEY])
+    # Before the Transform runs: an unwritable root fails now, naming it.
+    storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
     start = time.monotonic()
     super().Do(
         input_dict,

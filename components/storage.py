@@ -1,0 +1,102 @@
+"""Artifact I/O on any `tf.io.gfile` filesystem: local, gs://, s3://, ram://.
+
+Kubeflow runs put every artifact on an object store, where a folder cannot be
+renamed, an object is published only when its upload completes, and nothing
+on it can be handed to a child process as an open file. The components
+therefore read and write artifacts only through these helpers, keep what must
+be local (a log being written, a task file) in a local folder, and upload it
+when complete. No TFX import: training processes use it too.
+"""
+
+import json
+import os
+import uuid
+from typing import Any, Optional
+
+import tensorflow as tf
+
+_LOCAL_SCHEMES = ('', 'file')
+# TF's in-memory filesystem (the tests' stand-in for an object store) appends
+# to an existing file opened for writing instead of replacing it.
+_APPENDING_SCHEME = 'ram://'
+
+
+class StorageNotWritableError(OSError):
+  """A path the component must write to cannot be written."""
+
+
+def is_local(path: str) -> bool:
+  """True for a plain path or file:// URI, False for gs://, s3://, ram://."""
+  scheme, sep, _ = path.partition('://')
+  return not sep or scheme in _LOCAL_SCHEMES
+
+
+def is_process_local(path: str) -> bool:
+  """True where other processes cannot see the files (TF's ram://)."""
+  return path.startswith(_APPENDING_SCHEME)
+
+
+def write_text(path: str, text: str) -> None:
+  tf.io.gfile.makedirs(os.path.dirname(path))
+  if path.startswith(_APPENDING_SCHEME) and tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)
+  with tf.io.gfile.GFile(path, 'w') as f:
+    f.write(text)
+
+
+def read_text(path: str) -> str:
+  with tf.io.gfile.GFile(path, 'r') as f:
+    return f.read()
+
+
+def write_json(path: str, value: Any, atomic: bool = False) -> None:
+  """Writes `value` as JSON; `atomic`: readers see old or new, never half.
+
+  An object store publishes an object only once its upload completes, so a
+  plain write is already atomic there (and a rename would be a copy plus a
+  delete); a local file is written next to the target and renamed over it.
+  """
+  text = json.dumps(value, sort_keys=True, indent=1, default=str)
+  if not atomic or not is_local(path):
+    write_text(path, text)
+    return
+  temp = f'{path}.tmp-{uuid.uuid4().hex}'
+  write_text(temp, text)
+  tf.io.gfile.rename(temp, path, overwrite=True)
+
+
+def read_json(path: str) -> Optional[Any]:
+  """The JSON at `path`, or None where there is no such file."""
+  if not tf.io.gfile.exists(path):
+    return None
+  return json.loads(read_text(path))
+
+
+def upload_tree(local_dir: str, destination: str) -> None:
+  """Copies a local folder's files to `destination` (any filesystem)."""
+  for root, _, files in os.walk(local_dir):
+    relative = os.path.relpath(root, local_dir)
+    target_dir = (destination if relative == '.' else
+                  os.path.join(destination, relative))
+    tf.io.gfile.makedirs(target_dir)
+    for name in files:
+      tf.io.gfile.copy(os.path.join(root, name),
+                       os.path.join(target_dir, name), overwrite=True)
+
+
+def check_writable(path: str, what: str) -> None:
+  """Writes and removes a probe object under `path`; fails naming both.
+
+  Called before the expensive part of a component, so that a pipeline root
+  or checkpoint root that cannot be written fails at once, not after
+  training.
+  """
+  probe = os.path.join(path, f'.hpm-write-probe-{uuid.uuid4().hex}')
+  try:
+    tf.io.gfile.makedirs(path)
+    with tf.io.gfile.GFile(probe, 'w') as f:
+      f.write('probe')
+    tf.io.gfile.remove(probe)
+  except (tf.errors.OpError, OSError) as e:
+    raise StorageNotWritableError(
+        f'Cannot write the {what} at {path!r}: {type(e).__name__}: {e}') from e

@@ -1,0 +1,271 @@
+"""Filesystem-agnostic components: artifact I/O on ram://, drop-in executors.
+
+TensorFlow's `ram://` filesystem stands in for an object store here: it is not
+the local disk, so any `open`/`os.path` on an artifact path fails. It lives in
+one process, so these tests train in the executor's process
+(`launcher='in_process'`); the slow gs:// tests cover the child-process
+launchers against a real GCS API.
+"""
+
+import json
+import os
+import uuid
+
+from google.protobuf import json_format
+import pytest
+import tensorflow as tf
+from tfx import v1 as tfx
+from tfx.types import standard_artifacts
+
+from components import OptimizedTransform
+from components import HighPerfTrainer
+from components import storage
+from components import types as hpm_types
+from components.partitioner import executor as partitioner_executor
+from components.partitioner import plan as plan_lib
+from components.trainer import checkpointing
+from components.trainer import executor as trainer_executor
+from tests import trainer_testing as tt
+
+ID_MODULE_FILE = os.path.join(tt.REPO_ROOT, 'tests', 'id_recording_module.py')
+
+
+def _ram(name: str) -> str:
+  return f'ram://{name}-{uuid.uuid4().hex}'
+
+
+# ------------------------------------------------------------ storage helpers
+
+
+def test_json_round_trip_and_atomic_write_on_ram():
+  path = os.path.join(_ram('json'), 'a', 'value.json')
+  assert storage.read_json(path) is None
+  storage.write_json(path, {'step': 3}, atomic=True)
+  assert storage.read_json(path) == {'step': 3}
+  storage.write_json(path, {'step': 4}, atomic=True)
+  assert storage.read_json(path) == {'step': 4}
+  # No temporary object is left beside the target.
+  assert tf.io.gfile.listdir(os.path.dirname(path)) == ['value.json']
+
+
+def test_local_atomic_write_leaves_no_temporary_file(tmp_path):
+  path = str(tmp_path / 'progress.json')
+  storage.write_json(path, [1, 2], atomic=True)
+  assert storage.read_json(path) == [1, 2]
+  assert os.listdir(tmp_path) == ['progress.json']
+
+
+def test_upload_tree_copies_nested_files(tmp_path):
+  (tmp_path / 'attempt-0').mkdir()
+  (tmp_path / 'attempt-0' / 'worker-0.log').write_text('step 1\n')
+  (tmp_path / 'top.txt').write_text('x')
+  destination = _ram('logs')
+  storage.upload_tree(str(tmp_path), destination)
+  assert storage.read_text(os.path.join(destination, 'top.txt')) == 'x'
+  assert storage.read_text(
+      os.path.join(destination, 'attempt-0', 'worker-0.log')) == 'step 1\n'
+
+
+def test_is_local():
+  assert storage.is_local('/tmp/x') and storage.is_local('file:///tmp/x')
+  assert not storage.is_local('gs://bucket/x')
+  assert not storage.is_local('ram://x')
+
+
+def test_unwritable_path_fails_naming_path_and_error(tmp_path):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('not a folder')
+  target = str(blocker / 'root')
+  with pytest.raises(storage.StorageNotWritableError) as e:
+    storage.check_writable(target, 'checkpoint directory')
+  assert target in str(e.value) and 'checkpoint directory' in str(e.value)
+  assert blocker.read_text() == 'not a folder'  # Nothing lost.
+
+
+def test_checkpoints_publish_and_restore_on_ram():
+  directory = _ram('checkpoints')
+  variable = tf.Variable([1.0, 2.0])
+  store = checkpointing.CheckpointStore(
+      directory, tf.train.Checkpoint(v=variable), keep_last=2)
+  for step in (1, 2, 3):
+    variable.assign([float(step), float(step)])
+    store.save(step)
+  assert [p.rsplit('-', 1)[-1] for p in store.checkpoint_dirs()] == [
+      '000000000003', '000000000002']
+  # A checkpoint whose manifest was never written is skipped on restore.
+  partial = os.path.join(directory, store.checkpoint_name(4))
+  tf.io.gfile.makedirs(partial)
+  with tf.io.gfile.GFile(os.path.join(partial, 'ckpt.index'), 'wb') as f:
+    f.write(b'partial')
+  variable.assign([0.0, 0.0])
+  restored = store.restore_latest()
+  assert restored.step == 3
+  assert variable.numpy().tolist() == [3.0, 3.0]
+
+
+# ------------------------------------------------------------ executors
+
+
+def _examples_and_schema(root: str):
+  """An Examples artifact (train and eval splits) and a Schema artifact."""
+  examples = standard_artifacts.Examples()
+  examples.uri = os.path.join(root, 'examples')
+  examples.split_names = json.dumps(['train', 'eval'])
+  for split in ('train', 'eval'):
+    tt.write_id_dataset(os.path.join(examples.uri, f'Split-{split}'), 32)
+  schema = standard_artifacts.Schema()
+  schema.uri = os.path.join(root, 'schema')
+  os.makedirs(schema.uri)
+  os.replace(os.path.join(examples.uri, 'Split-train', 'schema.pbtxt'),
+             os.path.join(schema.uri, 'schema.pbtxt'))
+  os.remove(os.path.join(examples.uri, 'Split-eval', 'schema.pbtxt'))
+  return examples, schema
+
+
+def _runtime_properties(component) -> dict:
+  """Exec properties as an orchestrator passes them: protos as JSON."""
+  return {
+      key: (json_format.MessageToJson(value, preserving_proto_field_name=True)
+            if hasattr(value, 'DESCRIPTOR') else value)
+      for key, value in component.exec_properties.items()
+      if value is not None
+  }
+
+
+def _trainer_outputs(model_uri: str, model_run_uri: str):
+  model = standard_artifacts.Model()
+  model.uri = model_uri
+  model_run = standard_artifacts.ModelRun()
+  model_run.uri = model_run_uri
+  return {'model': [model], 'model_run': [model_run]}
+
+
+def _stock_trainer_properties(**overrides):
+  """What the stock Trainer passes its executor, plus `overrides`."""
+  channel = tfx.dsl.Channel
+  stock = tfx.components.Trainer(
+      examples=channel(type=standard_artifacts.Examples),
+      schema=channel(type=standard_artifacts.Schema),
+      module_file=ID_MODULE_FILE,
+      train_args=tfx.proto.TrainArgs(num_steps=4),
+      eval_args=tfx.proto.EvalArgs(num_steps=1))
+  return {**_runtime_properties(stock), **overrides}
+
+
+def test_trainer_executor_runs_with_every_output_on_ram(tmp_path):
+  examples, schema = _examples_and_schema(str(tmp_path))
+  model_uri, model_run_uri = _ram('model'), _ram('model_run')
+  backup_root = _ram('backups')
+  outputs = _trainer_outputs(model_uri, model_run_uri)
+  properties = _stock_trainer_properties(**{
+      trainer_executor.DISTRIBUTION_KEY: json.dumps({
+          'launcher': 'in_process', 'per_replica_batch_size': 4}),
+      trainer_executor.FAULT_TOLERANCE_KEY: json.dumps({
+          'backup_root': backup_root, 'save_every_steps': 2,
+          'delete_after_export': False}),
+  })
+  trainer_executor.Executor().Do(
+      {'examples': [examples], 'schema': [schema]}, outputs, properties)
+
+  serving = os.path.join(model_uri, 'Format-Serving')
+  loaded = tf.saved_model.load(serving)
+  assert 'serving_default' in loaded.signatures
+  result = storage.read_json(os.path.join(model_run_uri,
+                                          'training_result.json'))
+  assert result['steps'] == 4 and result['exported'] is True
+  decision = storage.read_json(os.path.join(
+      model_run_uri, trainer_executor.DECISION_FILE))
+  assert decision['strategy'] == 'one_device'
+  assert tf.io.gfile.exists(os.path.join(model_run_uri,
+                                         trainer_executor.TASK_FILE))
+  assert tf.io.gfile.glob(os.path.join(model_run_uri, 'train', '*'))
+  # Published checkpoints, with manifests, on the ram:// backup root.
+  [checkpoint_dir] = tf.io.gfile.glob(
+      os.path.join(backup_root, '*', 'Trainer', '*'))
+  store = checkpointing.CheckpointStore(checkpoint_dir,
+                                        tf.train.Checkpoint())
+  newest = store.checkpoint_dirs()[0]
+  assert newest.endswith(store.checkpoint_name(4))
+  assert store.verify(newest)['step'] == 4
+  model_run = outputs['model_run'][0]
+  assert model_run.get_int_custom_property('train_steps') == 4
+
+
+def test_trainer_executor_runs_with_only_the_stock_exec_properties(tmp_path):
+  """The drop-in: no distribution or fault_tolerance property at all."""
+  examples, schema = _examples_and_schema(str(tmp_path))
+  outputs = _trainer_outputs(str(tmp_path / 'Trainer' / 'model' / '1'),
+                             str(tmp_path / 'Trainer' / 'model_run' / '1'))
+  properties = _stock_trainer_properties()
+  assert trainer_executor.DISTRIBUTION_KEY not in properties
+  trainer_executor.Executor().Do(
+      {'examples': [examples], 'schema': [schema]}, outputs, properties)
+  model_run = outputs['model_run'][0]
+  assert model_run.get_string_custom_property('launcher') == 'local'
+  assert model_run.get_int_custom_property('train_steps') == 4
+  logs = os.path.join(model_run.uri, trainer_executor.CLUSTER_LOG_DIR,
+                      'attempt-0')
+  assert os.listdir(logs) == ['trainer.log']
+  assert tf.saved_model.load(os.path.join(outputs['model'][0].uri,
+                                          'Format-Serving'))
+
+
+def test_trainer_fails_before_training_when_outputs_are_unwritable(tmp_path):
+  examples, schema = _examples_and_schema(str(tmp_path))
+  blocker = tmp_path / 'not_a_folder'
+  blocker.write_text('')
+  outputs = _trainer_outputs(str(blocker / 'model'),
+                             str(blocker / 'model_run'))
+  with pytest.raises(storage.StorageNotWritableError,
+                     match='model_run output at .*not_a_folder/model_run'):
+    trainer_executor.Executor().Do(
+        {'examples': [examples], 'schema': [schema]}, outputs,
+        _stock_trainer_properties())
+
+
+def test_partitioner_executor_writes_its_plan_to_ram(tmp_path):
+  module = tmp_path / 'deep_module.py'
+  module.write_text(
+      'import tensorflow as tf\n'
+      'def build_model(hparams):\n'
+      '  inputs = tf.keras.Input(shape=(6,), name="x")\n'
+      '  x = inputs\n'
+      '  for _ in range(4):\n'
+      '    x = tf.keras.layers.Dense(8, activation="relu")(x)\n'
+      '  model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(x))\n'
+      '  model.compile(optimizer="sgd", loss="mse")\n'
+      '  return model\n')
+  artifact = hpm_types.PartitionPlan()
+  artifact.uri = _ram('plan')
+  partitioner_executor.Executor().Do(
+      {}, {partitioner_executor.PARTITION_PLAN_KEY: [artifact]},
+      {'module_file': str(module),
+       partitioner_executor.CONFIG_KEY: json.dumps(
+           {'batch_size': 16, 'num_stages': 2, 'profile_repeats': 1})})
+  plan = storage.read_json(os.path.join(artifact.uri, plan_lib.PLAN_FILE))
+  assert plan['num_stages'] == 2
+  assert tf.io.gfile.exists(os.path.join(artifact.uri, 'report.md'))
+
+
+def test_drop_ins_keep_the_stock_node_ids():
+  channel = tfx.dsl.Channel
+  trainer = HighPerfTrainer(
+      examples=channel(type=standard_artifacts.Examples),
+      module_file=ID_MODULE_FILE,
+      train_args=tfx.proto.TrainArgs(num_steps=1))
+  transform = OptimizedTransform(
+      examples=channel(type=standard_artifacts.Examples),
+      schema=channel(type=standard_artifacts.Schema),
+      module_file=ID_MODULE_FILE)
+  assert trainer.id == 'Trainer' and transform.id == 'Transform'
+  assert trainer.with_id('MyTrainer').id == 'MyTrainer'
+  assert transform.with_id('MyTransform').id == 'MyTransform'
+
+
+def test_local_launcher_rejects_outputs_other_processes_cannot_see(tmp_path):
+  examples, schema = _examples_and_schema(str(tmp_path))
+  outputs = _trainer_outputs(_ram('model'), str(tmp_path / 'model_run'))
+  with pytest.raises(ValueError, match=r"launcher='local'.*ram://"):
+    trainer_executor.Executor().Do(
+        {'examples': [examples], 'schema': [schema]}, outputs,
+        _stock_trainer_properties())
