@@ -23,8 +23,16 @@ PYTHON ?= $(shell \
 
 RUN_ARGS ?=
 PYTEST_ARGS ?=
+# The pipeline image (kubeflow/Dockerfile); kubeflow.runner's default --image.
+IMAGE ?= tfx-hpm:0.1.0
+# docker when its daemon answers, else podman, else docker (to show its error).
+CONTAINER_TOOL ?= $(shell \
+  if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then echo docker; \
+  elif command -v podman >/dev/null 2>&1; then echo podman; \
+  elif command -v docker >/dev/null 2>&1; then echo docker; fi)
+IMAGE_CONTEXT := build/image-context
 
-.PHONY: help venv run run-stock test test-fast test-slow bench kubeflow clean
+.PHONY: help venv run run-stock test test-fast test-slow bench kubeflow image notebook clean
 
 help:
 	@echo "make run        # full Chicago taxi pipeline with tfx-hpm components (LocalDagRunner)"
@@ -33,6 +41,8 @@ help:
 	@echo "make test-fast  # tests without end-to-end pipeline runs and clusters"
 	@echo "make bench      # side-by-side benchmarks -> benchmarks/results/"
 	@echo "make kubeflow   # compile the pipeline for Kubeflow Pipelines (v2 JSON)"
+	@echo "make notebook   # Jupyter on notebooks/ with the project venv (TF_USE_LEGACY_KERAS=1)"
+	@echo "make image      # build the pipeline image IMAGE=$(IMAGE) (docker or podman)"
 
 $(VENV)/.installed: requirements.lock setup.py
 	@if [ -z "$(PYTHON)" ]; then \
@@ -68,6 +78,23 @@ bench: venv
 
 kubeflow: venv
 	$(VPY) -m kubeflow.runner --output outputs/kubeflow/taxi_hpm_pipeline.json
+
+# Only what the image needs goes into the build context (no .venv, outputs).
+image:
+	@if [ -z "$(CONTAINER_TOOL)" ]; then \
+	  echo "error: 'make image' needs docker or podman; neither is installed." >&2; exit 1; fi
+	@if [ "$(CONTAINER_TOOL)" = docker ] && ! docker info >/dev/null 2>&1; then \
+	  echo "error: docker is installed but its daemon does not answer ('docker info'" \
+	       "fails): start it, or install podman (CONTAINER_TOOL=podman)." >&2; exit 1; fi
+	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)
+	tar --exclude=__pycache__ --exclude='*.pyc' --exclude=benchmarks/results -cf - \
+	  requirements.lock setup.py components pipelines kubeflow benchmarks | tar -xf - -C $(IMAGE_CONTEXT)
+	$(CONTAINER_TOOL) build -f kubeflow/Dockerfile -t $(IMAGE) $(IMAGE_CONTEXT)
+
+# The kernel is the venv's python3 and inherits TF_USE_LEGACY_KERAS=1 from here.
+NOTEBOOK_ARGS ?=
+notebook: venv
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(NOTEBOOK_ARGS)
 
 clean:
 	rm -rf outputs

@@ -220,8 +220,14 @@ def create_pipeline(
 
 
 def hpm_factories(distribution: Optional[Dict] = None,
-                  tuning: Optional[Dict] = None) -> Dict[str, Callable]:
-  """`create_pipeline` keyword arguments that use the tfx-hpm components."""
+                  tuning: Optional[Dict] = None,
+                  fault_tolerance: Optional[Dict] = None
+                 ) -> Dict[str, Callable]:
+  """`create_pipeline` keyword arguments that use the tfx-hpm components.
+
+  `distribution`, `fault_tolerance` go to HighPerfTrainer, `tuning` to
+  OptimizedTransform (None: their defaults).
+  """
   # Imported lazily so a stock-only pipeline never imports our components.
   from components import HighPerfTrainer, OptimizedTransform  # pylint: disable=g-import-not-at-top
 
@@ -246,6 +252,7 @@ def hpm_factories(distribution: Optional[Dict] = None,
         train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps),
         distribution=trainer_distribution,
+        fault_tolerance=fault_tolerance,
         **inputs.extra_inputs)
 
   return {'make_transform': make_transform, 'make_trainer': make_trainer}

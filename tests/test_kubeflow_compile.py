@@ -1,4 +1,9 @@
-"""The pipeline compiles for Kubeflow Pipelines v2 and the spec parses."""
+"""The pipeline compiles for Kubeflow Pipelines v2 (spec 2.1) and the spec
+carries the image, entrypoint, resources, Beam args and checkpoint root."""
+
+import json
+import os
+import re
 
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
@@ -6,10 +11,23 @@ import pytest
 
 from kubeflow import runner
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOCK_EXECUTORS = {
     'CsvExampleGen', 'StatisticsGen', 'SchemaGen', 'ExampleValidator',
     'Transform', 'Trainer', 'Evaluator', 'Pusher'
 }
+BEAM_TASKS = {'CsvExampleGen', 'StatisticsGen', 'Transform', 'Evaluator'}
+
+
+def _parse(path):
+  with open(path) as f:
+    text = f.read()
+  job = json_format.Parse(text, pipeline_spec_pb2.PipelineJob(),
+                          ignore_unknown_fields=False)
+  spec = json_format.ParseDict(
+      json_format.MessageToDict(job.pipeline_spec),
+      pipeline_spec_pb2.PipelineSpec())
+  return job, spec, json.loads(text)['pipelineSpec']
 
 
 def _compile(tmp_path, stock, gpipe_stages=0):
@@ -21,18 +39,24 @@ def _compile(tmp_path, stock, gpipe_stages=0):
       module='pipelines.taxi_module',
       serving_model_dir=str(tmp_path / 'serving'),
       stock=stock, gpipe_stages=gpipe_stages)
-  with open(path) as f:
-    job = json_format.Parse(f.read(), pipeline_spec_pb2.PipelineJob(),
-                            ignore_unknown_fields=False)
-  spec = json_format.ParseDict(
-      json_format.MessageToDict(job.pipeline_spec),
-      pipeline_spec_pb2.PipelineSpec())
-  return job, spec
+  return _parse(path)
+
+
+def _containers(raw_spec):
+  return {name[:-len('_executor')]: executor['container']
+          for name, executor in raw_spec['deploymentSpec']['executors'].items()
+          if 'container' in executor}
+
+
+def _fault_tolerance(raw_spec):
+  parameter = raw_spec['root']['dag']['tasks']['Trainer']['inputs'][
+      'parameters']['fault_tolerance']
+  return json.loads(parameter['runtimeValue']['constant'])
 
 
 @pytest.mark.parametrize('stock', [True, False], ids=['stock', 'hpm'])
 def test_compiled_spec_is_a_pipeline_job_with_every_component(tmp_path, stock):
-  job, spec = _compile(tmp_path, stock)
+  job, spec, raw = _compile(tmp_path, stock)
   tasks = set(spec.root.dag.tasks)
   assert STOCK_EXECUTORS <= tasks, tasks
   for name in STOCK_EXECUTORS:
@@ -47,11 +71,162 @@ def test_compiled_spec_is_a_pipeline_job_with_every_component(tmp_path, stock):
     assert 'components.trainer.executor' in executor
     assert 'tfx_hpm.TunedInputPipeline' in json_format.MessageToJson(
         trainer.input_definitions)
+    assert _fault_tolerance(raw)['backup_root'] == '/'.join(
+        [str(tmp_path / 'root'), '_hpm_checkpoints', 'taxi-hpm', 'Trainer'])
+  # Pipeline spec 2.1, the form open-source KFP 2.x runs: constants as
+  # `runtimeValue.constant` (2.0's `constantValue` fails in KFP's driver)
+  # and the inputs spec for TFX's entrypoint (it reads `parameterValues`
+  # only with it).
+  assert raw['schemaVersion'] == '2.1.0'
+  assert 'constantValue' not in json.dumps(raw)
+  for name, container in _containers(raw).items():
+    assert container['command'] == list(runner.ENTRYPOINT_COMMAND), name
+    args = container['args']
+    assert args[args.index('--json_serialized_invocation_args') + 1] == '{{$}}'
+    inputs_spec = json_format.Parse(
+        args[args.index('--json_serialized_inputs_spec_args') + 1],
+        pipeline_spec_pb2.ComponentInputsSpec())
+    assert set(inputs_spec.parameters) == set(
+        spec.components[name].input_definitions.parameters), name
+    assert args[-2:] == list(runner.DEFAULT_BEAM_PIPELINE_ARGS), name
+    assert 'resources' not in container, name
+  hook = _containers(raw)['CsvExampleGen']['lifecycle']['preCacheCheck']
+  assert '--json_serialized_inputs_spec_args' in hook['args']
 
 
 def test_pipeline_with_gpipe_partitioner_compiles(tmp_path):
-  _, spec = _compile(tmp_path, stock=False, gpipe_stages=2)
+  _, spec, _ = _compile(tmp_path, stock=False, gpipe_stages=2)
   assert {'GPipePartitioner', 'Trainer'} <= set(spec.root.dag.tasks)
   trainer_inputs = spec.root.dag.tasks['Trainer'].inputs.artifacts
   assert trainer_inputs['partition_plan'].task_output_artifact.producer_task \
       == 'GPipePartitioner'
+
+
+def test_flags_set_resources_beam_args_and_checkpoint_root(tmp_path, capsys):
+  output = tmp_path / 'flags.json'
+  beam_args = ['--runner=DataflowRunner', '--project=my-project',
+               '--region=us-central1',
+               '--temp_location=gs://my-bucket/tmp']
+  assert runner.main([
+      '--output', str(output), '--pipeline-root', 'gs://bucket/root',
+      '--trainer-cpu', '8', '--trainer-memory', '32Gi',
+      '--trainer-gpu-count', '2', '--beam-cpu', '500m', '--beam-memory', '4G',
+      '--checkpoint-root', 'gs://bucket/ckpt',
+      *[f'--beam-pipeline-arg={a}' for a in beam_args]]) == 0
+  assert f'Wrote {output}' in capsys.readouterr().out
+  _, spec, raw = _parse(str(output))
+  containers = _containers(raw)
+  trainer = containers['Trainer']['resources']
+  assert trainer['cpuRequest'] == trainer['cpuLimit'] == 8
+  assert trainer['memoryRequest'] == trainer['memoryLimit'] == pytest.approx(
+      32 * 2**30 / 1e9)
+  assert trainer['accelerator'] == {'type': 'nvidia.com/gpu', 'count': '2'}
+  for name in BEAM_TASKS:  # CsvExampleGen's is added after TFX's compile.
+    assert containers[name]['resources'] == {
+        'cpuRequest': 0.5, 'cpuLimit': 0.5, 'memoryRequest': 4.0,
+        'memoryLimit': 4.0}, name
+  for name in set(containers) - BEAM_TASKS - {'Trainer'}:
+    assert 'resources' not in containers[name], name
+  for name, container in containers.items():
+    assert container['args'][-len(beam_args):] == beam_args, name
+    assert not set(runner.DEFAULT_BEAM_PIPELINE_ARGS) & set(
+        container['args']), name
+  assert _fault_tolerance(raw)['backup_root'] == 'gs://bucket/ckpt'
+  assert raw['schemaVersion'] == '2.1.0'
+  # Proto form as KFP reads it.
+  resources = json_format.ParseDict(
+      containers['Trainer']['resources'],
+      pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec
+      .ResourceSpec())
+  assert resources.accelerator.count == 2
+  assert set(spec.root.dag.tasks) >= STOCK_EXECUTORS
+
+
+def test_no_baseline_compiles_without_resolver_tasks(tmp_path):
+  """Open-source KFP 2.x refuses `resolver` executors; --no-baseline has
+  none."""
+  output = tmp_path / 'no_baseline.json'
+  assert runner.main(['--output', str(output), '--no-baseline']) == 0
+  _, spec, raw = _parse(str(output))
+  kinds = {name: next(iter(executor))
+           for name, executor in raw['deploymentSpec']['executors'].items()}
+  assert set(kinds.values()) == {'container'}, kinds
+  assert STOCK_EXECUTORS == set(spec.root.dag.tasks)
+  assert 'baseline_model' not in spec.root.dag.tasks['Evaluator'].inputs \
+      .artifacts
+  eval_config = spec.root.dag.tasks['Evaluator'].inputs.parameters[
+      'eval_config'].runtime_value.constant.string_value
+  assert 'change_threshold' not in eval_config
+  _, default_spec, _ = _compile(tmp_path, stock=False)
+  assert {'latest_blessed_model_resolver-model-blessing-resolver',
+          'latest_blessed_model_resolver-model-resolver'} <= set(
+              default_spec.root.dag.tasks)
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--trainer-cpu', '0'], 'more than 0 CPUs'),
+    (['--trainer-cpu', 'four'], 'expected CPUs'),
+    (['--trainer-memory', '16Q'], 'expected a size'),
+    (['--beam-memory', '0G'], 'more than 0 bytes'),
+    (['--trainer-gpu-type', 'nvidia.com/gpu'], 'needs --trainer-gpu-count'),
+    (['--trainer-gpu-count', '-1'], '>= 0'),
+    (['--beam-pipeline-arg', 'runner'], 'must be a flag'),
+    (['--checkpoint-root', ' '], 'non-empty'),
+    (['--stock', '--checkpoint-root', 'gs://b/c'], 'HighPerfTrainer setting'),
+    (['--distribution', '[1]'], 'JSON object'),
+    (['--distribution', '{'], 'Expecting'),
+], ids=lambda v: v if isinstance(v, str) else ' '.join(v))
+def test_bad_flags_fail_before_compiling(tmp_path, capsys, flags, message):
+  output = tmp_path / 'never.json'
+  with pytest.raises(SystemExit) as exit_info:
+    runner.main(['--output', str(output), *flags])
+  assert exit_info.value.code == 2
+  assert message in capsys.readouterr().err
+  assert not output.exists()
+
+
+def test_resource_units():
+  assert runner.parse_cpu('500m', 'f') == 0.5
+  assert runner.parse_cpu('2', 'f') == 2.0
+  assert runner.parse_memory('16', 'f') == 16.0
+  assert runner.parse_memory('512M', 'f') == 0.512
+  assert runner.parse_memory('1Gi', 'f') == 2**30 / 1e9
+  with pytest.raises(ValueError, match='GPU count needs a GPU type'):
+    runner.Resources(gpu_count=1)
+  with pytest.raises(ValueError, match='without a GPU count'):
+    runner.Resources(gpu_type='nvidia.com/gpu')
+
+
+def test_default_image_is_what_make_image_builds():
+  with open(os.path.join(REPO, 'Makefile')) as f:
+    makefile = f.read()
+  (image,) = re.findall(r'^IMAGE \?= (\S+)$', makefile, re.M)
+  assert image == runner.DEFAULT_IMAGE
+  assert re.search(r'^image:', makefile, re.M)
+  assert runner._parser().parse_args([]).image == runner.DEFAULT_IMAGE  # pylint: disable=protected-access
+
+
+def test_dockerfile_installs_the_lock_the_package_and_the_data():
+  """Static check of kubeflow/Dockerfile (no image is built here)."""
+  with open(os.path.join(REPO, 'kubeflow', 'Dockerfile')) as f:
+    lines = [line.strip() for line in f.read().replace('\\\n', ' ').split(
+        '\n') if line.strip() and not line.strip().startswith('#')]
+  instructions = [line.split(None, 1) for line in lines]
+  froms = [args for op, args in instructions if op == 'FROM']
+  assert froms[-1].startswith('python:3.10-slim'), froms
+  text = '\n'.join(lines)
+  lock = text.index('COPY requirements.lock')
+  deps = text.index('pip install --no-cache-dir --no-deps -r requirements.lock')
+  package = text.index('pip install --no-cache-dir --no-deps --no-build-isolation')
+  assert lock < deps < package
+  assert any(op == 'ENV' and 'TF_USE_LEGACY_KERAS=1' in args.split()
+             for op, args in instructions)
+  assert runner.IMAGE_DATA_ROOT in text
+  # Everything setup.py packages is copied before the package is installed.
+  for name in ('setup.py', 'components', 'pipelines', 'kubeflow',
+               'benchmarks'):
+    assert re.search(rf'^COPY .*\b{name}\b', text[:package], re.M), name
+  # The lock pins what the package needs at build time (no isolation).
+  with open(os.path.join(REPO, 'requirements.lock')) as f:
+    pins = {line.split('==')[0].lower() for line in f if '==' in line}
+  assert {'setuptools', 'wheel'} <= pins

@@ -1,0 +1,145 @@
+"""Container entrypoint: TFX's KFP v2 executor entrypoint, fed what KFP sends.
+
+    python -m kubeflow.entrypoint --executor_class_path ... \
+        --json_serialized_invocation_args '{{$}}' \
+        --json_serialized_inputs_spec_args '<ComponentInputsSpec JSON>' [beam args]
+
+Runs `tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor`
+unchanged, after one repair of its `--json_serialized_invocation_args`:
+
+Open-source KFP 2.x passes each input artifact with `type: {instanceSchema:
+""}`: its driver rebuilds input artifacts from MLMD and leaves the schema
+empty (backend/src/v2/metadata/client.go, GetOutputArtifactsByExecutionId:
+`Schema: "" // TODO(Bobgy): figure out how to get schema`). TFX 1.16 takes the
+artifact class from that type (kubeflow_v2_entrypoint_utils.
+_retrieve_class_path) and fails on an empty schema with `AttributeError:
+'NoneType' object has no attribute 'get'` (tensorflow/tfx#7768). The component's
+own input definitions, which TFX passes as --json_serialized_inputs_spec_args
+(pipeline spec 2.1), hold every input's artifact type; an input artifact whose
+type is empty gets it from there. Artifacts that arrive typed (Vertex AI
+Pipelines) are left as they are.
+
+And one registration: TFX's entrypoint imports a custom artifact class by its
+schema title, `<module>.<Class>` (the title must have this one-dot form,
+compiler_utils._SCHEMA_TITLE_RE). tfx-hpm's types are named
+`tfx_hpm.TunedInputPipeline` and `tfx_hpm.PartitionPlan` but live in
+`components.types`; unless a module `tfx_hpm` is importable, one is made in
+this process that holds them.
+"""
+
+import importlib.util
+import inspect
+import runpy
+import sys
+import types
+from typing import List, Optional
+
+from google.protobuf import json_format
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+TFX_ENTRYPOINT = (
+    'tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor')
+INVOCATION_FLAG = '--json_serialized_invocation_args'
+INPUTS_SPEC_FLAG = '--json_serialized_inputs_spec_args'
+
+
+def _has_schema(artifact_type: pipeline_spec_pb2.ArtifactTypeSchema) -> bool:
+  kind = artifact_type.WhichOneof('kind')
+  return bool(kind and getattr(artifact_type, kind))
+
+
+def repair_executor_input(executor_input_json: str,
+                          inputs_spec_json: Optional[str]) -> str:
+  """The ExecutorInput JSON with every untyped input artifact typed.
+
+  Raises:
+    ValueError: an input artifact has no type and no inputs spec names it.
+  """
+  executor_input = json_format.Parse(executor_input_json,
+                                     pipeline_spec_pb2.ExecutorInput(),
+                                     ignore_unknown_fields=True)
+  spec = pipeline_spec_pb2.ComponentInputsSpec()
+  if inputs_spec_json:
+    json_format.Parse(inputs_spec_json, spec, ignore_unknown_fields=True)
+  changed = False
+  for name, artifact_list in executor_input.inputs.artifacts.items():
+    for artifact in artifact_list.artifacts:
+      if _has_schema(artifact.type):
+        continue
+      if name not in spec.artifacts:
+        raise ValueError(
+            f'Input artifact {name!r} ({artifact.uri}) arrived without a type '
+            f'and {INPUTS_SPEC_FLAG} does not define it; compile with '
+            'KubeflowV2DagRunnerConfig(use_pipeline_spec_2_1=True).')
+      artifact.type.CopyFrom(spec.artifacts[name].artifact_type)
+      changed = True
+  if not changed:
+    return executor_input_json
+  return json_format.MessageToJson(executor_input)
+
+
+def _flag_value(argv: List[str], flag: str) -> Optional[int]:
+  """Index of `flag`'s value in argv (`--flag value` or `--flag=value`)."""
+  for i, arg in enumerate(argv):
+    if arg == flag and i + 1 < len(argv):
+      return i + 1
+    if arg.startswith(flag + '='):
+      return i
+  return None
+
+
+def repair_argv(argv: List[str]) -> List[str]:
+  """argv with its --json_serialized_invocation_args repaired."""
+  argv = list(argv)
+  invocation = _flag_value(argv, INVOCATION_FLAG)
+  if invocation is None:
+    return argv  # TFX's own flag parser reports the missing flag.
+  spec_index = _flag_value(argv, INPUTS_SPEC_FLAG)
+  spec_json = None
+  if spec_index is not None:
+    spec_json = argv[spec_index]
+    if spec_json.startswith(INPUTS_SPEC_FLAG + '='):
+      spec_json = spec_json[len(INPUTS_SPEC_FLAG) + 1:]
+  value = argv[invocation]
+  prefix = ''
+  if value.startswith(INVOCATION_FLAG + '='):
+    prefix, value = INVOCATION_FLAG + '=', value[len(INVOCATION_FLAG) + 1:]
+  argv[invocation] = prefix + repair_executor_input(value, spec_json)
+  return argv
+
+
+def register_artifact_types() -> List[str]:
+  """Makes every tfx-hpm artifact type importable by its TYPE_NAME; returns
+  the names it had to register."""
+  from tfx.types import artifact  # pylint: disable=g-import-not-at-top
+  from components import types as hpm_types  # pylint: disable=g-import-not-at-top
+  registered = []
+  for _, cls in inspect.getmembers(hpm_types, inspect.isclass):
+    if not issubclass(cls, artifact.Artifact) or cls is artifact.Artifact:
+      continue
+    module_name, _, class_name = cls.TYPE_NAME.rpartition('.')
+    if module_name not in sys.modules:
+      try:
+        found = importlib.util.find_spec(module_name) is not None
+      except (ImportError, ValueError):
+        found = False
+      if found:
+        continue
+      sys.modules[module_name] = types.ModuleType(
+          module_name, 'tfx-hpm artifact types (kubeflow.entrypoint).')
+    module = sys.modules[module_name]
+    if getattr(module, class_name, None) is None:
+      setattr(module, class_name, cls)
+      registered.append(cls.TYPE_NAME)
+  return registered
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+  args = sys.argv[1:] if argv is None else argv
+  register_artifact_types()
+  sys.argv = [TFX_ENTRYPOINT] + repair_argv(args)
+  runpy.run_module(TFX_ENTRYPOINT, run_name='__main__', alter_sys=True)
+
+
+if __name__ == '__main__':
+  main()
