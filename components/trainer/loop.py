@@ -32,14 +32,14 @@ from typing import Any, Callable, Dict, Optional
 from absl import logging
 import tensorflow as tf
 
-from components.partitioner import gpipe
+from components.pipeline_parallel import gpipe
 from components.trainer import checkpointing
 from components.trainer import export
 from components.trainer import fn_args
 from components.trainer import preemption
 from components.trainer.config import DistributionConfig
 from components.trainer.task import TrainingTask
-from components.transform import input_pipeline
+from components.data import input_pipeline
 
 # Seed of the data order; fixed so that every attempt replays the same order.
 DATA_SEED = 20240611

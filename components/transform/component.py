@@ -60,7 +60,7 @@ class OptimizedTransform(transform_component.Transform, _UpgradeTransformSpec):
   Outputs: every stock Transform output (materialized examples re-sharded
   into `tuning.num_output_shards` files, records unchanged) plus
   `tuned_input_pipeline` (TunedInputPipeline): `config.json` (an
-  `InputPipelineConfig` for `components.transform.input_pipeline.
+  `InputPipelineConfig` for `components.data.input_pipeline.
   build_dataset`), `report.md` and `candidates.png`.
   """
   SPEC_CLASS = OptimizedTransformSpec

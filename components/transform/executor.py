@@ -28,7 +28,7 @@ from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components import storage
-from components.transform import input_pipeline
+from components.data import input_pipeline
 from components.transform import report
 from components.transform import sharding
 from components.transform import tuner

@@ -14,7 +14,7 @@ from typing import List
 
 import tensorflow as tf
 
-from components.transform import input_pipeline
+from components.data import input_pipeline
 
 # Beam's shard naming: <prefix>-00000-of-00004<suffix>.
 _SHARD_NAME = re.compile(r'^(?P<prefix>.*?)-\d{5}-of-\d{5}(?P<suffix>.*)$')

@@ -17,9 +17,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from components.transform import input_pipeline
+from components.data import input_pipeline
 from components.transform.config import TuningConfig
-from components.transform.input_pipeline import AUTOTUNE, InputPipelineConfig
+from components.data.input_pipeline import AUTOTUNE, InputPipelineConfig
 
 # A knob value replaces the best one only when it is this much faster in a
 # second, interleaved measurement of both, so that noise on a shared machine
