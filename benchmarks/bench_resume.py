@@ -78,7 +78,7 @@ def keras_child(config_path: str) -> None:
   import importlib
   import tensorflow as tf
   from components.trainer import loop
-  from components.transform import input_pipeline
+  from components.data import input_pipeline
   # pylint: enable=g-import-not-at-top
   with open(config_path) as f:
     config = json.load(f)

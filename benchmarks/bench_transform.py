@@ -186,7 +186,7 @@ def _output(root: str, output: str) -> str:
 
 def scale_split(split_dir: str, out_dir: str, min_examples: int) -> int:
   """Copies the split's files until they hold >= min_examples; returns N."""
-  from components.transform import input_pipeline  # pylint: disable=g-import-not-at-top
+  from components.data import input_pipeline  # pylint: disable=g-import-not-at-top
   files = sorted(glob.glob(os.path.join(split_dir, '*')))
   per_copy = input_pipeline.count_records(files, 'GZIP')
   copies = math.ceil(min_examples / per_copy)
@@ -222,7 +222,7 @@ def measure_readers(pattern: str, num_examples: int, stock_graph: str,
   """Examples/s of full epochs: stock, ours (epoch 1, 2), ceiling."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
-  from components.transform import input_pipeline  # pylint: disable=g-import-not-at-top
+  from components.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from pipelines import taxi_module  # pylint: disable=g-import-not-at-top
 
   tft_output = tft.TFTransformOutput(stock_graph)
@@ -314,7 +314,7 @@ def _trainer_result(root: str) -> Dict[str, float]:
 
 def _sequential_artifact(tuned_uri: str, work: str) -> str:
   """A TunedInputPipeline folder: the tuned config, made sequential."""
-  from components.transform.input_pipeline import InputPipelineConfig  # pylint: disable=g-import-not-at-top
+  from components.data.input_pipeline import InputPipelineConfig  # pylint: disable=g-import-not-at-top
   with open(os.path.join(tuned_uri, 'config.json')) as f:
     config = dict(json.load(f), **SEQUENTIAL_CONFIG)
   folder = os.path.join(work, 'sequential_input_pipeline')
@@ -503,7 +503,7 @@ def render(transforms, rates, trainer, trainer_data, num_examples,
 def main(results_dir: str = 'benchmarks/results',
          work_dir: str = None) -> str:
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
-  from components.transform import input_pipeline  # pylint: disable=g-import-not-at-top
+  from components.data import input_pipeline  # pylint: disable=g-import-not-at-top
   work = work_dir or tempfile.mkdtemp(prefix='bench_transform_')
   load_before = os.getloadavg()[0]
   upstream = run_upstream(os.path.join(work, 'upstream'))

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.transform import input_pipeline
+from components.data import input_pipeline
 from components.transform import sharding
-from components.transform.input_pipeline import InputPipelineConfig
+from components.data.input_pipeline import InputPipelineConfig
 from tests import transform_data
 
 NUM_EXAMPLES = 1000
@@ -63,7 +63,7 @@ def test_disk_cache_then_later_epochs_from_it(train_patterns, tmp_path):
 
 _KILLED_WHILE_CACHING = """
 import os, signal, sys
-from components.transform import input_pipeline
+from components.data import input_pipeline
 from tests import transform_data
 dataset = input_pipeline.build_dataset(
     [sys.argv[1]], transform_data.DENSE_SPEC, 'label', 1024,

@@ -20,8 +20,8 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
 from components import OptimizedTransform
-from components.transform import input_pipeline
-from components.transform.input_pipeline import InputPipelineConfig
+from components.data import input_pipeline
+from components.data.input_pipeline import InputPipelineConfig
 from components.types import TunedInputPipeline
 from pipelines import data
 from pipelines import taxi_module
