@@ -8,7 +8,7 @@ milliseconds. Every error names the bad value and what is allowed instead.
 import dataclasses
 from typing import Any, Optional
 
-from components.json_config import JsonConfig
+from components.json_config import JsonConfig, check_int
 
 STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
               'parameter_server', 'central_storage', 'tpu')
@@ -30,7 +30,6 @@ DEFAULT_PER_REPLICA_BATCH_SIZE = 32
 
 @dataclasses.dataclass
 class DistributionConfig(JsonConfig):
-  OPTIONS_NAME = 'distribution'
   """How HighPerfTrainer distributes training.
 
   Attributes:
@@ -62,6 +61,7 @@ class DistributionConfig(JsonConfig):
     timeout_s: Wall-clock limit of the whole training (all restarts); the
       cluster is killed and the component fails past it. 0: no limit.
   """
+  OPTIONS_NAME = 'distribution'
   strategy: str = 'auto'
   mode: str = 'auto'
   launcher: str = 'local'
@@ -81,9 +81,9 @@ class DistributionConfig(JsonConfig):
     _check_choice('mode', self.mode, MODES)
     _check_choice('launcher', self.launcher, LAUNCHERS)
     for name in ('num_workers', 'gradient_accumulation_steps'):
-      _check_int(name, getattr(self, name), minimum=1)
+      check_int(name, getattr(self, name), minimum=1)
     for name in ('num_ps', 'logical_cpu_devices', 'train_epochs'):
-      _check_int(name, getattr(self, name), minimum=0)
+      check_int(name, getattr(self, name), minimum=0)
     if not isinstance(self.timeout_s, (int, float)) or self.timeout_s < 0:
       raise ValueError(f'timeout_s={self.timeout_s!r} must be a number >= 0 '
                        '(0: no limit).')
@@ -134,7 +134,7 @@ class DistributionConfig(JsonConfig):
           f'global_batch_size ({self.global_batch_size}), not both.')
     for name in ('per_replica_batch_size', 'global_batch_size'):
       if getattr(self, name) is not None:
-        _check_int(name, getattr(self, name), minimum=1)
+        check_int(name, getattr(self, name), minimum=1)
     replicas = self.expected_replicas()
     if replicas is not None:
       self.per_replica_batch(replicas)
@@ -199,11 +199,6 @@ def resolve_mode(mode: str, *, has_build_model: bool, has_run_fn: bool,
 def _check_choice(name: str, value: Any, allowed) -> None:
   if value not in allowed:
     raise ValueError(f'{name}={value!r} is not one of {allowed}.')
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(f'{name}={value!r} must be an integer >= {minimum}.')
 
 
 def describe_module(module_file: Optional[str] = None,
