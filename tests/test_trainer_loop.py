@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.trainer import accumulation
 from components.trainer import checkpointing
+from components.trainer import driver
 from components.trainer import loop
 from tests import trainer_testing as tt
 
@@ -21,8 +23,8 @@ from tests import trainer_testing as tt
 NUM_EXAMPLES = 64
 # Helpers of the loop tested directly.
 # pylint: disable=protected-access
-per_example_loss = loop._per_example_loss
-rows = loop._rows
+per_example_loss = accumulation.per_example_loss
+rows = accumulation.rows
 # pylint: enable=protected-access
 
 
@@ -214,7 +216,7 @@ def test_two_replica_strategies_split_every_batch(tmp_path, data, strategy):
 
 
 def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
-  steady = loop._StepStats(start_step=0)  # pylint: disable=protected-access
+  steady = driver.StepStats(start_step=0)
   steady.steps_done(50)  # One parameter-server join: tracing included.
   only_join = steady.summary(50, 0.1, preempted=False)
   assert only_join['steps_per_sec'] > 0
@@ -223,4 +225,4 @@ def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
   two_joins = steady.summary(100, 0.1, preempted=False)
   assert two_joins['steps_per_sec'] > 0
   assert two_joins['rate_includes_first_step'] is False
-  assert loop._StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0  # pylint: disable=protected-access
+  assert driver.StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0

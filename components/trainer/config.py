@@ -6,9 +6,9 @@ milliseconds. Every error names the bad value and what is allowed instead.
 """
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from components.json_config import JsonConfig, check_int
+from components.json_config import JsonConfig, check_int, is_int
 
 STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
               'parameter_server', 'central_storage', 'tpu')
@@ -26,6 +26,7 @@ MULTI_WORKER_STRATEGIES = ('multi_worker_mirrored', 'parameter_server')
 LOGICAL_CPU_STRATEGIES = ('auto', 'mirrored', 'central_storage')
 
 DEFAULT_PER_REPLICA_BATCH_SIZE = 32
+AUTO = 'auto'
 
 
 @dataclasses.dataclass
@@ -60,6 +61,15 @@ class DistributionConfig(JsonConfig):
     tpu_address: TPU name or grpc address for the TPU cluster resolver.
     timeout_s: Wall-clock limit of the whole training (all restarts); the
       cluster is killed and the component fails past it. 0: no limit.
+    steps_per_execution: Training steps run inside one traced call (managed
+      mode), so the host round trip of a call and its loss read-back are
+      paid once per call: an int >= 1, or 'auto', which starts at 1 and
+      grows the calls while the measured time per step improves, keeping a
+      call under about half a second. Checkpoints, preemption checks and
+      progress happen between calls; a call never crosses a
+      `save_every_steps` boundary, so checkpoints stay exactly where they
+      would be with 1. For parameter servers it is the closures scheduled
+      between two joins ('auto': 50).
   """
   OPTIONS_NAME = 'distribution'
   strategy: str = 'auto'
@@ -74,6 +84,7 @@ class DistributionConfig(JsonConfig):
   train_epochs: int = 0
   tpu_address: str = ''
   timeout_s: float = 0
+  steps_per_execution: Union[int, str] = AUTO
 
   def validate(self) -> 'DistributionConfig':
     """Raises ValueError on the first inconsistency; returns self."""
@@ -87,6 +98,11 @@ class DistributionConfig(JsonConfig):
     if not isinstance(self.timeout_s, (int, float)) or self.timeout_s < 0:
       raise ValueError(f'timeout_s={self.timeout_s!r} must be a number >= 0 '
                        '(0: no limit).')
+    if self.steps_per_execution != AUTO and not is_int(
+        self.steps_per_execution, minimum=1):
+      raise ValueError(
+          f'steps_per_execution={self.steps_per_execution!r} must be an '
+          f"integer >= 1 or {AUTO!r}.")
     if not isinstance(self.tpu_address, str):
       raise ValueError(f'tpu_address={self.tpu_address!r} must be a string.')
     self._validate_cluster()
