@@ -156,6 +156,9 @@ class ModelStep:
              for k, s in self._signature.items()) and (
                  spec.is_compatible_with(fitted[1])):
         return self._steps, fitted[0], fitted[1]
+    names = getattr(self._model, 'input_names', None)
+    if names and set(names) <= set(features):
+      features = {k: features[k] for k in names}
     steps = self._traced()
     steps(tf.constant(1), features, labels)  # Traced here, not timed.
     return steps, features, labels
