@@ -41,6 +41,7 @@ from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components import storage
+from components.data import input_pipeline
 from components.transform import consumer as consumer_lib
 from components.transform import history
 from components.transform import report
@@ -267,8 +268,10 @@ class Executor(transform_executor.Executor):
     references = ({STOCK_READER: _stock_reader(
         materialized, tft_output.transformed_metadata.schema, batch)}
                   if materialized else {})
-    key = history.tuning_key(feature_spec, num_examples, tuning.tune_split,
-                             batch)
+    key = history.tuning_key(
+        feature_spec, num_examples if num_examples is not None else
+        _estimated_examples(materialized or (raw_patterns or {}).get(
+            tuning.tune_split)), tuning.tune_split, batch)
     previous = None
     if tuning.reuse:
       found = history.previous_tuning(tuned_artifact.uri, key)
@@ -354,6 +357,19 @@ class Executor(transform_executor.Executor):
             value = counter.attempted
           counts[name[len(_EXAMPLES_COUNTER):]] = int(value or 0)
     return counts
+
+
+def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
+  """Examples in the files (estimated from the first one), None if none.
+
+  Deterministic for the same files, so it tells an unchanged volume too.
+  """
+  try:
+    return tuner.estimate_num_examples(input_pipeline.list_files(patterns),
+                                       'GZIP') if patterns else None
+  except (ValueError, tf.errors.OpError) as e:
+    logging.info('Cannot estimate the examples in %s: %s', patterns, e)
+    return None
 
 
 def _split_count(counts: Dict[str, int], transformed: List[types.Artifact],
