@@ -69,6 +69,20 @@ def _input_signature(model) -> Optional[Dict[str, tf.TensorSpec]]:
   return specs
 
 
+def _conform(tensor: Any, spec: tf.TensorSpec) -> Any:
+  """`tensor` cast to `spec`'s dtype, and [batch] made [batch, 1] for it.
+
+  Keras functional models expand a rank-1 batch the same way, so the step
+  computes the same.
+  """
+  if not isinstance(tensor, tf.Tensor):
+    return tensor
+  if (tensor.shape.rank is not None and spec.shape.rank is not None and
+      tensor.shape.rank == spec.shape.rank - 1 and spec.shape[-1] == 1):
+    tensor = tf.expand_dims(tensor, -1)
+  return tf.cast(tensor, spec.dtype)
+
+
 class ModelStep:
   """The module model's training step: built and traced once, then timed.
 
@@ -89,6 +103,8 @@ class ModelStep:
     self._signature: Optional[Dict[str, tf.TensorSpec]] = None
     self._steps = None
     self.prepare_seconds = 0.0
+    # Whether the real batch did not fit the prepared trace (traced again).
+    self.retraced = False
 
   def prepare(self) -> None:
     """Builds the model; traces the step if the model has a signature."""
@@ -149,18 +165,19 @@ class ModelStep:
     features = {k: v for k, v in sample.items() if k != self._label_key}
     if self._steps is not None and set(self._signature) <= set(features):
       spec = self._steps.input_signature[2]
-      fitted = ({k: tf.cast(features[k], s.dtype)
+      fitted = ({k: _conform(features[k], s)
                  for k, s in self._signature.items()},
-                tf.cast(labels, spec.dtype))
-      if all(s.is_compatible_with(fitted[0][k])
-             for k, s in self._signature.items()) and (
-                 spec.is_compatible_with(fitted[1])):
+                _conform(labels, spec))
+      if all(isinstance(t, tf.Tensor) and s.is_compatible_with(t)
+             for t, s in [(fitted[1], spec)] + [
+                 (fitted[0][k], s) for k, s in self._signature.items()]):
         return self._steps, fitted[0], fitted[1]
     names = getattr(self._model, 'input_names', None)
     if names and set(names) <= set(features):
       features = {k: features[k] for k in names}
     steps = self._traced()
     steps(tf.constant(1), features, labels)  # Traced here, not timed.
+    self.retraced = True
     return steps, features, labels
 
   def rate(self, sample: Dict[str, Any], seconds: float) -> float:
