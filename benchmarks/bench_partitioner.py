@@ -35,8 +35,8 @@ import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from benchmarks import report
-from components.partitioner import gpipe
-from components.partitioner import graph as graph_lib
+from components.pipeline_parallel import gpipe
+from components.pipeline_parallel import graph as graph_lib
 from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling

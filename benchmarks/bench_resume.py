@@ -19,7 +19,7 @@ processes killed with SIGKILL:
 3. Time from the restart (process spawn) to the first resumed step, with a
    fresh start for reference.
 
-Both sides run with the same autograph fix (`loop.skip_autograph_for_tf_keras`)
+Both sides run with the same autograph fix (`autograph.skip_autograph_for_tf_keras`)
 so that Keras tracing is not slowed by converting tf_keras.
 """
 
@@ -76,20 +76,23 @@ def keras_child(config_path: str) -> None:
   """model.fit with BackupAndRestore; writes timings to config['stats']."""
   # pylint: disable=g-import-not-at-top
   import importlib
+  import types
   import tensorflow as tf
-  from components.trainer import loop
-  from components.transform import input_pipeline
+  from components.data import input_pipeline
+  from components.trainer import autograph
+  from components.trainer import datasets
+  from components.trainer import fn_args
   # pylint: enable=g-import-not-at-top
   with open(config_path) as f:
     config = json.load(f)
-  loop.skip_autograph_for_tf_keras()
+  autograph.skip_autograph_for_tf_keras()
   module = importlib.import_module(config['module_path'])
   model = module.build_model(config['hparams'])
-  # pylint: disable-next=protected-access
-  feature_spec = loop._feature_spec_from_schema(config['schema_path'])
+  feature_spec = fn_args.feature_spec(types.SimpleNamespace(
+      transform_output=None, schema_path=config['schema_path']))
   dataset = input_pipeline.build_dataset(
       [config['pattern']], feature_spec, module.LABEL_KEY,
-      batch_size=config['batch_size'], seed=loop.DATA_SEED)
+      batch_size=config['batch_size'], seed=datasets.DATA_SEED)
 
   class TimedBackupAndRestore(tf.keras.callbacks.BackupAndRestore):
     """BackupAndRestore at its defaults, timing its backups."""

@@ -13,7 +13,8 @@ import time
 
 from benchmarks import report
 
-BENCHMARKS = ['transform', 'trainer', 'resume', 'partitioner', 'pipeline']
+BENCHMARKS = ['transform', 'trainer', 'throughput', 'resume', 'partitioner',
+              'pipeline']
 
 
 def main() -> None:

@@ -10,6 +10,18 @@ import json
 from typing import Any, Dict, Optional, Union
 
 
+def is_int(value: Any, minimum: Optional[int] = None) -> bool:
+  """An int that is not a bool (JSON has no int/bool distinction in Python)."""
+  return (isinstance(value, int) and not isinstance(value, bool) and
+          (minimum is None or value >= minimum))
+
+
+def check_int(name: str, value: Any, minimum: int) -> None:
+  """Raises ValueError naming `name`'s bad value and the allowed range."""
+  if not is_int(value, minimum):
+    raise ValueError(f'{name}={value!r} must be an integer >= {minimum}.')
+
+
 class JsonConfig:
   """Mixin for dataclass configs: to/from dict and JSON, strict keys.
 

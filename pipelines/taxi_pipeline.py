@@ -219,6 +219,21 @@ def create_pipeline(
       ])
 
 
+def trainer_reader_batch(distribution: Optional[Dict] = None) -> int:
+  """Examples per batch HighPerfTrainer's input pipeline yields.
+
+  Each replica's batch times the gradient-accumulation steps (the trainer
+  reads one such batch per replica per step). With `global_batch_size` and a
+  replica count only known at run time (`auto`), one replica is assumed;
+  OptimizedTransform then flags a mismatch against the batch the previous
+  training actually read.
+  """
+  from components.trainer.config import DistributionConfig  # pylint: disable=g-import-not-at-top
+  config = DistributionConfig.from_dict(dict(distribution or {}))
+  replicas = config.expected_replicas() or 1
+  return config.per_replica_batch(replicas) * config.gradient_accumulation_steps
+
+
 def hpm_factories(distribution: Optional[Dict] = None,
                   tuning: Optional[Dict] = None,
                   fault_tolerance: Optional[Dict] = None
@@ -226,14 +241,19 @@ def hpm_factories(distribution: Optional[Dict] = None,
   """`create_pipeline` keyword arguments that use the tfx-hpm components.
 
   `distribution`, `fault_tolerance` go to HighPerfTrainer, `tuning` to
-  OptimizedTransform (None: their defaults).
+  OptimizedTransform (None: their defaults). The tuning measures at the
+  trainer's batch: `tuning['trainer_batch_size']` defaults to
+  `trainer_reader_batch(distribution)`, and a `batch_size` that differs from
+  it is flagged in the tuning report.
   """
   # Imported lazily so a stock-only pipeline never imports our components.
   from components import HighPerfTrainer, OptimizedTransform  # pylint: disable=g-import-not-at-top
+  tuning = dict(tuning or {})
+  tuning.setdefault('trainer_batch_size', trainer_reader_batch(distribution))
 
   def make_transform(examples, schema, module_file):
     return OptimizedTransform(
-        examples=examples, schema=schema, tuning=tuning or {},
+        examples=examples, schema=schema, tuning=tuning,
         **module_kwargs(module_file, 'preprocessing_fn'))
 
   def make_trainer(inputs: TrainerInputs):

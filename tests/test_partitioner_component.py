@@ -65,7 +65,7 @@ def small_module(tmp_path):
      r"needs a divisor of batch_size 8 that is at least 4 x 4"),
     ({'memory_budget_bytes': -5}, r'memory_budget_bytes must be a positive'),
     ({'profile_repeats': 0}, r'profile_repeats must be a positive int'),
-    ({'stages': 2}, r"unknown config keys \['stages'\]"),
+    ({'stages': 2}, r"Unknown GPipePartitioner config option\(s\) \['stages'\]"),
 ])
 def test_bad_parameters_fail_at_construction(overrides, message):
   config = {'batch_size': 64, 'num_stages': 2, **overrides}

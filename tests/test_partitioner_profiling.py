@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.partitioner import graph as graph_lib
+from components.pipeline_parallel import graph as graph_lib
 from components.partitioner import profiling
 from pipelines import taxi_module
 

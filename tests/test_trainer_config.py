@@ -100,7 +100,9 @@ def test_batch_sizes_exclusive_and_positive():
 
 @pytest.mark.parametrize('field,value', [
     ('gradient_accumulation_steps', 0), ('train_epochs', -1),
-    ('logical_cpu_devices', -2), ('num_ps', -1), ('timeout_s', -5)])
+    ('logical_cpu_devices', -2), ('num_ps', -1), ('timeout_s', -5),
+    ('steps_per_execution', 0), ('steps_per_execution', 'fast'),
+    ('steps_per_execution', True)])
 def test_negative_or_zero_counts(field, value):
   assert f'{field}={value!r}' in _error(**{field: value})
 

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.trainer import accumulation
 from components.trainer import checkpointing
+from components.trainer import driver
 from components.trainer import loop
 from tests import trainer_testing as tt
 
@@ -21,8 +23,8 @@ from tests import trainer_testing as tt
 NUM_EXAMPLES = 64
 # Helpers of the loop tested directly.
 # pylint: disable=protected-access
-per_example_loss = loop._per_example_loss
-rows = loop._rows
+per_example_loss = accumulation.per_example_loss
+rows = accumulation.rows
 # pylint: enable=protected-access
 
 
@@ -214,7 +216,7 @@ def test_two_replica_strategies_split_every_batch(tmp_path, data, strategy):
 
 
 def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
-  steady = loop._StepStats(start_step=0)  # pylint: disable=protected-access
+  steady = driver.StepStats(start_step=0)
   steady.steps_done(50)  # One parameter-server join: tracing included.
   only_join = steady.summary(50, 0.1, preempted=False)
   assert only_join['steps_per_sec'] > 0
@@ -223,4 +225,69 @@ def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
   two_joins = steady.summary(100, 0.1, preempted=False)
   assert two_joins['steps_per_sec'] > 0
   assert two_joins['rate_includes_first_step'] is False
-  assert loop._StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0  # pylint: disable=protected-access
+  assert driver.StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0
+
+
+def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):
+  """k steps per traced call: the same updates on the same batches, and
+  checkpoints exactly where one step per call puts them."""
+  results, weights = {}, {}
+  for setting in (1, 5, 'auto'):
+    task = tt.make_task(str(tmp_path / str(setting)), data, train_steps=13,
+                        fault_tolerance={'save_every_steps': 4,
+                                         'keep_last': 10})
+    task.distribution['steps_per_execution'] = setting
+    results[setting] = train_here(task)
+    weights[setting] = tt.latest_checkpoint_tensors(task.checkpoint_dir)
+    assert sorted(os.listdir(task.checkpoint_dir)) == [
+        f'ckpt-{s:012d}' for s in (4, 8, 12, 13)] + ['progress.json']
+    results[setting]['ids'] = tt.ids_by_step(
+        tt.read_id_log(task.hparams['id_log']))
+  assert results[5]['steps_per_execution'] == 5
+  assert results['auto']['steps_per_execution'] in driver.AUTO_CANDIDATES
+  for setting in (5, 'auto'):
+    assert results[setting]['ids'] == results[1]['ids']
+    for name, value in weights[1].items():
+      np.testing.assert_array_equal(weights[setting][name], value,
+                                    err_msg=name)
+
+
+class _FakeClock:
+  """Seconds per step of a call of k steps: a fixed cost plus k steps."""
+
+  def __init__(self, call_overhead, step_seconds):
+    self.call_overhead, self.step_seconds = call_overhead, step_seconds
+
+  def seconds(self, k):
+    return self.call_overhead + k * self.step_seconds
+
+
+def _search(clock, agree=lambda flag: flag):
+  sizer = driver.CallSizer('auto', agree=agree)
+  sizer.observe(1, 5.0)  # The first call traces: not measured.
+  calls = 0
+  while sizer.searching and calls < 100:
+    k = sizer.size()
+    sizer.observe(k, clock.seconds(k))
+    calls += 1
+  return sizer
+
+
+def test_auto_steps_per_call_grows_while_the_call_overhead_dominates():
+  # 1 ms per call, 10 us per step: longer calls keep paying off.
+  sizer = _search(_FakeClock(1e-3, 1e-5))
+  assert sizer.chosen == 1024
+  assert set(sizer.describe()['seconds_per_step_by_steps_per_execution']) == {
+      '1', '4', '16', '64', '256', '1024'}
+
+
+def test_auto_steps_per_call_stops_when_it_no_longer_pays():
+  # No per-call cost: every length measures the same; the first one stays.
+  assert _search(_FakeClock(0.0, 1e-3)).chosen == 1
+  # Long steps: a call of 64 would pass the half-second bound.
+  assert _search(_FakeClock(1e-2, 1e-2)).chosen == 16
+
+
+def test_auto_steps_per_call_follows_the_cluster_decision():
+  # Another worker saw no gain: all stop together at the first candidate.
+  assert _search(_FakeClock(1e-3, 1e-5), agree=lambda flag: False).chosen == 1

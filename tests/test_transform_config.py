@@ -22,7 +22,11 @@ def _channels():
     ({'time_budget_s': 0}, r'time_budget_s must be a positive'),
     ({'ram_budget_bytes': -5}, r'ram_budget_bytes must be a positive int.*-5'),
     ({'ram_budget_bytes': 0}, r'ram_budget_bytes must be a positive int'),
-    ({'batch_size': 0}, r'batch_size must be a positive int, got 0'),
+    ({'batch_size': 0}, r'batch_size must be a positive int or None, got 0'),
+    ({'trainer_batch_size': -1}, r'trainer_batch_size must be a positive int'),
+    ({'input_bound_ratio': 0}, r'input_bound_ratio must be a positive number'),
+    ({'early_stop': 1}, r'early_stop must be a bool'),
+    ({'reuse': 'no'}, r'reuse must be a bool'),
     ({'num_output_shards': -2}, r'num_output_shards must be an int >= 0'),
     ({'max_candidates': 0}, r'max_candidates must be a positive int'),
     ({'measure_seconds': 20}, r'measure_seconds must be positive and at most'),
@@ -94,3 +98,23 @@ def test_same_spec_as_stock_transform_plus_tuning():
   assert TuningConfig.from_dict(tuning).cache == 'auto'
   # The output channels belong to our component.
   assert ours.outputs['transformed_examples'].producer_component_id == ours.id
+
+
+def test_help_shows_the_docstring():
+  assert TuningConfig.__doc__.startswith(
+      "How OptimizedTransform measures and tunes the trainer's input")
+  assert 'early_stop:' in TuningConfig.__doc__
+
+
+def test_measured_batch_is_the_trainers_and_a_mismatch_is_named():
+  assert TuningConfig(trainer_batch_size=32).measure_batch_size == 32
+  assert TuningConfig(trainer_batch_size=32).batch_mismatch() is None
+  assert TuningConfig(batch_size=64, trainer_batch_size=64).batch_mismatch() \
+      is None
+  assert TuningConfig(batch_size=256, trainer_batch_size=32).batch_mismatch() \
+      == 'measured at batch 256 but the trainer reads 32 examples per step'
+  unknown = TuningConfig()
+  assert unknown.measure_batch_size == 256
+  assert "trainer's batch is unknown" in unknown.batch_mismatch()
+  # An explicit batch without a trainer batch is the user's choice.
+  assert TuningConfig(batch_size=64).batch_mismatch() is None

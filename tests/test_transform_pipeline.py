@@ -1,8 +1,9 @@
-"""OptimizedTransform vs the stock Transform in one real LocalDagRunner run.
+"""OptimizedTransform vs the stock Transform in real LocalDagRunner runs.
 
 One pipeline over a 2,000-row taxi sample runs the stock Transform, an
 OptimizedTransform and an OptimizedTransform without materialization side by
-side on the same ExampleGen and SchemaGen outputs.
+side on the same ExampleGen and SchemaGen outputs; it runs twice in the same
+root, so the second run finds the first run's tunings.
 """
 
 import collections
@@ -20,8 +21,9 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
 from components import OptimizedTransform
-from components.transform import input_pipeline
-from components.transform.input_pipeline import InputPipelineConfig
+from components.data import input_pipeline
+from components.data.input_pipeline import InputPipelineConfig
+from components.transform import tuner
 from components.types import TunedInputPipeline
 from pipelines import data
 from pipelines import taxi_module
@@ -29,8 +31,9 @@ from pipelines import taxi_module
 pytestmark = pytest.mark.slow
 
 NUM_SHARDS = 4
+BATCH = 64
 TUNING = {'time_budget_s': 4.0, 'num_output_shards': NUM_SHARDS,
-          'batch_size': 64}
+          'trainer_batch_size': BATCH}
 
 
 @pytest.fixture(scope='module')
@@ -45,28 +48,40 @@ def run(tmp_path_factory, taxi_sample_dir):
   common = dict(examples=example_gen.outputs['examples'],
                 schema=schema.outputs['schema'],
                 module_file=data.default_module_file())
+  upstream = [example_gen, statistics, schema]
+  # Without early stop it always tunes, so its second run reuses.
+  on_the_fly = OptimizedTransform(
+      **common, materialize=False,
+      tuning={**TUNING, 'early_stop': False}).with_id('OnTheFlyTransform')
   components = [
-      example_gen, statistics, schema,
+      *upstream,
       tfx.components.Transform(**common).with_id('StockTransform'),
       OptimizedTransform(**common, tuning=TUNING).with_id(
           'OptimizedTransform'),
-      OptimizedTransform(**common, materialize=False, tuning=TUNING).with_id(
-          'OnTheFlyTransform'),
+      on_the_fly,
   ]
   metadata_path = os.path.join(root, 'metadata.db')
-  tfx.orchestration.LocalDagRunner().run(tfx.dsl.Pipeline(
-      pipeline_name='transform_test', pipeline_root=root,
-      components=components,
-      metadata_connection_config=(
-          tfx.orchestration.metadata.sqlite_metadata_connection_config(
-              metadata_path)),
-      beam_pipeline_args=['--direct_running_mode=in_memory',
-                          '--direct_num_workers=1']))
+  # The second run (same root, same data) only needs the reusing node.
+  for nodes in (components, [*upstream, on_the_fly]):
+    tfx.orchestration.LocalDagRunner().run(tfx.dsl.Pipeline(
+        pipeline_name='transform_test', pipeline_root=root,
+        components=nodes,
+        metadata_connection_config=(
+            tfx.orchestration.metadata.sqlite_metadata_connection_config(
+                metadata_path)),
+        beam_pipeline_args=['--direct_running_mode=in_memory',
+                            '--direct_num_workers=1']))
+
+  def runs(node, output):
+    """The node's output folders, first run first."""
+    paths = glob.glob(os.path.join(root, node, output, '*'))
+    return sorted(paths, key=lambda p: int(os.path.basename(p)))
 
   def uri(node, output):
-    [path] = glob.glob(os.path.join(root, node, output, '*'))
-    return path
+    """The first run's output folder."""
+    return runs(node, output)[0]
 
+  uri.runs = runs
   uri.metadata_path = metadata_path
   return uri
 
@@ -98,10 +113,13 @@ def _stock_reader(split_dir, schema):
       label_key=taxi_module.LABEL_KEY))
 
 
-def _tuned_config(run, node):
-  with open(os.path.join(run(node, 'tuned_input_pipeline'),
-                         'config.json')) as f:
+def _tuned_config_at(uri):
+  with open(os.path.join(uri, 'config.json')) as f:
     return InputPipelineConfig.from_dict(json.load(f))
+
+
+def _tuned_config(run, node):
+  return _tuned_config_at(run(node, 'tuned_input_pipeline'))
 
 
 @pytest.mark.parametrize('split', ['train', 'eval'])
@@ -112,12 +130,18 @@ def test_transformed_examples_identical_to_stock(run, split):
   our_files, ours = _records(
       os.path.join(run('OptimizedTransform', 'transformed_examples'),
                    f'Split-{split}'))
+  # The Beam write made NUM_SHARDS files, named as the stock ones are.
   assert len(our_files) == NUM_SHARDS > len(stock_files)
-  # Equal tf.Examples (the feature map's serialized order may differ between
-  # two Beam runs), in Transform's order: re-sharding kept it.
+  assert [os.path.basename(f) for f in our_files] == [
+      f'transformed_examples-{k:05d}-of-{NUM_SHARDS:05d}.gz'
+      for k in range(NUM_SHARDS)]
+  # The same tf.Examples (the feature map's serialized order may differ
+  # between two Beam runs, and Beam spreads the records over the shards).
   assert len(ours) == len(stock) > 0
-  assert ([tf.train.Example.FromString(r) for r in ours] ==
-          [tf.train.Example.FromString(r) for r in stock])
+  canonical = lambda records: sorted(  # pylint: disable=g-long-lambda
+      tf.train.Example.FromString(r).SerializeToString(deterministic=True)
+      for r in records)
+  assert canonical(ours) == canonical(stock)
 
 
 def test_transform_graph_identical_to_stock(run):
@@ -223,25 +247,63 @@ def test_without_materialization_the_tuned_pipeline_transforms_on_the_fly(
                              [[v for _, v in r] for r in theirs], rtol=1e-5)
 
 
-def test_artifact_has_config_report_chart_and_properties(run):
-  uri = run('OptimizedTransform', 'tuned_input_pipeline')
-  assert sorted(os.listdir(uri)) == ['candidates.png', 'config.json',
-                                     'report.md']
-  with open(os.path.join(uri, 'report.md')) as f:
-    text = f.read()
-  assert 'limited by: **' in text and 'stock TFX reader' in text
+def _properties(run, uri):
   config = metadata_store_pb2.ConnectionConfig()
   config.sqlite.filename_uri = run.metadata_path
   store = metadata_store.MetadataStore(config)
   [artifact] = [a for a in store.get_artifacts_by_type(
       TunedInputPipeline.TYPE_NAME)
                 if a.uri == uri]
-  props = {k: v for k, v in artifact.custom_properties.items()}
+  return dict(artifact.custom_properties.items())
+
+
+def test_artifact_has_config_report_chart_and_properties(run):
+  uri = run('OptimizedTransform', 'tuned_input_pipeline')
+  assert sorted(os.listdir(uri)) == ['candidates.png', 'config.json',
+                                     'fingerprint.json', 'report.md']
+  with open(os.path.join(uri, 'report.md')) as f:
+    text = f.read()
+  assert 'limited by: **' in text and 'decision: **' in text
+  assert 'Batch mismatch' not in text
+  props = _properties(run, uri)
   assert props['examples_per_sec'].double_value > 0
-  assert props['speedup_vs_stock'].double_value > 0
   assert props['bottleneck_stage'].string_value in (
       'read', 'parse', 'transform', 'batch', 'not measured')
   assert props['transform_placement'].string_value == 'materialized'
+  # Measured at the trainer's batch, the consumer too (the module has
+  # build_model), and the decision follows the verdict.
+  assert props['batch_size'].int_value == BATCH
+  assert props['consumer_examples_per_sec'].double_value > 0
+  assert 'build_model' in props['consumer_source'].string_value
+  # Which one depends on this machine's speed; it follows the verdict.
+  stopped = props['decision'].string_value == tuner.STOPPED_EARLY
+  assert stopped == (props['input_bound'].int_value == 0)
+  if stopped:
+    assert props['num_candidates'].int_value == 1
+    assert 'not input-bound' in text
+  else:
+    assert props['decision'].string_value == tuner.SEARCHED
+  # The example count is exact (the Beam write counted it).
   _, train = _records(os.path.join(
       run('StockTransform', 'transformed_examples'), 'Split-train'))
   assert props['num_examples'].int_value == len(train)
+  with open(os.path.join(uri, 'fingerprint.json')) as f:
+    fingerprint = json.load(f)
+  assert fingerprint['num_examples'] == len(train)
+  assert fingerprint['batch_size'] == BATCH
+
+
+def test_second_run_reuses_the_unchanged_tuning(run):
+  [first, second] = run.runs('OnTheFlyTransform', 'tuned_input_pipeline')
+  assert _properties(run, first)['decision'].string_value == tuner.SEARCHED
+  props = _properties(run, second)
+  with open(os.path.join(second, 'report.md')) as f:
+    text = f.read()
+  assert first in text  # The reused artifact is named.
+  assert props['decision'].string_value == tuner.REUSED, text
+  # The same knobs and placement; the paths are this run's own.
+  old, new = (_tuned_config_at(uri) for uri in (first, second))
+  assert tuner.knob_changes(new) == tuner.knob_changes(old)
+  assert new.transform_placement == old.transform_placement == 'on_the_fly'
+  assert new.transform_graph_uri == run.runs('OnTheFlyTransform',
+                                             'transform_graph')[1]

@@ -4,9 +4,13 @@ Time budgets are small; the assertions are on decisions and bookkeeping,
 never on how fast this shared machine happens to be.
 """
 
+import time
+
 import pytest
 import tensorflow as tf
 
+from components.data.input_pipeline import InputPipelineConfig
+from components.transform import consumer as consumer_lib
 from components.transform import report
 from components.transform import tuner
 from components.transform.config import TuningConfig
@@ -24,10 +28,12 @@ def patterns(tmp_path_factory):
                                     NUM_EXAMPLES, num_files=4)
 
 
-def _tune(patterns, **changes):
+def _tune(patterns, consumer=None, previous=None, batch_mismatches=None,
+          **changes):
   return tuner.tune(TuningConfig(**{**QUICK, **changes}),
                     transform_data.DENSE_SPEC, materialized_patterns=patterns,
-                    num_examples=NUM_EXAMPLES)
+                    num_examples=NUM_EXAMPLES, consumer=consumer,
+                    previous=previous, batch_mismatches=batch_mismatches)
 
 
 def test_ram_budget_smaller_than_data_forbids_memory_cache(patterns, tmp_path):
@@ -143,3 +149,153 @@ def test_placement_rules():
   placement, reason = tuner.choose_placement(
       TuningConfig(), {'materialized': fast}, available)
   assert placement == 'materialized' and 'not measured' in reason
+
+
+# --- the consumer: early stop, the trainer's batch
+
+
+def _slow_model(hparams):
+  """A compiled model whose training step sleeps 20 ms: a slow consumer."""
+  del hparams
+
+  def sleep(x):
+    time.sleep(0.02)
+    return x
+
+  def slow(t):
+    out = tf.numpy_function(sleep, [t], tf.float32, stateful=True)
+    out.set_shape(t.shape)
+    return out
+
+  inputs = tf.keras.layers.Input(name='x', shape=(), dtype=tf.float32)
+  slowed = tf.keras.layers.Reshape((1,))(tf.keras.layers.Lambda(slow)(inputs))
+  output = tf.keras.layers.Dense(1, activation='sigmoid')(slowed)
+  model = tf.keras.Model({'x': inputs}, output)
+  model.compile(loss='binary_crossentropy', optimizer='adam')
+  return model
+
+
+def test_slow_consumer_stops_early_with_the_defaults(patterns, tmp_path):
+  seen = []
+
+  def measure(sample):
+    seen.append(int(sample['label'].shape[0]))
+    # The real measurement (ModelStep) of a model at most 64 / 0.02 s fast.
+    rate = consumer_lib.model_step_rate(_slow_model, 'label', sample, 0.3)
+    return tuner.ConsumerRate(rate, 'slow test model', 64)
+
+  stock = lambda: tf.data.TFRecordDataset(  # pylint: disable=g-long-lambda
+      tf.io.gfile.glob(patterns[0]), 'GZIP').batch(64)
+  result = tuner.tune(
+      TuningConfig(**{**QUICK, 'batch_size': None, 'trainer_batch_size': 64,
+                      'time_budget_s': 30.0}),
+      transform_data.DENSE_SPEC, materialized_patterns=patterns,
+      num_examples=NUM_EXAMPLES, consumer=measure,
+      references={'plain reader': stock})
+  # The consumer got a real batch of the trainer's size.
+  assert seen == [64]
+  assert result.consumer.examples_per_sec <= 64 / 0.02
+  assert result.input_bound is False
+  assert result.decision == tuner.STOPPED_EARLY
+  # Only the default pipeline was measured: no search, no references.
+  assert [c.changes for c in result.candidates] == [{}]
+  assert result.references == [] and result.stages == []
+  assert tuner.knob_changes(result.config) == {}
+  assert result.config.cache == 'memory'  # The cache decision still holds.
+  assert any('not input-bound' in n for n in result.notes)
+  text = report.render_markdown(result, {})
+  assert 'training is **not input-bound**' in text
+  assert tuner.STOPPED_EARLY in text
+
+
+def test_fast_consumer_searches(patterns):
+  fast = tuner.ConsumerRate(1e12, 'a consumer faster than any reader', 64)
+  result = _tune(patterns, time_budget_s=6.0, consumer=fast)
+  assert result.input_bound is True
+  assert result.decision == tuner.SEARCHED
+  assert len(result.candidates) > 1
+  assert 'training is **input-bound**' in report.render_markdown(result, {})
+
+
+def test_early_stop_off_or_no_consumer_searches(patterns):
+  slow = tuner.ConsumerRate(1.0, 'a consumer slower than any reader', 64)
+  off = _tune(patterns, time_budget_s=4.0, consumer=slow, early_stop=False)
+  assert off.input_bound is False and off.decision == tuner.SEARCHED
+  assert len(off.candidates) > 1
+
+  def broken(sample):
+    raise RuntimeError('no model here')
+  failed = _tune(patterns, time_budget_s=4.0, consumer=broken)
+  assert failed.consumer is None and failed.input_bound is None
+  assert failed.decision == tuner.SEARCHED
+  assert any('Consumer not measured (RuntimeError: no model here)' in n
+             for n in failed.notes)
+
+
+def test_batch_mismatch_is_flagged(patterns):
+  result = _tune(patterns, batch_size=64, trainer_batch_size=32,
+                 time_budget_s=2.0)
+  assert result.batch_size == 64
+  assert result.batch_mismatch == ('measured at batch 64 but the trainer '
+                                   'reads 32 examples per step')
+  assert '**Batch mismatch:** measured at batch 64' in report.render_markdown(
+      result, {})
+  # A previous training that read another batch is flagged too.
+  other = _tune(patterns, batch_size=None, trainer_batch_size=64,
+                time_budget_s=2.0,
+                batch_mismatches=['the previous training read batches of 32'])
+  assert other.batch_size == 64
+  assert other.batch_mismatch == 'the previous training read batches of 32'
+  same = _tune(patterns, batch_size=None, trainer_batch_size=64,
+               time_budget_s=2.0)
+  assert same.batch_mismatch is None
+  assert 'Batch mismatch' not in report.render_markdown(same, {})
+
+
+# --- reusing a previous tuning
+
+
+def test_previous_tuning_is_verified_instead_of_searched(patterns):
+  fast = tuner.ConsumerRate(1e12, 'fast', 64)
+  previous = tuner.Previous(InputPipelineConfig(cache='memory'),
+                            'the previous tuning /p/1')
+  result = _tune(patterns, time_budget_s=30.0, consumer=fast,
+                 previous=previous)
+  # It chose the defaults: the default measurement verified it.
+  assert result.decision == tuner.REUSED
+  assert len(result.candidates) == 1
+  assert any('Reused the previous tuning /p/1' in n for n in result.notes)
+
+
+class _FakeClock:
+
+  def fits(self, measurements):
+    del measurements
+    return True
+
+
+def _verify(previous_rate, changes):
+  default = tuner.Measurement('default', 'materialized', 100.0, {})
+  measured = []
+
+  def run(source, trial_changes):
+    del source
+    measured.append(trial_changes)
+    return tuner.Measurement('previous', 'materialized', previous_rate,
+                             dict(trial_changes))
+  notes = []
+  kept = tuner._verify_previous(  # pylint: disable=protected-access
+      tuner.Previous(InputPipelineConfig(**changes), 'the previous tuning'),
+      {'materialized': object()}, {'materialized': default}, run,
+      _FakeClock(), notes)
+  return kept, measured, notes
+
+
+def test_previous_config_kept_unless_slower_than_the_defaults():
+  changes = {'parse_parallel_calls': 1, 'prefetch_batches': 2}
+  kept, measured, _ = _verify(98.0, changes)  # Within noise of the defaults.
+  assert measured == [changes] and kept.changes == changes
+  assert 'verified' in kept.note
+  slower, measured, notes = _verify(90.0, changes)
+  assert slower is None and measured == [changes]
+  assert 'searching again' in notes[-1]

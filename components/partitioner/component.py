@@ -7,7 +7,7 @@
         transform_graph=transform.outputs['transform_graph'])
 
 Its `partition_plan` output (a PartitionPlan artifact) holds plan.json,
-which HighPerfTrainer executes with `components.partitioner.gpipe`.
+which HighPerfTrainer executes with `components.pipeline_parallel.gpipe`.
 """
 
 from typing import Any, Dict, Optional, Union
@@ -22,7 +22,7 @@ from tfx.types import standard_artifacts
 from components import types as hpm_types
 from components.partitioner import config as config_lib
 from components.partitioner import executor
-from components.partitioner import graph as graph_lib
+from components.pipeline_parallel import graph as graph_lib
 
 MODULE_FILE_KEY = 'module_file'
 MODULE_PATH_KEY = 'module_path'

@@ -6,8 +6,9 @@ share one definition of what is allowed.
 """
 
 import dataclasses
-import json
 from typing import Any, Dict, Optional, Union
+
+from components.json_config import JsonConfig, is_int
 
 AUTO = 'auto'
 REMAT_MODES = ('always', 'except_last', 'never')
@@ -17,7 +18,7 @@ AUTO_MICROBATCHES_PER_STAGE = 4
 
 
 @dataclasses.dataclass(frozen=True)
-class PartitionerConfig:
+class PartitionerConfig(JsonConfig):
   """What to plan: stage and micro-batch counts, memory budget, remat.
 
   Attributes:
@@ -47,22 +48,23 @@ class PartitionerConfig:
   profile_repeats: int = 5
   hparams: Dict[str, Any] = dataclasses.field(default_factory=dict)
   sample_split: str = 'train'
+  OPTIONS_NAME = 'GPipePartitioner config'
 
   def validate(self) -> 'PartitionerConfig':
     """Raises ValueError naming the bad value and what is allowed."""
     _check_positive_int_or_auto('num_stages', self.num_stages)
     _check_positive_int_or_auto('num_microbatches', self.num_microbatches)
-    if not _is_int(self.batch_size) or self.batch_size < 1:
+    if not is_int(self.batch_size) or self.batch_size < 1:
       raise ValueError(
           f'batch_size must be a positive int, got {self.batch_size!r}.')
-    if _is_int(self.num_microbatches) and (
+    if is_int(self.num_microbatches) and (
         self.batch_size % self.num_microbatches):
       raise ValueError(
           f'batch_size {self.batch_size} is not divisible by num_microbatches '
           f'{self.num_microbatches}; micro-batches must have equal size. '
           f'Divisors of {self.batch_size}: {_divisors(self.batch_size)}.')
     if self.memory_budget_bytes is not None and (
-        not _is_int(self.memory_budget_bytes) or
+        not is_int(self.memory_budget_bytes) or
         self.memory_budget_bytes <= 0):
       raise ValueError('memory_budget_bytes must be a positive int or None, '
                        f'got {self.memory_budget_bytes!r}.')
@@ -76,7 +78,7 @@ class PartitionerConfig:
       raise ValueError(
           "offload_activations moves the remat checkpoints to host memory, "
           "so it needs remat 'always' or 'except_last', got remat='never'.")
-    if not _is_int(self.profile_repeats) or self.profile_repeats < 1:
+    if not is_int(self.profile_repeats) or self.profile_repeats < 1:
       raise ValueError('profile_repeats must be a positive int, got '
                        f'{self.profile_repeats!r}.')
     if not isinstance(self.hparams, dict):
@@ -84,13 +86,13 @@ class PartitionerConfig:
     if not isinstance(self.sample_split, str) or not self.sample_split:
       raise ValueError('sample_split must be a split name, got '
                        f'{self.sample_split!r}.')
-    if _is_int(self.num_stages):
+    if is_int(self.num_stages):
       self.resolve_num_microbatches(self.num_stages)
     return self
 
   def validate_for_model(self, num_layers: int) -> None:
     """Checks the stage count against the model's partitionable layers."""
-    if _is_int(self.num_stages) and self.num_stages > num_layers:
+    if is_int(self.num_stages) and self.num_stages > num_layers:
       raise ValueError(
           f'num_stages {self.num_stages} exceeds the {num_layers} '
           'partitionable layers of the model; every stage needs at least one '
@@ -99,13 +101,13 @@ class PartitionerConfig:
   def resolve_num_stages(self, available_devices: int, num_layers: int) -> int:
     """Stage count: the configured one, or one per device (at most layers)."""
     self.validate_for_model(num_layers)
-    if _is_int(self.num_stages):
+    if is_int(self.num_stages):
       return self.num_stages
     return max(1, min(available_devices, num_layers))
 
   def resolve_num_microbatches(self, num_stages: int) -> int:
     """Micro-batch count for `num_stages` stages."""
-    if _is_int(self.num_microbatches):
+    if is_int(self.num_microbatches):
       return self.num_microbatches
     wanted = AUTO_MICROBATCHES_PER_STAGE * num_stages
     for divisor in _divisors(self.batch_size):
@@ -117,37 +119,19 @@ class PartitionerConfig:
         f'{num_stages} stages = {wanted}; none exists. Raise batch_size or '
         f'set num_microbatches to one of {_divisors(self.batch_size)}.')
 
-  def to_json(self) -> str:
-    return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
   @classmethod
-  def from_json(cls, text: str) -> 'PartitionerConfig':
-    return cls.from_dict(json.loads(text))
-
-  @classmethod
-  def from_dict(cls, values: Dict[str, Any]) -> 'PartitionerConfig':
+  def from_dict(cls, values) -> 'PartitionerConfig':
     """Builds and validates; unknown keys are an error, not ignored."""
-    if not isinstance(values, dict):
-      raise ValueError(f'config must be a JSON object, got {values!r}.')
-    known = {field.name for field in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ValueError(
-          f'unknown config keys {unknown}; allowed keys: {sorted(known)}.')
-    if 'batch_size' not in values:
+    if isinstance(values, dict) and 'batch_size' not in values:
       raise ValueError('config needs batch_size (the training mini-batch '
                        'size).')
-    return cls(**values).validate()
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
+    return super().from_dict(values)
 
 
 def _check_positive_int_or_auto(name: str, value) -> None:
   if value == AUTO:
     return
-  if not _is_int(value) or value < 1:
+  if not is_int(value) or value < 1:
     raise ValueError(
         f"{name} must be a positive int or '{AUTO}', got {value!r}.")
 

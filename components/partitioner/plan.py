@@ -20,9 +20,11 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from components.partitioner import partition
+# The plan's file and its model check belong to the plan format that the
+# trainer's pipeline-parallel runtime reads.
+from components.pipeline_parallel.plan_format import PLAN_FILE, check_layer_signature  # pylint: disable=unused-import
 
 PLAN_FORMAT_VERSION = 1
-PLAN_FILE = 'plan.json'
 PROFILE_FILE = 'profile.json'
 
 
@@ -217,13 +219,3 @@ def _cut_details(profile: ModelProfile, cut: int) -> Dict[str, Any]:
   }
 
 
-def check_layer_signature(plan: Dict[str, Any],
-                          class_names: Sequence[str]) -> None:
-  """Fails unless the plan was made for a model with these layer calls."""
-  expected = plan['layer_signature']
-  if list(class_names) != list(expected):
-    raise ValueError(
-        f'the partition plan was made for a model with {len(expected)} layer '
-        f'calls {expected}, but this model has {len(class_names)}: '
-        f'{list(class_names)}. Build the model with the same module and '
-        'hparams as the GPipePartitioner.')

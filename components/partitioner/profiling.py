@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 import tensorflow as tf
 
-from components.partitioner import graph as graph_lib
+from components.pipeline_parallel import graph as graph_lib
 from components.partitioner import plan as plan_lib
 
 

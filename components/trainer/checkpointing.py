@@ -38,7 +38,7 @@ from absl import logging
 import tensorflow as tf
 
 from components import storage
-from components.json_config import JsonConfig
+from components.json_config import JsonConfig, is_int
 
 MANIFEST_NAME = 'MANIFEST.json'
 EVENTS_NAME = 'events.json'
@@ -52,7 +52,6 @@ _SAFE_NAME = re.compile(r'[^A-Za-z0-9._-]+')
 
 @dataclasses.dataclass
 class CheckpointConfig(JsonConfig):
-  OPTIONS_NAME = 'fault_tolerance'
   """When and how HighPerfTrainer checkpoints (one JSON exec property).
 
   Attributes:
@@ -62,14 +61,18 @@ class CheckpointConfig(JsonConfig):
     save_every_steps: Checkpoint every this many optimizer steps (None: not by
       steps).
     save_every_seconds: Checkpoint when this much time passed since the last
-      one (None: not by time). Both may be set; whichever comes first.
+      one (None: not by time). Both may be set; whichever comes first. The
+      default, a minute, bounds both the work a crash loses and the time
+      spent saving, however fast the steps are (measured here: saving every
+      100 steps of 1.1 ms added 40% to the taxi model's training time).
     keep_last: Published checkpoints kept; older ones are deleted.
     delete_after_export: Remove the checkpoints once the model is exported.
     max_restarts: Times the local launcher restarts a failed cluster.
   """
+  OPTIONS_NAME = 'fault_tolerance'
   backup_root: Optional[str] = None
-  save_every_steps: Optional[int] = 100
-  save_every_seconds: Optional[float] = None
+  save_every_steps: Optional[int] = None
+  save_every_seconds: Optional[float] = 60.0
   keep_last: int = 3
   delete_after_export: bool = True
   max_restarts: int = 2
@@ -80,7 +83,7 @@ class CheckpointConfig(JsonConfig):
         not isinstance(self.backup_root, str) or not self.backup_root.strip()):
       raise ValueError(f'backup_root={self.backup_root!r} must be a non-empty '
                        'path or URI (local, gs://, hdfs://, ...) or None.')
-    if self.save_every_steps is not None and not _is_int(
+    if self.save_every_steps is not None and not is_int(
         self.save_every_steps, minimum=1):
       raise ValueError(f'save_every_steps={self.save_every_steps!r} must be an '
                        'integer >= 1 or None.')
@@ -90,10 +93,10 @@ class CheckpointConfig(JsonConfig):
         not self.save_every_seconds > 0):
       raise ValueError(f'save_every_seconds={self.save_every_seconds!r} must '
                        'be a number > 0 or None.')
-    if not _is_int(self.keep_last, minimum=1):
+    if not is_int(self.keep_last, minimum=1):
       raise ValueError(f'keep_last={self.keep_last!r} must be an integer >= 1 '
                        '(the newest checkpoint is always kept).')
-    if not _is_int(self.max_restarts, minimum=0):
+    if not is_int(self.max_restarts, minimum=0):
       raise ValueError(f'max_restarts={self.max_restarts!r} must be an integer '
                        '>= 0.')
     if not isinstance(self.delete_after_export, bool):
@@ -101,11 +104,6 @@ class CheckpointConfig(JsonConfig):
                        'be True or False.')
     return self
 
-
-
-def _is_int(value: Any, minimum: int) -> bool:
-  return (not isinstance(value, bool) and isinstance(value, int) and
-          value >= minimum)
 
 
 def training_fingerprint(input_uris: Dict[str, Any],

@@ -10,14 +10,11 @@ records the training result on `model_run`.
 
 import dataclasses
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import shutil
 import sys
 import tempfile
-from types import ModuleType
 from typing import Any, Dict, List, Optional
 
 from absl import logging
@@ -28,13 +25,13 @@ from tfx.dsl.components.base import base_executor
 from tfx.dsl.io import fileio
 from tfx.types import artifact_utils
 from tfx.types import standard_component_specs
-from tfx.utils import io_utils
 
 from components import storage
 from components.trainer import checkpointing
 from components.trainer import config as config_lib
 from components.trainer import launcher
 from components.trainer import strategy as strategy_lib
+from components.trainer import user_module
 from components.trainer import worker
 from components.trainer.task import TrainingTask
 
@@ -47,9 +44,10 @@ DECISION_FILE = 'distribution_decision.json'
 TASK_FILE = 'training_task.json'
 CLUSTER_LOG_DIR = 'cluster_logs'
 CHECKPOINT_SUBDIR = '_hpm_checkpoints'
-# Distribution options that do not change the training trajectory, left out
-# of the checkpoint fingerprint.
-_NOT_IN_FINGERPRINT = ('launcher', 'timeout_s')
+# Distribution options that do not change the training trajectory (steps
+# per call: the same updates on the same batches), left out of the
+# checkpoint fingerprint.
+_NOT_IN_FINGERPRINT = ('launcher', 'timeout_s', 'steps_per_execution')
 
 
 def _module_identity(exec_properties: Dict[str, Any]) -> Dict[str, Any]:
@@ -60,7 +58,7 @@ def _module_identity(exec_properties: Dict[str, Any]) -> Dict[str, Any]:
       standard_component_specs.RUN_FN_KEY)}
   module_file = identity[standard_component_specs.MODULE_FILE_KEY]
   if module_file:
-    with open(io_utils.ensure_local(module_file), 'rb') as f:
+    with fileio.open(module_file, 'rb') as f:
       identity['sha256'] = hashlib.sha256(f.read()).hexdigest()
   return identity
 
@@ -84,21 +82,6 @@ def _read_json_artifact(artifacts: Optional[List[types.Artifact]],
   return value
 
 
-def _load_module(module_file: Optional[str], module_path: Optional[str],
-                 run_fn: Optional[str]) -> ModuleType:
-  """Imports the user module (file, module name, or the run_fn's module)."""
-  if run_fn or module_path:
-    return importlib.import_module(module_path or run_fn.rpartition('.')[0])
-  path = io_utils.ensure_local(module_file)
-  spec = importlib.util.spec_from_file_location('_hpm_checked_user_module',
-                                                path)
-  if spec is None:
-    raise ValueError(f'module_file {module_file!r} is not a Python file.')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def check_module_contract(module_file: Optional[str],
                           module_path: Optional[str], run_fn: Optional[str],
                           mode: str) -> str:
@@ -107,7 +90,7 @@ def check_module_contract(module_file: Optional[str],
   The component calls it at construction, the executor again at run time
   (where a packaged module is importable by name).
   """
-  module = _load_module(module_file, module_path, run_fn)
+  module = user_module.load(module_file, module_path, run_fn)
   run_fn_name = run_fn.rpartition('.')[2] if run_fn else 'run_fn'
   return config_lib.resolve_mode(
       mode,

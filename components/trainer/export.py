@@ -5,6 +5,8 @@ these, so every SavedModel the suite writes is usable by the stock Evaluator
 (`transform_features` preprocessing) and by serving (`serving_default`).
 """
 
+import shutil
+import tempfile
 from typing import Dict, Optional
 
 import tensorflow as tf
@@ -58,3 +60,28 @@ def export_saved_model(model: tf.keras.Model,
   if signatures is None:
     signatures = serving_signatures(model, tf_transform_output, raw_label_key)
   tf.saved_model.save(model, export_dir, signatures=signatures)
+
+
+def export_trained_model(model: tf.keras.Model, module, tf_transform_output,
+                         raw_label_key: Optional[str], export_dir: str,
+                         is_chief: bool) -> None:
+  """The managed loop's export: the module's signatures, else ours.
+
+  Only the chief's export is kept; MultiWorkerMirrored workers must take
+  part in the save collectives, so they export to a local scratch folder.
+  """
+  if not is_chief:
+    export_dir = tempfile.mkdtemp(prefix='hpm-nonchief-export-')
+  try:
+    if hasattr(module, 'serving_signatures'):
+      tf.saved_model.save(
+          model, export_dir,
+          signatures=module.serving_signatures(model, tf_transform_output))
+    elif tf_transform_output is not None:
+      export_saved_model(model, tf_transform_output, raw_label_key,
+                         export_dir)
+    else:
+      tf.saved_model.save(model, export_dir)
+  finally:
+    if not is_chief:
+      shutil.rmtree(export_dir, ignore_errors=True)

@@ -25,7 +25,7 @@ import tensorflow as tf
 from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
 from components.trainer.task import TrainingTask
-from components.transform import input_pipeline
+from components.data import input_pipeline
 
 
 def feature_spec(task: TrainingTask) -> Dict[str, Any]:

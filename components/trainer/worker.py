@@ -29,7 +29,7 @@ from components.trainer import preemption
 from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
 from components.trainer.task import TrainingTask
-from components.transform import input_pipeline
+from components.data import input_pipeline
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 RESULT_FILE = 'training_result.json'
@@ -84,7 +84,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
   logical_cpus = config.logical_cpu_devices
   if task.partition_plan_uri:
     # GPipe stages need a device each; without GPUs they are logical CPUs.
-    from components.partitioner import gpipe  # pylint: disable=g-import-not-at-top
+    from components.pipeline_parallel import gpipe  # pylint: disable=g-import-not-at-top
     logical_cpus = max(logical_cpus or 1,
                        gpipe.load_plan(task.partition_plan_uri)['num_stages'])
   strategy_lib.configure_logical_cpus(logical_cpus)

@@ -1,9 +1,12 @@
 """OptimizedTransform: the stock Transform plus a tuned input pipeline.
 
 No TFX, no TensorFlow: `config` (TuningConfig and its validation).
-TensorFlow, no TFX: `input_pipeline` (InputPipelineConfig, `build_dataset`,
-the library the trainers read with), `sharding` (re-shards a materialized
-split), `tuner` (time-budgeted measurements and decisions), `report`
+TensorFlow, no TFX: `tuner` (time-budgeted measurements and decisions),
+`consumer` (the model's training-step rate), `history` (the previous tuning
+and training of this pipeline, from their artifact files), `report`
 (markdown and PNG chart).
-TFX: `component`, `executor`.
+TFX: `component`, `executor` (the stock executor, writing the transformed
+examples in `num_output_shards` files inside its Beam pipeline).
+The dataset library it tunes (`components.data.input_pipeline`) is shared
+with HighPerfTrainer.
 """

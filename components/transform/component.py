@@ -57,11 +57,12 @@ class _UpgradeTransformSpec(base_beam_component.BaseBeamComponent):
 class OptimizedTransform(transform_component.Transform, _UpgradeTransformSpec):
   """Transform that also measures and tunes the trainer's input pipeline.
 
-  Outputs: every stock Transform output (materialized examples re-sharded
-  into `tuning.num_output_shards` files, records unchanged) plus
-  `tuned_input_pipeline` (TunedInputPipeline): `config.json` (an
-  `InputPipelineConfig` for `components.transform.input_pipeline.
-  build_dataset`), `report.md` and `candidates.png`.
+  Outputs: every stock Transform output (materialized examples written by
+  the stock Beam write into `tuning.num_output_shards` files, the same
+  records) plus `tuned_input_pipeline` (TunedInputPipeline): `config.json`
+  (an `InputPipelineConfig` for `components.data.input_pipeline.
+  build_dataset`), `report.md`, `candidates.png` and `fingerprint.json`
+  (what it was tuned on, so the next run can reuse it).
   """
   SPEC_CLASS = OptimizedTransformSpec
   EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)

@@ -10,24 +10,32 @@ import dataclasses
 from typing import Any, Dict, Optional, Sequence, Union
 
 from components.json_config import JsonConfig
+from components.json_config import is_int as _is_int
 
 CACHE_MODES = ('auto', 'memory', 'disk', 'none')
 MATERIALIZE_MODES = ('auto', 'always', 'on_the_fly')
+# Measurement batch when neither batch_size nor trainer_batch_size is set.
+DEFAULT_BATCH_SIZE = 256
 
 
 @dataclasses.dataclass
 class TuningConfig(JsonConfig):
-  OPTIONS_NAME = 'tuning'
   """How OptimizedTransform measures and tunes the trainer's input pipeline.
 
   Attributes:
     time_budget_s: Wall-clock seconds for everything after the stock
-      Transform (re-sharding, measuring, report), so the step stays close to
-      the stock Transform's wall time.
+      Transform (measuring the reader and the model, searching, report), so
+      the step stays close to the stock Transform's wall time.
     ram_budget_bytes: Memory the trainer's input pipeline may use: in-memory
       caching is chosen only when the measured dataset fits. None: a quarter
       of the tuning machine's physical memory.
-    batch_size: Batch size of the measurements (use the trainer's).
+    batch_size: Batch size of the measurements. None: `trainer_batch_size`,
+      else DEFAULT_BATCH_SIZE. A value that differs from the trainer's batch
+      is flagged in the report (the rates were measured at another batch).
+    trainer_batch_size: Examples the trainer reads per step (its global
+      batch times gradient-accumulation steps, per input pipeline);
+      `pipelines.taxi_pipeline.hpm_factories` sets it from the trainer's
+      distribution config.
     cache: 'auto' decides from the measured size against the budgets;
       'memory', 'disk' or 'none' force a mode ('memory' still must fit).
     cache_dir: Local folder for the on-disk cache; without it 'auto' never
@@ -36,19 +44,33 @@ class TuningConfig(JsonConfig):
       materialized examples, 'on_the_fly' applies the transform graph inside
       the input pipeline, 'auto' picks the faster measured one (and
       on-the-fly whenever Transform does not materialize).
-    num_output_shards: Files per materialized split, so that parallel
-      interleave and per-worker sharding have files to work with; 0 keeps the
-      files Transform wrote.
+    num_output_shards: Files per materialized split, written by Transform's
+      own Beam write (so it scales with the runner), so that parallel
+      interleave and per-worker sharding have files to work with; 0 lets the
+      runner decide, as the stock Transform does.
     max_candidates: Most pipeline configs measured (the time budget may stop
       the search earlier).
     measure_seconds: Timed seconds per measured pipeline.
     allow_nondeterministic: Let the tuner pick non-deterministic ordering when
       it is faster. Off by default: exact resume needs a deterministic order.
     tune_split: The materialized split the tuner measures on.
+    early_stop: Also measure the consumer, the model's training step (the
+      module's `build_model`, or the previous run's training rate), and stop
+      with the default pipeline when training is not input-bound: when the
+      default reader delivers at least `input_bound_ratio` times what the
+      model consumes. False: always search.
+    input_bound_ratio: Reader rate / consumer rate below which training
+      counts as input-bound (see `tuner.INPUT_BOUND_RATIO` for the default's
+      reasoning).
+    reuse: Start from the config of this node's previous TunedInputPipeline
+      when the transformed feature spec and the tune split's example count
+      are unchanged, and verify it with one measurement instead of searching.
   """
+  OPTIONS_NAME = 'tuning'
   time_budget_s: float = 8.0
   ram_budget_bytes: Optional[int] = None
-  batch_size: int = 256
+  batch_size: Optional[int] = None
+  trainer_batch_size: Optional[int] = None
   cache: str = 'auto'
   cache_dir: Optional[str] = None
   materialize: str = 'auto'
@@ -57,6 +79,25 @@ class TuningConfig(JsonConfig):
   measure_seconds: float = 0.3
   allow_nondeterministic: bool = False
   tune_split: str = 'train'
+  early_stop: bool = True
+  input_bound_ratio: float = 4.0
+  reuse: bool = True
+
+  @property
+  def measure_batch_size(self) -> int:
+    """The batch the tuner measures at."""
+    return self.batch_size or self.trainer_batch_size or DEFAULT_BATCH_SIZE
+
+  def batch_mismatch(self) -> Optional[str]:
+    """Why the measured batch is not the trainer's, or None."""
+    if self.trainer_batch_size is None:
+      return None if self.batch_size else (
+          f'the trainer\'s batch is unknown (trainer_batch_size not set); '
+          f'measured at {DEFAULT_BATCH_SIZE}')
+    if self.measure_batch_size != self.trainer_batch_size:
+      return (f'measured at batch {self.measure_batch_size} but the trainer '
+              f'reads {self.trainer_batch_size} examples per step')
+    return None
 
   def validate(self) -> 'TuningConfig':
     """Raises ValueError naming the bad value and what is allowed."""
@@ -68,10 +109,14 @@ class TuningConfig(JsonConfig):
       raise ValueError('ram_budget_bytes must be a positive int or None (a '
                        'quarter of physical memory), got '
                        f'{self.ram_budget_bytes!r}.')
-    for name in ('batch_size', 'max_candidates'):
+    if not _is_int(self.max_candidates) or self.max_candidates < 1:
+      raise ValueError('max_candidates must be a positive int, got '
+                       f'{self.max_candidates!r}.')
+    for name in ('batch_size', 'trainer_batch_size'):
       value = getattr(self, name)
-      if not _is_int(value) or value < 1:
-        raise ValueError(f'{name} must be a positive int, got {value!r}.')
+      if value is not None and (not _is_int(value) or value < 1):
+        raise ValueError(f'{name} must be a positive int or None, got '
+                         f'{value!r}.')
     if not _is_int(self.num_output_shards) or self.num_output_shards < 0:
       raise ValueError('num_output_shards must be an int >= 0 (0 keeps '
                        "Transform's files), got "
@@ -89,9 +134,14 @@ class TuningConfig(JsonConfig):
     if self.materialize not in MATERIALIZE_MODES:
       raise ValueError(f'materialize must be one of {MATERIALIZE_MODES}, got '
                        f'{self.materialize!r}.')
-    if not isinstance(self.allow_nondeterministic, bool):
-      raise ValueError('allow_nondeterministic must be a bool, got '
-                       f'{self.allow_nondeterministic!r}.')
+    for name in ('allow_nondeterministic', 'early_stop', 'reuse'):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f'{name} must be a bool, got '
+                         f'{getattr(self, name)!r}.')
+    if (not _is_number(self.input_bound_ratio) or
+        self.input_bound_ratio <= 0):
+      raise ValueError('input_bound_ratio must be a positive number, got '
+                       f'{self.input_bound_ratio!r}.')
     if not isinstance(self.tune_split, str) or not self.tune_split:
       raise ValueError('tune_split must be a split name such as "train", got '
                        f'{self.tune_split!r}.')
@@ -135,10 +185,6 @@ class TuningConfig(JsonConfig):
       return cls.from_json(value)
     raise ValueError('tuning must be a TuningConfig, a dict or a JSON string, '
                      f'got {type(value).__name__}.')
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value) -> bool:

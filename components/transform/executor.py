@@ -1,25 +1,38 @@
-"""OptimizedTransform executor: the real Transform, then re-shard and tune.
+"""OptimizedTransform executor: the real Transform, then tune the reader.
 
-1. The stock Transform executor's `Do` produces every stock output.
-2. Each materialized split is re-sharded into `num_output_shards` files
-   (records and their order unchanged).
-3. The tuner measures input pipelines on the tune split within the time
-   budget, and the chosen `InputPipelineConfig` is written to
-   `<tuned_input_pipeline>/config.json` with `report.md` and
-   `candidates.png`; the key numbers become custom properties.
+1. The stock Transform executor's `Do` produces every stock output; its
+   transformed-examples write (`TransformProcessor._EncodeAndWrite`, the
+   stock hook) writes `num_output_shards` files per split inside the Beam
+   pipeline and counts the examples (a Beam counter), so re-sharding scales
+   with the runner and costs no pass over the data afterwards.
+2. While Beam runs, a thread builds the module's model (`build_model`) and
+   traces its training step, so that the consumer's rate costs only its
+   timed seconds afterwards.
+3. The tuner measures the default reader and the consumer at the trainer's
+   batch: not input-bound, it stops with the defaults; else it verifies this
+   node's previous tuning when the data is unchanged, or searches. The
+   chosen `InputPipelineConfig` is written to
+   `<tuned_input_pipeline>/config.json` with `report.md`, `candidates.png`
+   and `fingerprint.json` (what it was tuned on, for the next run); the key
+   numbers become custom properties.
 """
 
+import contextlib
+import functools
 import json
 import os
+import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from absl import logging
+import apache_beam as beam
 import tensorflow as tf
 import tensorflow_transform as tft
 from tfx import types
 from tfx.components.transform import executor as transform_executor
 from tfx.components.transform import executor_utils
+from tfx.components.transform import labels
 from tfx.components.util import examples_utils
 from tfx.types import artifact_utils
 from tfx.types import standard_component_specs
@@ -28,22 +41,163 @@ from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components import storage
-from components.transform import input_pipeline
+from components.data import input_pipeline
+from components.transform import consumer as consumer_lib
+from components.transform import history
 from components.transform import report
-from components.transform import sharding
 from components.transform import tuner
 from components.transform.config import TuningConfig
 
 TUNING_KEY = 'tuning'
 TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
-CONFIG_FILE = 'config.json'
+CONFIG_FILE = history.CONFIG_FILE
 STOCK_READER = 'stock TFX reader (tfx_bsl TFExampleRecord)'
+METRICS_NAMESPACE = 'tfx_hpm'
+# Counter name prefix of the examples written per output path.
+_EXAMPLES_COUNTER = 'examples_written:'
 _TFRECORDS_GZIP = 'tfrecords_gzip'
 _TF_EXAMPLE = 'FORMAT_TF_EXAMPLE'
+# Longest wait for the model-preparing thread after Beam finished.
+_PREPARE_JOIN_S = 120.0
+_STOCK_PROCESSOR = transform_executor.TransformProcessor
+
+
+class _ShardedTransformProcessor(_STOCK_PROCESSOR):
+  """The stock processor; TFRecord output in a fixed number of shards.
+
+  Installed as `transform_executor.TransformProcessor` while our executor's
+  stock `Do` runs (the stock executor instantiates it by that name). The
+  shard count is per thread: a stock Transform running in another thread of
+  the same process meanwhile writes as stock.
+  """
+  shards_by_thread: Dict[int, int] = {}
+
+  def _EncodeAndWrite(self, schema: schema_pb2.Schema, file_format: str,
+                      output_path: str):  # pylint: disable=invalid-name
+    num_shards = self.shards_by_thread.get(threading.get_ident())
+    if num_shards is None or file_format != labels.FORMAT_TFRECORD:
+      return _STOCK_PROCESSOR._EncodeAndWrite(  # pylint: disable=protected-access
+          schema=schema, file_format=file_format, output_path=output_path)
+    return _EncodeAndWriteSharded(  # pylint: disable=no-value-for-parameter
+        schema=schema, output_path=output_path, num_shards=num_shards)
+
+
+@beam.ptransform_fn
+@beam.typehints.with_input_types(Tuple[Any, Dict[str, Any]])
+def _EncodeAndWriteSharded(pcoll: beam.PCollection, schema: schema_pb2.Schema,  # pylint: disable=invalid-name
+                           output_path: str,
+                           num_shards: int) -> beam.pvalue.PDone:
+  """The stock TFRecord write (same records, names), `num_shards` files.
+
+  `num_shards` 0 lets the runner decide, as the stock write does. Examples
+  are counted per RecordBatch into a Beam counter named by `output_path`.
+  """
+  counter = beam.metrics.Metrics.counter(METRICS_NAMESPACE,
+                                         _EXAMPLES_COUNTER + output_path)
+
+  def count(element):
+    counter.inc(element[0].num_rows)
+    return element
+
+  return (pcoll
+          | 'CountExamples' >> beam.Map(count)
+          | 'EncodeAndSerialize' >> beam.ParDo(
+              _STOCK_PROCESSOR._RecordBatchToExamplesFn(  # pylint: disable=protected-access
+                  schema))
+          | 'ExtractExamples' >> beam.Values()
+          | 'WriteToTFRecord' >> beam.io.WriteToTFRecord(
+              output_path, file_name_suffix='.gz', num_shards=num_shards))
+
+
+_install_lock = threading.Lock()
+_installed = [0]
+
+
+@contextlib.contextmanager
+def _sharded_writes(num_shards: int):
+  """Makes the stock executor, in this thread, write `num_shards` files."""
+  with _install_lock:
+    _installed[0] += 1
+    transform_executor.TransformProcessor = _ShardedTransformProcessor
+  thread = threading.get_ident()
+  _ShardedTransformProcessor.shards_by_thread[thread] = num_shards
+  try:
+    yield
+  finally:
+    _ShardedTransformProcessor.shards_by_thread.pop(thread, None)
+    with _install_lock:
+      _installed[0] -= 1
+      if not _installed[0]:
+        transform_executor.TransformProcessor = _STOCK_PROCESSOR
+
+
+class _Background:
+  """Runs a function in a thread; `result()` joins it and re-raises."""
+
+  def __init__(self, fn: Callable[[], Any]):
+    self._value = None
+    self._error: Optional[BaseException] = None
+
+    def target():
+      try:
+        self._value = fn()
+      except Exception as e:  # pylint: disable=broad-except
+        self._error = e
+
+    self._thread = threading.Thread(target=target, daemon=True,
+                                    name='tfx_hpm_prepare')
+    self._thread.start()
+
+  def result(self, timeout: float):
+    self._thread.join(timeout)
+    if self._thread.is_alive():
+      raise TimeoutError(f'still running after {timeout:.0f} s')
+    if self._error is not None:
+      raise self._error
+    return self._value
+
+
+def _user_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """The module-level function behind a (custom-config bound) callable."""
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  return getattr(fn, '__wrapped__', fn)
 
 
 class Executor(transform_executor.Executor):
-  """Runs the stock Transform, re-shards its output and tunes the reader."""
+  """Runs the stock Transform with sharded output and tunes the reader."""
+
+  def _GetPreprocessingFn(self, inputs, unused_outputs):  # pylint: disable=invalid-name
+    """The stock lookup; also finds the module's model for the consumer."""
+    fn = super()._GetPreprocessingFn(inputs, unused_outputs)
+    if getattr(self, '_wants_model', False):
+      self._start_model_step(getattr(_user_function(fn), '__globals__', {}))
+    return fn
+
+  def _start_model_step(self, module: Dict[str, Any]) -> None:
+    """Starts building and tracing the module's training step in a thread."""
+    build_model, label_key = module.get('build_model'), module.get(
+        'LABEL_KEY')
+    name = module.get('__name__', 'the module')
+    if not callable(build_model) or not isinstance(label_key, str):
+      self._model_note = (
+          f'{name} defines no build_model(hparams) and LABEL_KEY, so the '
+          'consumer was not measured; searching as before.')
+      return
+    step = consumer_lib.ModelStep(build_model, label_key)
+    self._model_step = step
+
+    def prepare():
+      step.prepare()
+      report.warm_up()  # Imports matplotlib meanwhile, too.
+      return step
+    self._model_prepare = _Background(prepare)
+
+  def _make_beam_pipeline(self):
+    """The stock pipeline, kept to read its counters after it ran."""
+    pipeline = super()._make_beam_pipeline()
+    self._pipelines.append(pipeline)
+    return pipeline
 
   def Do(self, input_dict: Dict[str, List[types.Artifact]],
          output_dict: Dict[str, List[types.Artifact]],
@@ -53,14 +207,43 @@ class Executor(transform_executor.Executor):
         output_dict[TUNED_INPUT_PIPELINE_KEY])
     # Before the Transform runs: an unwritable root fails now, naming it.
     storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
+    batch = tuning.measure_batch_size
+    notes: List[str] = []
+    training = history.previous_training(tuned_artifact.uri)
+    consumer: Any = None
+    mismatches = []
+    if training is not None and training.reader_batch != batch:
+      mismatches.append(
+          f'the previous training ({training.uri}) read batches of '
+          f'{training.reader_batch}, the tuning measures at {batch}')
+    if tuning.early_stop and training is not None:
+      if training.reader_batch == batch:
+        consumer = tuner.ConsumerRate(
+            training.examples_per_sec,
+            f"the previous run's training rate, {training.uri}", batch)
+      else:
+        notes.append('The previous training read another batch: its rate '
+                     'was not used for the consumer.')
+    self._pipelines: List[Any] = []
+    self._model_step: Optional[consumer_lib.ModelStep] = None
+    self._model_prepare: Optional[_Background] = None
+    self._model_note = ''
+    self._wants_model = tuning.early_stop and consumer is None
     start = time.monotonic()
-    super().Do(
-        input_dict,
-        {k: v for k, v in output_dict.items() if k != TUNED_INPUT_PIPELINE_KEY},
-        {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
+    with _sharded_writes(tuning.num_output_shards):
+      super().Do(
+          input_dict,
+          {k: v for k, v in output_dict.items()
+           if k != TUNED_INPUT_PIPELINE_KEY},
+          {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
     transform_seconds = time.monotonic() - start
-    # The tuning budget counts from here: re-sharding, measuring, report.
+    # The tuning budget counts from here.
     budget_start = time.monotonic()
+    if self._wants_model:
+      consumer = self._consumer(batch, tuning.measure_seconds, notes)
+    elif not tuning.early_stop:
+      notes.append('early_stop is off: the consumer was not measured.')
+    waited_seconds = time.monotonic() - budget_start
 
     splits_config = executor_utils.ResolveSplitsConfig(
         exec_properties.get(standard_component_specs.SPLITS_CONFIG_KEY),
@@ -70,46 +253,146 @@ class Executor(transform_executor.Executor):
     transformed = (
         output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
         if _are_tfrecords(examples) else None)
-    num_examples = None
-    if transformed:
-      counts = _reshard(transformed, splits_config.transform,
-                        tuning.num_output_shards)
-      num_examples = counts.get(tuning.tune_split)
-    shard_seconds = time.monotonic() - budget_start
+    counts = self._examples_written()
+    num_examples = (_split_count(counts, transformed, tuning.tune_split)
+                    if transformed else None)
 
     transform_graph_uri = artifact_utils.get_single_uri(
         output_dict[standard_component_specs.TRANSFORM_GRAPH_KEY])
     tft_output = tft.TFTransformOutput(transform_graph_uri)
+    feature_spec = tft_output.transformed_feature_spec()
     materialized = (_split_patterns(transformed, tuning.tune_split)
                     if transformed else None)
     raw_patterns = ({split: _split_patterns(examples, split)
                      for split in splits_config.transform}
                     if _are_tfrecords(examples, _TF_EXAMPLE) else None)
     references = ({STOCK_READER: _stock_reader(
-        materialized, tft_output.transformed_metadata.schema,
-        tuning.batch_size)} if materialized else {})
+        materialized, tft_output.transformed_metadata.schema, batch)}
+                  if materialized else {})
+    key = history.tuning_key(
+        feature_spec, num_examples if num_examples is not None else
+        _estimated_examples(materialized or (raw_patterns or {}).get(
+            tuning.tune_split)), tuning.tune_split, batch)
+    previous = None
+    if tuning.reuse:
+      found = history.previous_tuning(tuned_artifact.uri, key)
+      if found is not None and found.config is not None:
+        previous = tuner.Previous(found.config, found.reason)
+      elif found is not None:
+        notes.append(f'Previous tuning {found.reason}.')
     result = tuner.tune(
-        tuning, tft_output.transformed_feature_spec(),
+        tuning, feature_spec,
         materialized_patterns=materialized,
         transform_graph_uri=transform_graph_uri,
         raw_file_patterns=raw_patterns,
         num_examples=num_examples,
         references=references,
+        consumer=consumer,
+        previous=previous,
+        notes=notes,
+        batch_mismatches=mismatches,
         clock_start=budget_start)
+    tuned_seconds = time.monotonic() - budget_start
     tuned_artifact.set_float_custom_property('transform_seconds',
                                              transform_seconds)
+    history.write_fingerprint(tuned_artifact.uri, key, {
+        'examples_per_sec': result.chosen.examples_per_sec,
+        'decision': result.decision})
     _write_artifact(tuned_artifact, result, {
-        'stock Transform seconds (inside this step)':
-            f'{transform_seconds:.1f}',
-        're-sharding seconds': f'{shard_seconds:.1f}',
+        'stock Transform seconds (inside this step, sharded Beam write '
+        'included)': f'{transform_seconds:.1f}',
         'materialized files per split': (
-            str(tuning.num_output_shards or 'as written by Transform')
+            str(tuning.num_output_shards or 'as the Beam runner wrote them')
             if transformed else 'none'),
+        'examples per split (Beam counter)': ', '.join(
+            f'{os.path.basename(os.path.dirname(path))}: {n:,}'
+            for path, n in sorted(counts.items())) or 'not counted',
+        'model step prepared while Beam ran (s)': (
+            f'{self._model_step.prepare_seconds:.1f}' + (
+                '; traced again on the real batch'
+                if self._model_step.retraced else '')
+            if self._model_step else 'no'),
+        'seconds after the stock Transform': (
+            f'{waited_seconds:.2f} waiting for the model step, '
+            f'{tuned_seconds - waited_seconds:.2f} measuring and deciding, '
+            'then the report (total: the custom property '
+            'after_transform_seconds)'),
     })
-    logging.info('OptimizedTransform: Transform %.1f s, re-shard %.1f s, '
-                 'then tuning until %.1f s; chosen %s', transform_seconds,
-                 shard_seconds, time.monotonic() - budget_start,
+    after = time.monotonic() - budget_start
+    tuned_artifact.set_float_custom_property('after_transform_seconds', after)
+    logging.info('OptimizedTransform: Transform %.1f s, then %.1f s (%s); '
+                 'chosen %s', transform_seconds, after, result.decision,
                  result.config.to_json())
+
+  def _consumer(self, batch: int, seconds: float,
+                notes: List[str]) -> Optional[tuner.ConsumerFn]:
+    """The measuring function of the prepared model step, or None (noted)."""
+    if self._model_prepare is None:
+      notes.append(self._model_note or 'The module was not loaded, so the '
+                   'consumer was not measured; searching as before.')
+      return None
+    try:
+      step = self._model_prepare.result(_PREPARE_JOIN_S)
+    except Exception as e:  # pylint: disable=broad-except
+      notes.append(f'Building the model for the consumer failed '
+                   f'({type(e).__name__}: {e}); searching as before.')
+      return None
+
+    def measure(sample):
+      rate = step.rate(sample, seconds)
+      return tuner.ConsumerRate(
+          rate, 'the model\'s training step (build_model, default hparams, '
+          'one device)', batch)
+    return measure
+
+  def _examples_written(self) -> Dict[str, int]:
+    """Output path -> examples written, from the Beam counters (if any)."""
+    counts = {}
+    for pipeline in self._pipelines:
+      result = getattr(pipeline, 'result', None)
+      if result is None:
+        continue
+      try:
+        counters = result.metrics().query(
+            beam.metrics.MetricsFilter().with_namespace(
+                METRICS_NAMESPACE))['counters']
+      except Exception as e:  # pylint: disable=broad-except
+        logging.info('No Beam metrics from this runner: %s', e)
+        continue
+      for counter in counters:
+        name = counter.key.metric.name
+        if name.startswith(_EXAMPLES_COUNTER):
+          value = counter.committed
+          if value is None:
+            value = counter.attempted
+          counts[name[len(_EXAMPLES_COUNTER):]] = int(value or 0)
+    return counts
+
+
+def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
+  """Examples in the files (estimated from the first one), None if none.
+
+  Deterministic for the same files, so it tells an unchanged volume too.
+  """
+  try:
+    return tuner.estimate_num_examples(input_pipeline.list_files(patterns),
+                                       'GZIP') if patterns else None
+  except (ValueError, tf.errors.OpError) as e:
+    logging.info('Cannot estimate the examples in %s: %s', patterns, e)
+    return None
+
+
+def _split_count(counts: Dict[str, int], transformed: List[types.Artifact],
+                 split: str) -> Optional[int]:
+  """Examples written into `split`'s folders, None if any is not counted."""
+  total = 0
+  for uri in artifact_utils.get_split_uris(transformed, split):
+    matches = [n for path, n in counts.items()
+               if os.path.dirname(path.rstrip('/')) == uri.rstrip('/')]
+    if not matches:
+      return None
+    total += sum(matches)
+  return total
 
 
 def _are_tfrecords(examples: List[types.Artifact],
@@ -124,20 +407,6 @@ def _are_tfrecords(examples: List[types.Artifact],
 def _split_patterns(artifacts: List[types.Artifact], split: str) -> List[str]:
   return [io_utils.all_files_pattern(uri)
           for uri in artifact_utils.get_split_uris(artifacts, split)]
-
-
-def _reshard(transformed: List[types.Artifact], splits: List[str],
-             num_shards: int) -> Dict[str, int]:
-  """Re-shards every materialized split; returns examples per split."""
-  counts = {}
-  for split in splits:
-    counts[split] = 0
-    for uri in artifact_utils.get_split_uris(transformed, split):
-      counts[split] += (sharding.reshard(uri, num_shards).num_records
-                        if num_shards else input_pipeline.count_records(
-                            tf.io.gfile.glob(os.path.join(uri, '*')),
-                            'GZIP'))
-  return counts
 
 
 def _stock_reader(patterns: List[str], schema: schema_pb2.Schema,
@@ -167,6 +436,17 @@ def _write_artifact(artifact: types.Artifact, result: tuner.TuningResult,
   if result.later_epochs_examples_per_sec:
     artifact.set_float_custom_property('later_epochs_examples_per_sec',
                                        result.later_epochs_examples_per_sec)
+  if result.consumer is not None:
+    artifact.set_float_custom_property('consumer_examples_per_sec',
+                                       result.consumer.examples_per_sec)
+    artifact.set_string_custom_property('consumer_source',
+                                        result.consumer.source)
+  if result.input_bound is not None:
+    artifact.set_int_custom_property('input_bound', int(result.input_bound))
+  artifact.set_string_custom_property('decision', result.decision)
+  artifact.set_int_custom_property('batch_size', result.batch_size)
+  artifact.set_string_custom_property('batch_mismatch',
+                                      result.batch_mismatch or '')
   artifact.set_string_custom_property('bottleneck_stage', result.bottleneck)
   artifact.set_string_custom_property('cache', result.config.cache)
   artifact.set_string_custom_property('transform_placement',

@@ -1,8 +1,10 @@
 """Writes the tuned input pipeline's report: markdown plus a PNG chart.
 
-The report answers: which stage limits throughput (per-stage rates), what was
-tried (every candidate with its rate), and what was chosen and why (placement
-and cache decisions). No TFX import.
+The report answers: whether training is input-bound at all (the reader's
+rate against the model's), which stage limits throughput (per-stage rates),
+what was tried (every candidate with its rate), and what was chosen and why
+(early stop, reuse, placement and cache decisions). A batch that is not the
+trainer's is flagged at the top. No TFX import.
 """
 
 import io
@@ -32,6 +34,20 @@ def render_markdown(result: TuningResult, extra: Dict[str, str]) -> str:
       f'**{chosen.examples_per_sec:,.0f} examples/s** (first epoch, batch '
       f'{result.batch_size}).',
   ]
+  if result.batch_mismatch:
+    lines += ['', f'> **Batch mismatch:** {result.batch_mismatch}; the rates '
+              'below may not hold for the trainer.', '']
+  lines.append(f'- decision: **{result.decision}**')
+  if result.consumer is not None:
+    verdict = {True: 'input-bound', False: 'not input-bound'}[
+        result.input_bound]
+    lines.append(f'- consumer (the model\'s training step): '
+                 f'{result.consumer.examples_per_sec:,.0f} examples/s at '
+                 f'batch {result.consumer.batch_size} '
+                 f'({result.consumer.source}); training is **{verdict}**: '
+                 f'{result.input_bound_reason}')
+  else:
+    lines.append('- consumer (the model\'s training step): not measured')
   for ref in result.references:
     lines.append(f'- vs {ref.name}: {ref.examples_per_sec:,.0f} examples/s '
                  f'(**{chosen.examples_per_sec / ref.examples_per_sec:.2f}x**)')
@@ -74,6 +90,13 @@ def render_markdown(result: TuningResult, extra: Dict[str, str]) -> str:
   if result.notes:
     lines += ['', '## Notes', ''] + [f'- {n}' for n in result.notes]
   return '\n'.join(lines) + '\n'
+
+
+def warm_up() -> None:
+  """Imports the charting library (a second or more), e.g. in a thread."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top,unused-import
 
 
 def render_chart(result: TuningResult) -> bytes:

@@ -6,6 +6,13 @@ wall-clock deadline, the most informative measurements first (see `tune`).
 
 Rates are examples/s of steady-state iteration after a short warm-up, over
 datasets that repeat, so a small sample measures as well as a large one.
+
+The tuner also weighs the consumer: the model's training step rate (see
+`consumer`). When the default reader delivers at least `input_bound_ratio`
+times what the model consumes, training is not input-bound and no search can
+speed it up, so the tuner stops with the defaults. A previous tuning of the
+same data (`Previous`) is verified with one measurement instead of searching
+again.
 """
 
 import dataclasses
@@ -13,13 +20,13 @@ import math
 import os
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
-from components.transform import input_pipeline
+from components.data import input_pipeline
 from components.transform.config import TuningConfig
-from components.transform.input_pipeline import AUTOTUNE, InputPipelineConfig
+from components.data.input_pipeline import AUTOTUNE, InputPipelineConfig
 
 # A knob value replaces the best one only when it is this much faster in a
 # second, interleaved measurement of both, so that noise on a shared machine
@@ -37,7 +44,47 @@ _REPORT_RESERVE_S = 1.5
 # transform graph into a tf.data function takes seconds the first time.
 ON_THE_FLY_MIN_LEFT_S = 12.0
 
+# Default reader rate / consumer rate below which training is input-bound.
+# The reader and the training step share the CPU cores here: at a ratio k the
+# reader takes at most 1/(k+1) of the CPU time per example (none of it
+# overlapped), and the search gains the reader 1.0-1.3x over the defaults on
+# this data (benchmarks/results/transform.md), so at k = 4 the best a search
+# could save is 0.2 * (1 - 1/1.3) ~ 5% of the step time, the noise level
+# MIN_GAIN already ignores. With an accelerator the reader overlaps the step
+# entirely, and k = 4 is the margin for a busier host than the one measured.
+INPUT_BOUND_RATIO = 4.0
+# InputPipelineConfig fields the search sets (what a reused config carries
+# over); placement, cache and budgets are decided anew.
+SEARCH_KNOBS = ('interleave_cycle_length', 'interleave_parallelism',
+                'batch_in_reader', 'read_batch_size', 'parse_parallel_calls',
+                'read_buffer_bytes', 'prefetch_batches',
+                'map_parallelization', 'private_threadpool_size',
+                'deterministic')
+# Decisions (TuningResult.decision).
+SEARCHED = 'searched'
+STOPPED_EARLY = 'stopped early: training is not input-bound'
+REUSED = 'reused the previous tuning (verified)'
+
 DatasetFn = Callable[[], tf.data.Dataset]
+
+
+@dataclasses.dataclass
+class ConsumerRate:
+  """How fast training consumes examples, and where the number comes from."""
+  examples_per_sec: float
+  source: str
+  batch_size: int
+
+
+# Measures the consumer on one parsed batch (features and label, a dict).
+ConsumerFn = Callable[[Dict[str, Any]], ConsumerRate]
+
+
+@dataclasses.dataclass
+class Previous:
+  """A previous tuning of the same data, to verify instead of searching."""
+  config: InputPipelineConfig
+  description: str
 
 
 @dataclasses.dataclass
@@ -82,6 +129,13 @@ class TuningResult:
   # machine are lower and noisier.
   load_average: float = 0.0
   cores: int = 1
+  # What the model consumes (None: not measured), and the verdict.
+  consumer: Optional[ConsumerRate] = None
+  input_bound: Optional[bool] = None
+  input_bound_reason: str = ''
+  decision: str = SEARCHED
+  # Why the measured batch is not the trainer's, or None.
+  batch_mismatch: Optional[str] = None
 
 
 def physical_memory_bytes() -> int:
@@ -97,26 +151,66 @@ def _rows(element) -> int:
   return int(first.shape[0])
 
 
-def measure_rate(make_dataset: DatasetFn, seconds: float) -> float:
+def _rows_tensor(element) -> tf.Tensor:
+  """Rows of a batch, in the graph (dense, sparse or ragged first feature)."""
+  first = tf.nest.flatten(element)[0]
+  if isinstance(first, tf.sparse.SparseTensor):
+    return first.dense_shape[0]
+  if isinstance(first, tf.RaggedTensor):
+    return first.nrows()
+  return tf.shape(first, out_type=tf.int64)[0]
+
+
+def _in_graph_puller(iterator) -> Callable[[int], int]:
+  """pull(n): takes n batches inside one tf.function call; returns rows.
+
+  The trainer takes its batches inside its compiled step, so the reader is
+  timed the same way: iterating from Python costs tens of microseconds per
+  batch, which at a small batch would be most of what is measured.
+  """
+  @tf.function(autograph=False)
+  def pull(n):
+    def body(i, rows):
+      return i + 1, rows + _rows_tensor(iterator.get_next())
+    _, rows = tf.while_loop(lambda i, _: i < n, body,
+                            [tf.constant(0), tf.constant(0, tf.int64)])
+    return rows
+
+  return lambda n: int(pull(tf.constant(n, tf.int32)))
+
+
+def measure_rate(make_dataset: DatasetFn, seconds: float,
+                 keep_first: Optional[List[Any]] = None) -> float:
   """Examples/s of iterating a dataset (repeated) after a warm-up.
 
-  The median of three windows, so that a burst of other work on a shared
-  machine in one window does not decide the result.
+  The batches are taken inside a tf.function, as the trainer's step takes
+  them. The median of three windows, so that a burst of other work on a
+  shared machine in one window does not decide the result. `keep_first`, if
+  given, gets the first element appended (a sample batch, at no extra cost).
   """
   iterator = iter(make_dataset().repeat())
-  next(iterator)  # Tracing and pipeline start-up are not timed.
-  warm_until = time.perf_counter() + min(_WARMUP_S, seconds)
+  first = next(iterator)  # Tracing and pipeline start-up are not timed.
+  if keep_first is not None:
+    keep_first.append(first)
+  pull = _in_graph_puller(iterator)
+  pull(1)  # Traces the puller.
+  # Warm-up (AUTOTUNE settles), which also times one batch.
+  batches, start = 0, time.perf_counter()
+  warm_until = start + min(_WARMUP_S, seconds)
+  step = 1
   while time.perf_counter() < warm_until:
-    next(iterator)
+    pull(step)
+    batches += step
+    step = min(2 * step, 64)
+  per_batch = (time.perf_counter() - start) / max(batches, 1)
   rates = []
   for _ in range(_WINDOWS):
-    examples, start = 0, time.perf_counter()
-    while True:
-      examples += _rows(next(iterator))
-      elapsed = time.perf_counter() - start
-      if elapsed >= seconds / _WINDOWS:
-        rates.append(examples / elapsed)
-        break
+    n = max(1, int(seconds / _WINDOWS / max(per_batch, 1e-7)))
+    start = time.perf_counter()
+    rows = pull(n)
+    elapsed = time.perf_counter() - start
+    per_batch = elapsed / n
+    rates.append(rows / elapsed)
   return statistics.median(rates)
 
 
@@ -240,9 +334,10 @@ class _Clock:
     self.seconds = seconds
     self.measurement_cost = seconds + _WARMUP_S
 
-  def measure(self, make_dataset: DatasetFn) -> float:
+  def measure(self, make_dataset: DatasetFn,
+              keep_first: Optional[List[Any]] = None) -> float:
     started = time.monotonic()
-    rate = measure_rate(make_dataset, self.seconds)
+    rate = measure_rate(make_dataset, self.seconds, keep_first)
     self.measurement_cost = max(self.measurement_cost,
                                 time.monotonic() - started)
     return rate
@@ -295,13 +390,21 @@ def tune(tuning: TuningConfig,
          raw_file_patterns: Optional[Dict[str, List[str]]] = None,
          num_examples: Optional[int] = None,
          references: Optional[Dict[str, DatasetFn]] = None,
+         consumer: Union[None, ConsumerRate, ConsumerFn] = None,
+         previous: Optional[Previous] = None,
+         notes: Optional[List[str]] = None,
+         batch_mismatches: Optional[List[str]] = None,
          compression_type: str = 'GZIP',
          raw_compression_type: str = 'GZIP',
          cores: Optional[int] = None,
          clock_start: Optional[float] = None) -> TuningResult:
   """Measures candidates within `tuning.time_budget_s` and picks one.
 
-  Order, most informative first: the default materialized pipeline; the
+  Order, most informative first: the default pipeline (materialized unless
+  on the fly is requested or the only path), on a batch of the trainer's
+  size; the consumer. Training not input-bound (`tuning.early_stop`): stop
+  with the defaults. Else a `previous` tuning of the same data is measured
+  once and kept unless slower than the defaults. Else the search: the
   on-the-fly pipeline (always when it is the only or the requested
   placement, in 'auto' only if the budget leaves room for loading the
   transform graph); the references; the chosen path's stage rates; a greedy
@@ -319,41 +422,109 @@ def tune(tuning: TuningConfig,
     num_examples: Examples in the tune split, if known (else estimated).
     references: Name -> dataset factory measured for comparison only (e.g.
       the stock TFX reader).
+    consumer: What training consumes: a known rate (e.g. the previous run's),
+      or a function measuring it on a sample batch (features with the label,
+      parsed by the default pipeline), or None (not known: search).
+    previous: A previous tuning of the same data to verify and reuse.
+    notes: Notes to start the report's list with.
+    batch_mismatches: Other evidence that the measured batch is not the
+      trainer's (e.g. the batch the previous training read), for the flag.
     compression_type: Compression of the materialized files.
     raw_compression_type: Compression of the raw files.
     cores: CPU cores for the search space; defaults to os.cpu_count().
     clock_start: `time.monotonic()` at which the time budget started, if
-      before this call (e.g. before re-sharding).
+      before this call.
   """
   tuning = tuning.validate()
   clock = _Clock(tuning.time_budget_s, tuning.measure_seconds, clock_start)
-  batch = tuning.batch_size
+  batch = tuning.measure_batch_size
   cores = cores or os.cpu_count() or 1
-  notes: List[str] = []
+  notes = list(notes or [])
+  mismatches = [m for m in [tuning.batch_mismatch(),
+                             *(batch_mismatches or [])] if m]
   sources = _sources(tuning, feature_spec, materialized_patterns,
                      transform_graph_uri, raw_file_patterns, compression_type,
                      raw_compression_type)
   candidates: List[Measurement] = []
 
-  def run(source: _Source, changes: Dict[str, Any]) -> Measurement:
+  def run(source: _Source, changes: Dict[str, Any],
+          keep_first: Optional[List[Any]] = None) -> Measurement:
     allowed = changes.get('deterministic', True) or (
         tuning.allow_nondeterministic)
     m = Measurement(
         _describe(changes), source.placement,
-        clock.measure(source.full(changes, batch)), dict(changes),
+        clock.measure(source.full(changes, batch), keep_first), dict(changes),
         allowed, '' if allowed else 'not allowed: exact resume needs a '
         'deterministic order (allow_nondeterministic=False)')
     candidates.append(m)
     return m
 
-  # 1. Default pipelines, then where the transform runs.
-  defaults = {}
-  if 'materialized' in sources:
-    defaults['materialized'] = run(sources['materialized'], {})
-  if 'on_the_fly' in sources:
-    required = (tuning.materialize == 'on_the_fly' or
-                'materialized' not in sources)
-    if required or clock.left() >= ON_THE_FLY_MIN_LEFT_S:
+  # 1. The default pipeline of the first path, keeping its first batch.
+  first = ('on_the_fly' if tuning.materialize == 'on_the_fly' or
+           'materialized' not in sources else 'materialized')
+  kept: List[Any] = []
+  defaults = {first: run(sources[first], {}, kept)}
+  probe = kept[0]
+
+  # 2. The consumer, and whether training is input-bound at all.
+  consumer_rate = _consumer_rate(consumer, probe, notes)
+  if consumer_rate is not None and consumer_rate.batch_size != batch:
+    mismatches.append(
+        f'the consumer rate ({consumer_rate.source}) is at batch '
+        f'{consumer_rate.batch_size}, the reader measured at {batch}')
+  mismatch = '; '.join(mismatches) or None
+  input_bound, input_bound_reason = _input_bound(
+      tuning, defaults[first], consumer_rate)
+
+  # 3. Dataset size, then the cache decision (no measurement needed).
+  bytes_per_example = _dense_bytes(probe) / max(_rows(probe), 1)
+  if num_examples is None:
+    num_examples = estimate_num_examples(sources[first].files,
+                                         sources[first].compression)
+  cache_bytes = int(num_examples * bytes_per_example * CACHE_OVERHEAD)
+  ram_budget = tuning.ram_budget_bytes or default_ram_budget()
+  cache, cache_reason = choose_cache(tuning, cache_bytes, ram_budget)
+
+  def result(source: _Source, best: Measurement, decision: str,
+             placement_reason: str, reference_results: List[Measurement],
+             stages: List[StageRate], later: Optional[float]
+             ) -> TuningResult:
+    costs = {s.stage: 1.0 / s.stage_examples_per_sec for s in stages
+             if s.path == source.placement}
+    return TuningResult(
+        config=_final_config(source, best, tuning, cache, cache_bytes,
+                             ram_budget),
+        chosen=best, candidates=candidates,
+        references=reference_results, stages=stages,
+        bottleneck=max(costs, key=costs.get) if costs else 'not measured',
+        cache_reason=cache_reason, placement_reason=placement_reason,
+        num_examples=num_examples, cache_bytes=cache_bytes,
+        ram_budget_bytes=ram_budget, batch_size=batch,
+        later_epochs_examples_per_sec=later, seconds=clock.elapsed(),
+        notes=notes, load_average=os.getloadavg()[0], cores=cores,
+        consumer=consumer_rate, input_bound=input_bound,
+        input_bound_reason=input_bound_reason, decision=decision,
+        batch_mismatch=mismatch)
+
+  if tuning.early_stop and input_bound is False:
+    notes.append('Stopped early with the default pipeline: training is not '
+                 f'input-bound ({input_bound_reason}), so no reader config '
+                 'can make it faster; nothing else was measured.')
+    return result(sources[first], defaults[first], STOPPED_EARLY,
+                  f'{first}: the default (stopped early)', [], [], None)
+
+  # 4. A previous tuning of the same data: one measurement to verify it.
+  if previous is not None:
+    reused = _verify_previous(previous, sources, defaults, run, clock, notes)
+    if reused is not None:
+      source = sources[reused.placement]
+      return result(source, reused, REUSED,
+                    f'{reused.placement}: as in {previous.description}', [],
+                    [], None)
+
+  # 5. The other placement, then where the transform runs.
+  if 'on_the_fly' in sources and 'on_the_fly' not in defaults:
+    if clock.left() >= ON_THE_FLY_MIN_LEFT_S:
       defaults['on_the_fly'] = run(sources['on_the_fly'], {})
     else:
       notes.append('On-the-fly transform not measured: loading the transform '
@@ -362,7 +533,7 @@ def tune(tuning: TuningConfig,
                                                  sources.keys())
   source = sources[placement]
 
-  # 2. References, for the report.
+  # 6. References, for the report.
   reference_results = []
   for name, make in (references or {}).items():
     if not clock.fits(1):
@@ -372,19 +543,10 @@ def tune(tuning: TuningConfig,
         name, 'reference', clock.measure(make), {}, allowed=False,
         note='reference only'))
 
-  # 3. Dataset size, then the cache decision.
-  probe = next(iter(source.full({}, batch)()))
-  bytes_per_example = _dense_bytes(probe) / max(_rows(probe), 1)
-  if num_examples is None:
-    num_examples = estimate_num_examples(source.files, source.compression)
-  cache_bytes = int(num_examples * bytes_per_example * CACHE_OVERHEAD)
-  ram_budget = tuning.ram_budget_bytes or default_ram_budget()
-  cache, cache_reason = choose_cache(tuning, cache_bytes, ram_budget)
-
-  # 4. Stage rates of the chosen path.
+  # 7. Stage rates of the chosen path.
   stages = _stage_rates(source, defaults[placement], batch, clock, notes)
 
-  # 5. Greedy search over the knobs, each trial at the best config so far.
+  # 8. Greedy search over the knobs, each trial at the best config so far.
   best = defaults[placement]
   for knob, changes in _search_space(len(source.files), cores):
     if len(candidates) >= tuning.max_candidates:
@@ -403,43 +565,116 @@ def tune(tuning: TuningConfig,
         notes.append(f'Search stopped by the time budget at {knob!r}.')
         break
 
-  # 6. With time left: the other path's stages.
+  # 9. With time left: the other path's stages.
   for other in sources.values():
     if other is not source and other.placement in defaults:
       stages += _stage_rates(other, defaults[other.placement], batch, clock,
                              notes)
 
+  # 10. Later epochs from the memory cache, when filling it fits the budget.
+  later = None
+  if cache == 'memory':
+    fill_s = num_examples / max(best.examples_per_sec, 1.0)
+    if clock.left() > fill_s + clock.measurement_cost:
+      later = _cached_rate(
+          source, _final_config(source, best, tuning, cache, cache_bytes,
+                                ram_budget), batch, clock, num_examples)
+    else:
+      notes.append('Later-epoch (cached) rate not measured: time budget '
+                   f'(filling the cache takes ~{fill_s:.1f} s).')
+  return result(source, best, SEARCHED, placement_reason, reference_results,
+                stages, later)
+
+
+def _final_config(source: '_Source', best: Measurement, tuning: TuningConfig,
+                  cache: str, cache_bytes: int,
+                  ram_budget: int) -> InputPipelineConfig:
+  """The chosen knobs with the cache decision and the RAM left to tf.data."""
   config = source.config({
       **best.changes, 'cache': cache,
       'cache_dir': tuning.cache_dir if cache == 'disk' else None,
       'autotune_ram_budget_bytes': max(
           ram_budget - (cache_bytes if cache == 'memory' else 0), 0),
   })
-  if placement == 'materialized':
+  if source.placement == 'materialized':
     config = dataclasses.replace(config, transform_graph_uri=None,
                                  raw_file_patterns={}).validate()
+  return config
 
-  # 7. Later epochs from the memory cache, when filling it fits the budget.
-  later = None
-  if cache == 'memory':
-    fill_s = num_examples / max(best.examples_per_sec, 1.0)
-    if clock.left() > fill_s + clock.measurement_cost:
-      later = _cached_rate(source, config, batch, clock, num_examples)
-    else:
-      notes.append('Later-epoch (cached) rate not measured: time budget '
-                   f'(filling the cache takes ~{fill_s:.1f} s).')
 
-  costs = {s.stage: 1.0 / s.stage_examples_per_sec for s in stages
-           if s.path == placement}
-  return TuningResult(
-      config=config, chosen=best, candidates=candidates,
-      references=reference_results, stages=stages,
-      bottleneck=max(costs, key=costs.get) if costs else 'not measured',
-      cache_reason=cache_reason, placement_reason=placement_reason,
-      num_examples=num_examples, cache_bytes=cache_bytes,
-      ram_budget_bytes=ram_budget, batch_size=batch,
-      later_epochs_examples_per_sec=later, seconds=clock.elapsed(),
-      notes=notes, load_average=os.getloadavg()[0], cores=cores)
+def _consumer_rate(consumer: Union[None, ConsumerRate, ConsumerFn],
+                   sample: Dict[str, Any],
+                   notes: List[str]) -> Optional[ConsumerRate]:
+  """The consumer's rate: given, measured on `sample`, or None (a note)."""
+  if consumer is None or isinstance(consumer, ConsumerRate):
+    return consumer
+  try:
+    return consumer(sample)
+  except Exception as e:  # pylint: disable=broad-except
+    # The consumer only decides whether to search; without it, search.
+    notes.append(f'Consumer not measured ({type(e).__name__}: {e}); '
+                 'searching as if training were input-bound.')
+    return None
+
+
+def _input_bound(tuning: TuningConfig, default: Measurement,
+                 consumer: Optional[ConsumerRate]) -> Tuple[Optional[bool],
+                                                            str]:
+  """(input-bound?, why) from the default reader's and the consumer's rate."""
+  if consumer is None:
+    return None, 'consumer not measured'
+  ratio = default.examples_per_sec / max(consumer.examples_per_sec, 1e-9)
+  rates = (f'default reader {default.examples_per_sec:,.0f} examples/s = '
+           f'{ratio:.1f}x the consumer\'s {consumer.examples_per_sec:,.0f} '
+           f'({consumer.source})')
+  if ratio >= tuning.input_bound_ratio:
+    return False, f'{rates} >= {tuning.input_bound_ratio:g}x'
+  return True, f'{rates} < {tuning.input_bound_ratio:g}x'
+
+
+def knob_changes(config: InputPipelineConfig) -> Dict[str, Any]:
+  """The search knobs of `config` that differ from the defaults."""
+  default = InputPipelineConfig()
+  return {k: getattr(config, k) for k in SEARCH_KNOBS
+          if getattr(config, k) != getattr(default, k)}
+
+
+def _verify_previous(previous: Previous, sources: Dict[str, '_Source'],
+                     defaults: Dict[str, Measurement], run, clock: '_Clock',
+                     notes: List[str]) -> Optional[Measurement]:
+  """The previous config, measured once; None if it is not kept."""
+  placement = previous.config.transform_placement
+  changes = knob_changes(previous.config)
+  if placement not in defaults:
+    notes.append(f'Previous tuning ({previous.description}) not reused: its '
+                 f'placement {placement!r} is not the measured default '
+                 'path; searching.')
+    return None
+  if not changes:
+    notes.append(f'Reused {previous.description}: it chose the defaults, '
+                 'measured above.')
+    return defaults[placement]
+  if not clock.fits(1):
+    notes.append(f'Previous tuning ({previous.description}) not verified: '
+                 'time budget; keeping the defaults.')
+    return defaults[placement]
+  trial = run(sources[placement], changes)
+  default = defaults[placement]
+  if trial.allowed and trial.examples_per_sec * MIN_GAIN >= (
+      default.examples_per_sec):
+    trial.note = f'reused from {previous.description}, verified'
+    notes.append(f'Reused {previous.description} (same feature spec and '
+                 'example count): verified at '
+                 f'{trial.examples_per_sec:,.0f} examples/s vs the defaults\' '
+                 f'{default.examples_per_sec:,.0f}; no search.')
+    return trial
+  trial.note = 'previous tuning, slower than the defaults now'
+  notes.append(f'Previous tuning ({previous.description}) measured '
+               f'{trial.examples_per_sec:,.0f} examples/s, below the defaults\' '
+               f'{default.examples_per_sec:,.0f}' + (
+                   '' if trial.allowed else ' (or not allowed)') +
+               '; searching again.')
+  return None
 
 
 def _confirmed_better(source: _Source, best: Measurement, trial: Measurement,

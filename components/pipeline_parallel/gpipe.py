@@ -2,7 +2,7 @@
 
 Integration API (what a training loop such as HighPerfTrainer's calls):
 
-    from components.partitioner import gpipe
+    from components.pipeline_parallel import gpipe
 
     plan = gpipe.load_plan(partition_plan_artifact.uri)
     # CPU only, at process start, before TensorFlow initializes its devices:
@@ -48,15 +48,15 @@ import tensorflow as tf
 
 # Part of this module's API (see the docstring): stages need a device each.
 from components.devices import configure_logical_cpus  # pylint: disable=unused-import
-from components.partitioner import graph as graph_lib
-from components.partitioner import plan as plan_lib
+from components.pipeline_parallel import graph as graph_lib
+from components.pipeline_parallel import plan_format
 
 HOST_DEVICE = '/device:CPU:0'
 
 
 def load_plan(plan_dir: str) -> Dict[str, Any]:
   """Reads plan.json from a PartitionPlan artifact directory."""
-  with tf.io.gfile.GFile(os.path.join(plan_dir, plan_lib.PLAN_FILE)) as f:
+  with tf.io.gfile.GFile(os.path.join(plan_dir, plan_format.PLAN_FILE)) as f:
     return json.load(f)
 
 
@@ -101,7 +101,7 @@ def build_model_on_devices(build_model_fn: Callable[[], tf.keras.Model],
   with tf.variable_creator_scope(record):
     probe = build_model_fn()
   probe_graph = graph_lib.LayerGraph(probe)
-  plan_lib.check_layer_signature(plan, probe_graph.class_names())
+  plan_format.check_layer_signature(plan, probe_graph.class_names())
   owner = {}
   for s, (start, end) in enumerate(_stage_spans(plan)):
     for layer in probe_graph.layers(start, end):
@@ -171,7 +171,7 @@ class GPipeRunner:
                        f'devices were given: {list(devices)}.')
     self.model = model
     self._graph = graph_lib.LayerGraph(model)
-    plan_lib.check_layer_signature(plan, self._graph.class_names())
+    plan_format.check_layer_signature(plan, self._graph.class_names())
     self._num_microbatches = plan['num_microbatches']
     self._remat = plan['remat']
     self._offload = plan['offload_activations']

@@ -22,8 +22,8 @@ import pytest
 # the CPU before its first op.
 import tensorflow as tf
 
-from components.partitioner import gpipe
-from components.partitioner import graph as graph_lib
+from components.pipeline_parallel import gpipe
+from components.pipeline_parallel import graph as graph_lib
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from pipelines import taxi_module

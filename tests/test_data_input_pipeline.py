@@ -1,4 +1,8 @@
-"""build_dataset and re-sharding on small synthetic TFRecords (fast)."""
+"""build_dataset on small synthetic TFRecords (fast).
+
+The shard count of the materialized examples is tested with the Beam write
+that makes it (tests/test_transform_executor.py).
+"""
 
 import collections
 import dataclasses
@@ -10,9 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.transform import input_pipeline
-from components.transform import sharding
-from components.transform.input_pipeline import InputPipelineConfig
+from components.data import input_pipeline
+from components.data.input_pipeline import InputPipelineConfig
 from tests import transform_data
 
 NUM_EXAMPLES = 1000
@@ -63,7 +66,7 @@ def test_disk_cache_then_later_epochs_from_it(train_patterns, tmp_path):
 
 _KILLED_WHILE_CACHING = """
 import os, signal, sys
-from components.transform import input_pipeline
+from components.data import input_pipeline
 from tests import transform_data
 dataset = input_pipeline.build_dataset(
     [sys.argv[1]], transform_data.DENSE_SPEC, 'label', 1024,
@@ -192,22 +195,3 @@ def test_config_json_round_trip():
                                deterministic=False)
   assert InputPipelineConfig.from_json(config.to_json()) == config
   assert InputPipelineConfig.from_json('') == InputPipelineConfig()
-
-
-def test_reshard_keeps_records_and_order(tmp_path):
-  [pattern] = transform_data.write_split(str(tmp_path), 103, num_files=1)
-  split_dir = os.path.dirname(pattern)
-  before = list(tf.data.TFRecordDataset(
-      input_pipeline.list_files([pattern]), 'GZIP').as_numpy_iterator())
-  result = sharding.reshard(split_dir, 8)
-  assert result.resharded and result.num_records == 103
-  assert len(result.files) == 8 == len(os.listdir(split_dir))
-  assert os.path.basename(result.files[3]) == 'data-00003-of-00008.gz'
-  after = list(tf.data.TFRecordDataset(
-      input_pipeline.list_files([pattern]), 'GZIP').as_numpy_iterator())
-  assert after == before
-  sizes = [input_pipeline.count_records([f], 'GZIP') for f in result.files]
-  assert max(sizes) - min(sizes) <= 1
-  # Already enough files: nothing changes.
-  again = sharding.reshard(split_dir, 4)
-  assert not again.resharded and again.files == result.files

@@ -165,6 +165,7 @@ def read_batches(files: tf.data.Dataset, config: InputPipelineConfig,
   and the last batch of a file may be short; `rebatch` cuts the training
   batches later.
   """
+  @tf.autograph.experimental.do_not_convert
   def reader(filename):
     records = tf.data.TFRecordDataset(
         filename, compression_type=compression_type,
@@ -200,6 +201,9 @@ def make_parser(feature_spec: Dict[str, Any], label_key: Optional[str],
     def features_of(serialized):
       return tf.io.parse_example(serialized, feature_spec)
 
+  # Straight-line TensorFlow: autograph would only add tracing time (seconds
+  # when the on-the-fly transform layer is tf_keras code).
+  @tf.autograph.experimental.do_not_convert
   def parse(serialized):
     features = features_of(serialized)
     if label_key is None:
@@ -224,6 +228,7 @@ def shuffle_windows(dataset: tf.data.Dataset, window_size: int,
   A vectorized gather per window instead of a per-example shuffle buffer:
   the mixing of a buffer of `window_size` examples at a fraction of its cost.
   """
+  @tf.autograph.experimental.do_not_convert
   def shuffle_rows(window_index, element):
     num_rows = tf.shape(tf.nest.flatten(element)[0])[0]
     order = tf.random.experimental.stateless_shuffle(

@@ -1,0 +1,199 @@
+"""Training throughput at a small batch: steps per call vs the stock Trainer.
+
+    python -m benchmarks.bench_throughput [--train-steps N] [--rounds R]
+
+Side by side in one run, in one taxi pipeline root (full taxi data, stock
+Transform, caching on, so every variant trains on the same transformed
+examples), batch 32, one device, the same model and train steps, each
+pipeline run in a fresh process:
+- (a) the stock Trainer with the taxi module's stock `run_fn` (`model.fit`,
+  one step per call; `benchmarks/fit_run_fn.py` adds only a timer);
+- (b) the best a stock user can do by hand: the same `run_fn` compiled with
+  `steps_per_execution=N`, N tuned first on shorter runs;
+- HighPerfTrainer, managed mode, `steps_per_execution='auto'`.
+Steady examples/s excludes the first call (tracing); the Trainer wall time is
+the component's execution in MLMD. Writes benchmarks/results/throughput.md.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, List
+
+from benchmarks import report
+
+TRAIN_STEPS = 20000
+TUNING_STEPS = 4000
+TUNING_CANDIDATES = (10, 100, 1000)
+EVAL_STEPS = 50
+BATCH = 32
+ROUNDS = 1
+FIT_RUN_FN = 'benchmarks.fit_run_fn.run_fn'
+
+
+def _run_variant(root: str, variant: Dict[str, Any], train_steps: int,
+                 round_index: int) -> Dict[str, Any]:
+  """Runs the pipeline with one Trainer variant; returns its measurements."""
+  # pylint: disable=g-import-not-at-top
+  from tfx import v1 as tfx
+  from components import HighPerfTrainer
+  from pipelines import summary
+  from pipelines import taxi_pipeline
+  from benchmarks import fit_run_fn
+  # pylint: enable=g-import-not-at-top
+
+  def make_trainer(inputs: taxi_pipeline.TrainerInputs):
+    common = dict(
+        examples=inputs.examples, transform_graph=inputs.transform_graph,
+        schema=inputs.schema,
+        train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
+        eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps))
+    if variant['kind'] == 'stock':
+      return tfx.components.Trainer(
+          run_fn=FIT_RUN_FN, custom_config={
+              'batch_size': BATCH, 'benchmark_round': round_index,
+              'steps_per_execution': variant['steps_per_execution']},
+          **common)
+    return HighPerfTrainer(
+        module_file=inputs.module_file,
+        custom_config={'benchmark_round': round_index},
+        distribution={'strategy': 'one_device', 'global_batch_size': BATCH,
+                      'steps_per_execution': 'auto'},
+        fault_tolerance={'max_restarts': 0}, **common)
+
+  pipeline = taxi_pipeline.create_pipeline(
+      pipeline_name='bench_throughput', pipeline_root=root,
+      serving_model_dir=os.path.join(root, 'serving_model'),
+      train_steps=train_steps, eval_steps=EVAL_STEPS,
+      make_trainer=make_trainer, enable_cache=True,
+      compare_to_baseline=False)
+  tfx.orchestration.LocalDagRunner().run(pipeline)
+  run = summary.read_run(os.path.join(root, 'metadata.db'))
+  model_run = _latest_model_run_uri(root)
+  if variant['kind'] == 'stock':
+    with open(os.path.join(model_run, fit_run_fn.TIMING_FILE)) as f:
+      steady = json.load(f)['steady_steps_per_sec'] * BATCH
+    chosen = variant['steps_per_execution']
+  else:
+    with open(os.path.join(model_run, 'training_result.json')) as f:
+      result = json.load(f)
+    assert result['steps'] == train_steps, result
+    steady, chosen = result['examples_per_sec'], result['steps_per_execution']
+  return {'steady_examples_per_sec': steady,
+          'trainer_wall_s': {e.node_id: e.wall_s
+                             for e in run.executions}['Trainer'],
+          'accuracy': run.metrics.get('binary_accuracy', float('nan')),
+          'steps_per_execution': chosen}
+
+
+def _latest_model_run_uri(root: str) -> str:
+  # pylint: disable=g-import-not-at-top
+  from ml_metadata import metadata_store
+  from ml_metadata.proto import metadata_store_pb2
+  # pylint: enable=g-import-not-at-top
+  config = metadata_store_pb2.ConnectionConfig()
+  config.sqlite.filename_uri = os.path.join(root, 'metadata.db')
+  config.sqlite.connection_mode = 1  # READONLY
+  runs = metadata_store.MetadataStore(config).get_artifacts_by_type('ModelRun')
+  return max(runs, key=lambda a: a.id).uri
+
+
+def _in_process(root: str, variant: Dict[str, Any], train_steps: int,
+                round_index: int) -> Dict[str, Any]:
+  """`_run_variant` in a fresh Python process, as a pipeline run would be."""
+  name = ''.join(c if c.isalnum() else '_' for c in variant['label'])
+  out = os.path.join(root, f'{name}-{train_steps}-{round_index}.json')
+  subprocess.run(
+      [sys.executable, '-m', 'benchmarks.bench_throughput', '--root', root,
+       '--variant', json.dumps(variant), '--round', str(round_index),
+       '--out', out, '--train-steps', str(train_steps)],
+      check=True, env=dict(os.environ, TF_USE_LEGACY_KERAS='1'))
+  with open(out) as f:
+    return json.load(f)
+
+
+def _mean(values: List[float]) -> float:
+  return sum(values) / len(values)
+
+
+def main(results_dir: str = 'benchmarks/results',
+         train_steps: int = TRAIN_STEPS, rounds: int = ROUNDS) -> str:
+  root = tempfile.mkdtemp(prefix='bench_throughput_')
+  load_before = os.getloadavg()[0]
+  tuning = {}
+  for n in TUNING_CANDIDATES:
+    tuning[n] = _in_process(root, {'label': f'fit-N{n}', 'kind': 'stock',
+                                   'steps_per_execution': n},
+                            TUNING_STEPS, 0)['steady_examples_per_sec']
+    print(f'[bench_throughput] tuning N={n}: {tuning[n]:.0f} ex/s', flush=True)
+  best_n = max(tuning, key=tuning.get)
+  variants = [
+      {'label': '(a) stock Trainer, stock run_fn', 'kind': 'stock',
+       'steps_per_execution': 1},
+      {'label': f'(b) stock Trainer, model.fit steps_per_execution={best_n}',
+       'kind': 'stock', 'steps_per_execution': best_n},
+      {'label': 'HighPerfTrainer, steps_per_execution=auto', 'kind': 'ours'},
+  ]
+  measured = {v['label']: [] for v in variants}
+  for round_index in range(rounds):
+    order = variants if round_index % 2 == 0 else variants[::-1]
+    for variant in order:
+      measured[variant['label']].append(
+          _in_process(root, variant, train_steps, round_index))
+      print(f'[bench_throughput] {variant["label"]}: '
+            f'{measured[variant["label"]][-1]}', flush=True)
+  with open(os.path.join(root, 'results.json'), 'w') as f:
+    json.dump({'tuning': tuning, 'measured': measured}, f, indent=1)
+  rate = {v['label']: _mean([r['steady_examples_per_sec']
+                             for r in measured[v['label']]])
+          for v in variants}
+  rows = [[v['label'], f'{rate[v["label"]]:.0f}',
+           f'{rate[v["label"]] / rate[variants[0]["label"]]:.2f}',
+           f'{_mean([r["trainer_wall_s"] for r in measured[v["label"]]]):.1f}',
+           ', '.join(str(r['steps_per_execution'])
+                     for r in measured[v['label']]),
+           f'{_mean([r["accuracy"] for r in measured[v["label"]]]):.4f}']
+          for v in variants]
+  ours_rate = rate[variants[2]['label']]
+  body = (
+      f'Full Chicago taxi data, stock Transform shared by all variants (MLMD '
+      f'cache), batch {BATCH}, one device, {train_steps} train steps, the '
+      f'same Keras model (`pipelines/taxi_module.py`); {rounds} round(s), '
+      'each variant in a fresh process. Steady examples/s excludes the '
+      'first call (tracing). N for (b) was tuned first on '
+      f'{TUNING_STEPS}-step runs: ' +
+      ', '.join(f'N={n}: {v:.0f} ex/s' for n, v in tuning.items()) +
+      f'. Load average before/after: {load_before:.1f} / '
+      f'{os.getloadavg()[0]:.1f} (the machine is shared).\n\n' +
+      report.table(['Trainer', 'steady examples/s', 'vs (a)',
+                    'Trainer wall s', 'steps per call', 'eval accuracy'],
+                   rows) +
+      f'\n\nHighPerfTrainer: {ours_rate / rate[variants[0]["label"]]:.2f}x '
+      f'the stock Trainer (goal >= 3x) and '
+      f'{ours_rate / rate[variants[1]["label"]]:.2f}x the best by hand '
+      '(goal >= 1x).\n')
+  return report.write(results_dir, 'throughput',
+                      'Training throughput: steps per call', body)
+
+
+if __name__ == '__main__':
+  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_throughput')
+  parser.add_argument('--results-dir', default='benchmarks/results')
+  parser.add_argument('--train-steps', type=int, default=TRAIN_STEPS)
+  parser.add_argument('--rounds', type=int, default=ROUNDS)
+  # One variant in this process (used by `main` for each measurement).
+  parser.add_argument('--variant', help=argparse.SUPPRESS)
+  parser.add_argument('--root', help=argparse.SUPPRESS)
+  parser.add_argument('--round', type=int, help=argparse.SUPPRESS)
+  parser.add_argument('--out', help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.variant is None:
+    print(main(args.results_dir, args.train_steps, args.rounds))
+  else:
+    os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+    with open(args.out, 'w') as f:
+      json.dump(_run_variant(args.root, json.loads(args.variant),
+                             args.train_steps, args.round), f)

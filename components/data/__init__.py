@@ -1,0 +1,1 @@
+"""The tf.data input pipeline that the Transform tuner and the trainer share."""

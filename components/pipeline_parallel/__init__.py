@@ -1,0 +1,1 @@
+"""Pipeline-parallel runtime: the model graph and the GPipe schedule."""

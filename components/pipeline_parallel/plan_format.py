@@ -1,0 +1,22 @@
+"""The PartitionPlan artifact's format, shared by its writer and its reader.
+
+GPipePartitioner writes `plan.json`; HighPerfTrainer's pipeline-parallel
+runtime reads it and checks that the model it builds is the one the plan was
+made for. No TensorFlow import.
+"""
+
+from typing import Any, Dict, Sequence
+
+PLAN_FILE = 'plan.json'
+
+
+def check_layer_signature(plan: Dict[str, Any],
+                          class_names: Sequence[str]) -> None:
+  """Fails unless the plan was made for a model with these layer calls."""
+  expected = plan['layer_signature']
+  if list(class_names) != list(expected):
+    raise ValueError(
+        f'the partition plan was made for a model with {len(expected)} layer '
+        f'calls {expected}, but this model has {len(class_names)}: '
+        f'{list(class_names)}. Build the model with the same module and '
+        'hparams as the GPipePartitioner.')

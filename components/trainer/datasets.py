@@ -1,0 +1,114 @@
+"""What the managed loop reads: parsing spec, train and eval datasets.
+
+The train dataset is a pure function of the files, the input-pipeline config
+and the seed, so a resumed run that skips the batches its checkpointed steps
+consumed sees exactly the batches of an uninterrupted run (synchronous
+strategies). Parameter-server workers instead stream their own shuffle,
+seeded where each worker creates its dataset.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional
+
+from absl import logging
+import tensorflow as tf
+
+from components.data import input_pipeline
+from components.trainer import fn_args
+from components.trainer.task import TrainingTask
+
+# Seed of the data order; fixed so that every attempt replays the same order.
+DATA_SEED = 20240611
+# `seed` value for a new seed per dataset (parameter-server workers).
+PER_WORKER_SEED = object()
+
+
+@dataclasses.dataclass
+class TrainingData:
+  """How to parse the examples, and what to export with."""
+  feature_spec: Dict[str, Any]
+  label_key: str
+  raw_label_key: Optional[str]
+  config: input_pipeline.InputPipelineConfig
+  tf_transform_output: Any  # tft.TFTransformOutput or None
+
+
+def training_data(task: TrainingTask, module) -> TrainingData:
+  """Feature spec from the Transform output, else from the schema."""
+  for name in ('build_model', 'LABEL_KEY'):
+    if not hasattr(module, name):
+      raise ValueError(f'Managed mode needs `{name}` in the module '
+                       f'{module.__name__}; it does not define it.')
+  tf_transform_output = None
+  if task.transform_output:
+    import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+    tf_transform_output = tft.TFTransformOutput(task.transform_output)
+  config = input_pipeline.InputPipelineConfig.from_dict(task.input_pipeline)
+  if not config.deterministic:
+    logging.warning('input_pipeline.deterministic is False: a resumed run '
+                    'will not see exactly the examples an uninterrupted run '
+                    'would have seen.')
+  return TrainingData(feature_spec=fn_args.feature_spec(task),
+                      label_key=module.LABEL_KEY,
+                      raw_label_key=getattr(module, 'RAW_LABEL_KEY', None),
+                      config=config, tf_transform_output=tf_transform_output)
+
+
+def _clock_seed() -> tf.Tensor:
+  """A seed read from the clock where the dataset is created (each worker).
+
+  Not a random op: those need a fixed seed (the same on every worker) under
+  `enable_op_determinism`.
+  """
+  return tf.cast(tf.timestamp() * 1e6, tf.int64) % (2**31 - 1)
+
+
+def train_dataset_fn(task: TrainingTask, data: TrainingData,
+                     examples_per_step: int, start_step: int, seed,
+                     config: input_pipeline.InputPipelineConfig
+                    ) -> Callable[[tf.distribute.InputContext],
+                                  tf.data.Dataset]:
+  """A `dataset_fn` for `distribute_datasets_from_function`.
+
+  `seed`: an int, or PER_WORKER_SEED for a new seed per dataset.
+  """
+  def dataset_fn(input_context: tf.distribute.InputContext):
+    # Each step takes one batch per replica from its input pipeline.
+    batches_per_step = (input_context.num_replicas_in_sync //
+                        input_context.num_input_pipelines)
+    return input_pipeline.build_dataset(
+        task.train_files, data.feature_spec, data.label_key,
+        batch_size=examples_per_step, config=config,
+        seed=_clock_seed() if seed is PER_WORKER_SEED else seed,
+        input_context=input_context,
+        skip_batches=start_step * batches_per_step)
+  return dataset_fn
+
+
+def sample_features(task: TrainingTask, data: TrainingData):
+  """One small batch of features, to build a subclassed model."""
+  dataset = input_pipeline.build_dataset(
+      task.train_files, data.feature_spec, data.label_key, batch_size=1,
+      config=data.config, shuffle=False)
+  features, _ = next(iter(dataset))
+  return features
+
+
+def eval_dataset(task: TrainingTask, data: TrainingData, global_batch: int,
+                 num_workers: int) -> Optional[tf.data.Dataset]:
+  """The eval split, unshuffled, sharded fitting its file count.
+
+  It does not inherit the train split's cache: one partial pass over a
+  memory cache would only be discarded (and TF warns that it is).
+  """
+  if not task.eval_steps or not task.eval_files:
+    return None
+  dataset = input_pipeline.build_dataset(
+      task.eval_files, data.feature_spec, data.label_key,
+      batch_size=global_batch,
+      config=dataclasses.replace(data.config, cache='none'), shuffle=False,
+      seed=DATA_SEED)
+  options = tf.data.Options()
+  options.experimental_distribute.auto_shard_policy = fn_args.auto_shard_policy(
+      len(input_pipeline.list_files(task.eval_files)), num_workers)
+  return dataset.with_options(options)

@@ -1,0 +1,40 @@
+"""Evaluation of the trained model: compiled loss and metrics, TensorBoard."""
+
+import os
+from typing import Dict, Optional
+
+import tensorflow as tf
+
+
+def evaluate(model: tf.keras.Model, strategy: tf.distribute.Strategy,
+             dataset: Optional[tf.data.Dataset], eval_steps: int,
+             summary_dir: Optional[str], step: int) -> Dict[str, float]:
+  """The compiled loss and metrics over `eval_steps` batches of `dataset`.
+
+  `model.test_step` in our own tf.function rather than `model.evaluate`:
+  TF 2.16's autograph does not skip tf_keras (only `keras`), and converting
+  it makes every Keras-traced function take seconds to build. The metrics go
+  to TensorBoard under `summary_dir/eval` (the chief's model_run) at `step`.
+  """
+  if dataset is None:
+    return {}
+  iterator = iter(strategy.experimental_distribute_dataset(dataset))
+  test_step = tf.autograph.experimental.do_not_convert(model.test_step)
+
+  @tf.function
+  def eval_step(iterator):
+    strategy.run(test_step, args=(next(iterator),))
+
+  model.reset_metrics()
+  with strategy.scope():
+    for _ in range(eval_steps):
+      eval_step(iterator)
+  metrics = {name: float(value)
+             for name, value in model.get_metrics_result().items()}
+  if summary_dir:
+    writer = tf.summary.create_file_writer(os.path.join(summary_dir, 'eval'))
+    with writer.as_default():
+      for name, value in metrics.items():
+        tf.summary.scalar(name, value, step=step)
+    writer.flush()
+  return metrics

@@ -1,0 +1,113 @@
+"""Checkpoint cadence, restore with its story, and progress of one training.
+
+`Checkpointer` wraps the training's `CheckpointStore`: it restores the newest
+valid checkpoint and records why training starts where it does (resumed,
+restarted without a usable checkpoint, or a fresh start because the inputs
+or config changed), saves with timing statistics, decides when a save is due
+(every N steps, every T seconds), and hands the step reached to the
+background progress marker.
+"""
+
+import time
+from typing import Any, Dict, List, Optional
+
+from absl import logging
+import tensorflow as tf
+
+from components.trainer import checkpointing
+
+# The chief records the last step reached (to count the steps a crash lost)
+# in the background, at most this often: object stores throttle repeated
+# writes to one object (about one per second on GCS).
+PROGRESS_EVERY_SECONDS = 1.0
+
+
+class Checkpointer:
+  """Saves and restores one training's checkpoint, model and step counter."""
+
+  def __init__(self, directory: str, checkpoint: tf.train.Checkpoint,
+               config: checkpointing.CheckpointConfig, is_chief: bool,
+               manifest_extra: Dict[str, Any]):
+    self.config = config
+    self.store = checkpointing.CheckpointStore(
+        directory, checkpoint, keep_last=config.keep_last, is_chief=is_chief)
+    self.progress = checkpointing.ProgressMarker(self.store,
+                                                 PROGRESS_EVERY_SECONDS)
+    self._manifest_extra = manifest_extra
+    self.events: List[Dict[str, Any]] = []
+    self.saves = 0
+    self.save_seconds = 0.0
+    self.last_save_step = -1
+    self.last_save_path: Optional[str] = None
+    self.last_save_time = time.monotonic()
+
+  def restore(self) -> int:
+    """Restores the newest valid checkpoint; records why we start where."""
+    progress = self.store.read_progress()
+    restored = self.store.restore_latest()
+    reached = progress['step'] if progress else None
+    if restored:
+      event = {'event': 'resumed', 'from_step': restored.step,
+               'checkpoint': restored.path,
+               'skipped_checkpoints': restored.skipped}
+      if reached is not None:
+        event['steps_lost'] = max(0, reached - restored.step)
+      logging.warning('Resuming from step %d (%s); %s step(s) lost.',
+                      restored.step, restored.path,
+                      event.get('steps_lost', 'unknown'))
+    elif reached:
+      event = {'event': 'restarted', 'from_step': 0, 'steps_lost': reached,
+               'skipped_checkpoints': [],
+               'reason': 'no usable checkpoint from the previous attempt'}
+      logging.warning('Restarting from step 0: the previous attempt reached '
+                      'step %d but left no usable checkpoint.', reached)
+    else:
+      others = self.store.other_fingerprints()
+      if not others:
+        self.events = self.store.read_events()
+        return 0
+      event = {'event': 'fresh_start', 'from_step': 0,
+               'reason': ('the inputs or the training config changed: no '
+                          'checkpoint for this fingerprint, but for '
+                          f'{others}')}
+      logging.warning('Starting fresh in %s: %s', self.store.directory,
+                      event['reason'])
+    event['time'] = time.time()
+    self.events = self.store.append_event(event)
+    return restored.step if restored else 0
+
+  def save(self, step: int) -> str:
+    began = time.monotonic()
+    path = self.store.save(step, extra=self._manifest_extra)
+    self.progress.update(step)
+    self.saves += 1
+    self.save_seconds += time.monotonic() - began
+    self.last_save_step = step
+    self.last_save_path = path
+    self.last_save_time = time.monotonic()
+    logging.info('Checkpoint at step %d: %s', step, path)
+    return path
+
+  def next_save_step(self, step: int) -> Optional[int]:
+    """The next step after `step` where a save is due by steps, or None."""
+    every = self.config.save_every_steps
+    return (step // every + 1) * every if every else None
+
+  def due_by_steps(self, step: int) -> bool:
+    every = self.config.save_every_steps
+    return bool(every) and step % every == 0
+
+  def due_by_time(self) -> bool:
+    every = self.config.save_every_seconds
+    return bool(every) and time.monotonic() - self.last_save_time >= every
+
+  def record_preempted(self, step: int) -> None:
+    self.events = self.store.append_event({
+        'event': 'preempted', 'at_step': step,
+        'checkpoint': self.last_save_path, 'time': time.time()})
+
+  def close(self) -> None:
+    self.progress.close()
+
+  def delete_all(self) -> None:
+    self.store.delete_all()

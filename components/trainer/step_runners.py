@@ -1,0 +1,97 @@
+"""Ways to run k training steps in one call: what the loop driver plugs in.
+
+Each runner is called as `runner(current_step, k)` and returns the step
+reached and the loss of the call (a tensor the driver reads later, so that
+reading it does not wait for the next call). A call of k steps is one traced
+function with k a tensor, so calls of every length share one trace and pay
+the host round trip (Python, function dispatch, the loss read-back) once per
+k steps instead of once per step.
+"""
+
+from typing import Callable, Tuple
+
+import tensorflow as tf
+
+
+def _mean_loss(total, k):
+  return tf.cast(total, tf.float32) / tf.cast(k, tf.float32)
+
+
+class SynchronousSteps:
+  """k steps of the replicas in sync (one device, Mirrored, MWMS, ...)."""
+
+  def __init__(self, strategy: tf.distribute.Strategy, dataset_fn: Callable,
+               replica_step: Callable, step: tf.Variable):
+    self._iterator = iter(strategy.distribute_datasets_from_function(
+        dataset_fn))
+
+    @tf.function
+    def run(iterator, k):
+      total = tf.constant(0.0)
+      for _ in tf.range(k):
+        losses = strategy.run(replica_step, args=(next(iterator),))
+        step.assign_add(1)
+        total += tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, losses,
+                                         axis=None), tf.float32)
+      return _mean_loss(total, k)
+
+    self._run = run
+
+  def __call__(self, current: int, k: int) -> Tuple[int, tf.Tensor]:
+    return current + k, self._run(self._iterator, tf.constant(k, tf.int64))
+
+
+class GPipeSteps:
+  """k pipeline-parallel steps, each the GPipe schedule over micro-batches."""
+
+  def __init__(self, runner, dataset: tf.data.Dataset, step: tf.Variable):
+    self._iterator = iter(dataset)
+
+    @tf.function
+    def run(iterator, k):
+      total = tf.constant(0.0)
+      for _ in tf.range(k):
+        features, labels = next(iterator)
+        total += tf.cast(runner.train_step(features, labels), tf.float32)
+        step.assign_add(1)
+      return _mean_loss(total, k)
+
+    self._run = run
+
+  def __call__(self, current: int, k: int) -> Tuple[int, tf.Tensor]:
+    return current + k, self._run(self._iterator, tf.constant(k, tf.int64))
+
+
+class ParameterServerSteps:
+  """k asynchronous steps: k closures scheduled on the workers, one join.
+
+  Workers share no data order: each streams its own shuffle of the data. A
+  closure may run twice (retried after a worker loss); its guard keeps the
+  number of updates exact, so the step reached is read from the variable.
+  """
+
+  def __init__(self, strategy: tf.distribute.Strategy, dataset_fn: Callable,
+               replica_step: Callable, step: tf.Variable, train_steps: int):
+    self._coordinator = (
+        tf.distribute.experimental.coordinator.ClusterCoordinator(strategy))
+    self._iterator = iter(self._coordinator.create_per_worker_dataset(
+        lambda: strategy.distribute_datasets_from_function(dataset_fn)))
+    self._step = step
+
+    @tf.function
+    def worker_step(iterator):
+      if step < train_steps:
+        loss = strategy.run(replica_step, args=(next(iterator),))
+        step.assign_add(1)
+        return loss
+      return tf.constant(0.0)
+
+    self._worker_step = worker_step
+
+  def __call__(self, current: int, k: int) -> Tuple[int, float]:
+    del current  # Read back: guarded closures may not all have updated.
+    results = [self._coordinator.schedule(self._worker_step,
+                                          args=(self._iterator,))
+               for _ in range(k)]
+    self._coordinator.join()
+    return int(self._step.numpy()), results[-1].fetch()

@@ -1,0 +1,37 @@
+"""The one loader of the user module, for the executor and every process.
+
+A module is named by an importable path (`module_path`, or the module of a
+`run_fn`) or given as a file, which may live on any `tf.io.gfile` filesystem
+(gs://, s3://): such a file is copied to a local folder first. No TFX import.
+"""
+
+import importlib
+import importlib.util
+import os
+import tempfile
+from types import ModuleType
+from typing import Optional
+
+import tensorflow as tf
+
+
+def load(module_file: Optional[str], module_path: Optional[str] = None,
+         run_fn: Optional[str] = None) -> ModuleType:
+  """Imports the user module from `module_path`, `run_fn` or `module_file`."""
+  if module_path or run_fn:
+    return importlib.import_module(module_path or run_fn.rpartition('.')[0])
+  if not module_file:
+    raise ValueError('No module_file, module_path or run_fn names the user '
+                     'module.')
+  path = module_file
+  if not os.path.exists(path):
+    path = os.path.join(tempfile.mkdtemp(prefix='hpm-module-'),
+                        os.path.basename(module_file))
+    tf.io.gfile.copy(module_file, path)
+  spec = importlib.util.spec_from_file_location(
+      os.path.splitext(os.path.basename(path))[0], path)
+  if spec is None:
+    raise ValueError(f'module_file {module_file!r} is not a Python file.')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
