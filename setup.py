@@ -23,6 +23,8 @@ setuptools.setup(
         'matplotlib>=3.9,<3.10',
     ],
     extras_require={
-        'dev': ['pytest>=8.3', 'pytest-timeout>=2.3', 'nbformat>=5.10'],
+        'dev': ['pytest>=8.3', 'pytest-timeout>=2.3', 'nbformat>=5.10',
+                # A local GCS server for the gs:// pipeline tests.
+                'gcp-storage-emulator>=2026.7.19'],
     },
 )

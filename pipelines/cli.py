@@ -7,6 +7,12 @@ import tempfile
 
 from pipelines import data
 
+# Where a sample of the data goes when the pipeline root is remote (so that
+# every component can read it wherever it runs).
+SAMPLE_SUBDIR = '_data_sample'
+# Local folder of the SQLite MLMD file for remote pipeline roots.
+REMOTE_ROOT_METADATA_DIR = os.path.join('outputs', 'metadata')
+
 
 def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--pipeline-name', default='taxi_hpm')
@@ -15,9 +21,18 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
       help='Folder of taxi CSV files (default: the copy inside the tfx wheel).')
   parser.add_argument(
       '--sample-rows', type=int, default=0,
-      help='Use only the first N rows of each CSV (0 = all rows).')
-  parser.add_argument('--pipeline-root', default='outputs/pipeline',
-                      help='Artifacts and MLMD (metadata.db) go here.')
+      help='Use only the first N rows of each CSV (0 = all rows); the sample '
+      'goes to a local temporary folder, or under <pipeline-root>/'
+      f'{SAMPLE_SUBDIR} for a remote root.')
+  parser.add_argument(
+      '--pipeline-root', default='outputs/pipeline',
+      help='Artifacts go here: a local folder or a URI such as '
+      'gs://bucket/path; for a local root also MLMD (metadata.db).')
+  parser.add_argument(
+      '--metadata-path', default=None,
+      help='SQLite MLMD file, always local (default: '
+      '<pipeline-root>/metadata.db for a local root; for a remote root such '
+      'as gs://, outputs/metadata/<pipeline-name>.db).')
   parser.add_argument('--serving-model-dir', default=None,
                       help='Pusher destination (default: '
                       '<pipeline-root>/serving_model).')
@@ -40,14 +55,29 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--enable-cache', action='store_true')
 
 
+def metadata_path(args: argparse.Namespace) -> str:
+  """The local SQLite MLMD file the flags describe (absolute)."""
+  if args.metadata_path:
+    return os.path.abspath(args.metadata_path)
+  if data.is_remote(args.pipeline_root):
+    return os.path.abspath(os.path.join(REMOTE_ROOT_METADATA_DIR,
+                                        f'{args.pipeline_name}.db'))
+  return os.path.join(os.path.abspath(args.pipeline_root), 'metadata.db')
+
+
 def pipeline_from_args(args: argparse.Namespace):
   """Builds the pipeline the flags describe."""
   from pipelines import taxi_pipeline  # pylint: disable=g-import-not-at-top
+  pipeline_root = data.local_abspath(args.pipeline_root)
   data_root = args.data_root or data.default_data_root()
   if args.sample_rows:
-    data_root = data.write_sample(
-        data_root, tempfile.mkdtemp(prefix='taxi_sample_'), args.sample_rows)
-  pipeline_root = os.path.abspath(args.pipeline_root)
+    sample_dir = (os.path.join(pipeline_root, SAMPLE_SUBDIR)
+                  if data.is_remote(pipeline_root) else
+                  tempfile.mkdtemp(prefix='taxi_sample_'))
+    data_root = data.write_sample(data_root, sample_dir, args.sample_rows)
+  mlmd_path = metadata_path(args)
+  # SQLite creates the file, not its folder.
+  os.makedirs(os.path.dirname(mlmd_path), exist_ok=True)
   factories = {}
   if args.gpipe_stages and args.stock:
     raise SystemExit('--gpipe-stages needs our trainer; drop --stock.')
@@ -61,10 +91,11 @@ def pipeline_from_args(args: argparse.Namespace):
   return taxi_pipeline.create_pipeline(
       pipeline_name=args.pipeline_name,
       pipeline_root=pipeline_root,
-      serving_model_dir=os.path.abspath(
+      serving_model_dir=data.local_abspath(
           args.serving_model_dir or
           os.path.join(pipeline_root, 'serving_model')),
       data_root=data_root,
+      metadata_path=mlmd_path,
       train_steps=args.train_steps,
       eval_steps=args.eval_steps,
       accuracy_threshold=args.accuracy_threshold,

@@ -2,6 +2,8 @@
 
     python -m pipelines.local_runner            # tfx-hpm components
     python -m pipelines.local_runner --stock    # stock Transform and Trainer
+    python -m pipelines.local_runner --pipeline-root gs://bucket/root
+                                     # artifacts on GCS, MLMD in local SQLite
 """
 
 import argparse
@@ -27,8 +29,7 @@ def main(argv=None) -> int:
   pipeline = cli.pipeline_from_args(args)
   start = time.time()
   tfx.orchestration.LocalDagRunner().run(pipeline)
-  print(summary.read_run(os.path.join(args.pipeline_root,
-                                      'metadata.db')).format())
+  print(summary.read_run(cli.metadata_path(args)).format())
   print(f'wall time of the whole run: {time.time() - start:.1f} s')
   return 0
 

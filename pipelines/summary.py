@@ -1,12 +1,12 @@
 """Reads a finished pipeline run back from MLMD and formats a summary."""
 
 import dataclasses
-import os
 from typing import Dict, List, Optional
 
 from ml_metadata import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 import tensorflow_model_analysis as tfma
+from tfx.dsl.io import fileio
 
 _STATE_NAMES = {
     v: k for k, v in metadata_store_pb2.Execution.State.items()
@@ -90,7 +90,7 @@ def read_run(metadata_path: str) -> RunSummary:
       if prop and pushed.custom_properties['pushed'].int_value == 1:
         pushed_model = prop.string_value
     evaluation = _latest_output(store, execution.id, 'ModelEvaluation')
-    if evaluation is not None and os.path.isdir(evaluation.uri):
+    if evaluation is not None and fileio.isdir(evaluation.uri):
       metrics = _overall_metrics(evaluation.uri)
     blessing = _latest_output(store, execution.id, 'ModelBlessing')
     if blessing is not None and 'blessed' in blessing.custom_properties:

@@ -1,10 +1,25 @@
-"""Shared fixtures: a small real slice of the taxi data, tf-keras everywhere."""
+"""Shared fixtures: a small real slice of the taxi data, tf-keras everywhere,
+and a local GCS server (`gcs_bucket`) for gs:// pipeline roots."""
 
 import os
+import sys
+import uuid
 
 # Must be set before TensorFlow is imported anywhere in the test process.
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
+
+import portpicker  # pylint: disable=g-import-not-at-top
+
+from tests import gcs_emulator  # pylint: disable=g-import-not-at-top
+
+# gs:// goes to a local emulator, in this process and in every process the
+# tests start (pipeline runners, trainer workers inherit os.environ). TF reads
+# its filesystem settings when it is imported, so this happens here, before
+# any test module imports it; the server itself starts only when a test asks
+# for `gcs_bucket`. Local paths are unaffected.
+GCS_EMULATOR_PORT = portpicker.pick_unused_port()
+os.environ.update(gcs_emulator.environment(GCS_EMULATOR_PORT))
 
 import pytest  # pylint: disable=g-import-not-at-top
 
@@ -19,3 +34,61 @@ def taxi_sample_dir(tmp_path_factory) -> str:
   return data.write_sample(data.default_data_root(),
                            str(tmp_path_factory.mktemp('taxi_sample')),
                            SAMPLE_ROWS)
+
+
+@pytest.fixture(scope='session')
+def gcs_emulator_server(tmp_path_factory):
+  """The GCS emulator process, started on first use, killed at the end.
+
+  When a test failed, the end of its log is printed in the summary.
+  """
+  server = gcs_emulator.GcsEmulator(
+      GCS_EMULATOR_PORT, log_dir=str(tmp_path_factory.mktemp('gcs_emulator')))
+  _STARTED.append(server)
+  try:
+    yield server
+  finally:
+    server.stop()
+
+
+@pytest.fixture(scope='session')
+def gcs_bucket(gcs_emulator_server) -> str:
+  """'gs://<bucket>': a fresh bucket on the session's GCS emulator."""
+  return gcs_emulator_server.create_bucket(f'tfx-hpm-{uuid.uuid4().hex[:12]}')
+
+
+_STARTED = []
+
+
+def pytest_terminal_summary(terminalreporter):
+  stats = terminalreporter.stats
+  if not _STARTED or not (stats.get('failed') or stats.get('error')):
+    return
+  server = _STARTED[0]
+  terminalreporter.section('GCS emulator log')
+  terminalreporter.write_line(f'{server.log_path} (last lines):')
+  terminalreporter.write_line(server.log_tail(8000))
+
+
+_EXIT_STATUS = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+  del session
+  _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+  """Ends the process once pytest has reported, skipping interpreter teardown.
+
+  With TensorFlow, TFMA and TFX loaded, protobuf's finalizers can crash while
+  freeing TF objects at interpreter shutdown (a segfault, exit 139, after
+  every test passed; seen here under `tests/test_kubeflow_run.py`). The
+  pipeline runners end the same way (`os._exit`).
+  """
+  del config
+  if _EXIT_STATUS:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_STATUS[0])  # pylint: disable=protected-access

@@ -25,6 +25,7 @@ from tfx.dsl.components.base import base_executor
 from tfx.dsl.io import fileio
 from tfx.types import artifact_utils
 from tfx.types import standard_component_specs
+from tfx.utils import io_utils
 
 from components import storage
 from components.trainer import checkpointing
@@ -128,6 +129,9 @@ class Executor(base_executor.BaseExecutor):
     module_identity = _module_identity(exec_properties)
     module_name, wheels = udf_utils.decode_user_module_key(
         exec_properties.get(standard_component_specs.MODULE_PATH_KEY))
+    # pip installs from local files only; the wheel may be on gs:// (as stock
+    # TFX's import_utils does).
+    wheels = [io_utils.ensure_local(wheel) for wheel in wheels]
     # A module packaged as a wheel (the default under LocalDagRunner) is
     # installed once; sys.path and PYTHONPATH reach it for every process.
     with udf_utils.TempPipInstallContext(wheels):

@@ -1,0 +1,503 @@
+"""A local GCS server for tests: `gcp-storage-emulator` as a real process.
+
+    emulator = GcsEmulator(port)   # starts the server, waits until it answers
+    emulator.create_bucket('b')    # through google-cloud-storage
+    ...                            # gs://b/... works in TF, Beam and TFX
+    emulator.stop()                # kills it by pid
+
+Every process that touches gs:// needs `environment(port)` in its environment
+before it imports TensorFlow. Clients reach the server like this:
+
+- Beam's gcsio and google-cloud-storage (Python): `STORAGE_EMULATOR_HOST`,
+  plain HTTP to the port.
+- TensorFlow: its built-in GCS filesystem, the one that production uses. It
+  only talks to https://www.googleapis.com and https://storage.googleapis.com,
+  so the port is also an HTTPS proxy (`https_proxy`): a CONNECT to a
+  *.googleapis.com host is answered with TLS under a test CA
+  (`CURL_CA_BUNDLE`), and the requests inside go to the emulator.
+  `GOOGLE_AUTH_TOKEN_FOR_TESTING` spares TF the credential lookup.
+
+Why not TF's modular GCS plugin (tensorflow-io-gcs-filesystem 0.37.1, which
+honours `CLOUD_STORAGE_EMULATOR_ENDPOINT`)? Measured here, it is not the
+filesystem production runs and it differs where TFX needs it: its RenameFile
+renames a directory as if it were one object, so tf.Transform's
+`tf.io.gfile.rename(<dir>, <dir>)` (WriteTransformFn) fails with "Permanent
+error in RewriteObject: [NOT_FOUND]"; and its google-cloud-cpp 1.21.0 / libcurl
+8.4.0 client corrupts its heap (segfault in libcurl's chop_write) when a
+download of more than ~150 KB is already waiting in the socket, which is what a
+local server sends.
+
+The emulator keeps everything in memory (`--in-memory`): its on-disk mode
+clashes with the empty "folder/" objects TensorFlow writes for directories. It
+serves one request at a time (its storage is not thread-safe); the front that
+listens on the port relays every connection to it. Where TensorFlow's client
+and gcp-storage-emulator 2026.7.19 disagree, `serve` adapts the emulator to
+what GCS does: a body sent with both Transfer-Encoding: chunked and
+Content-Length is read as chunked (it stored the chunk framing), an empty media
+upload is an empty object (it failed with a 500, retried forever), upload
+session URLs handed out inside a tunnel are https, and the front answers
+`Expect: 100-continue` (curl otherwise waits 1 s before every upload).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import select
+import signal
+import socket
+import socketserver
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Dict, Optional
+
+HOST = '127.0.0.1'
+PROJECT = 'tfx-hpm-test'
+START_TIMEOUT_S = 30.0
+# Hosts TensorFlow's GCS filesystem sends requests to.
+GOOGLE_API_SUFFIX = '.googleapis.com'
+# Nothing listens on the discard port: a metadata-server probe that gets
+# past NO_GCE_CHECK is refused at once instead of waiting on the network.
+_DEAD_METADATA = f'{HOST}:9'
+_PLACEHOLDER_CREDENTIALS = {
+    'type': 'authorized_user',
+    'client_id': 'tfx-hpm-gcs-emulator',
+    'client_secret': 'unused',
+    'refresh_token': 'unused',
+    'token': 'gcs-emulator-placeholder-token',
+    'expiry': '2999-01-01T00:00:00Z',
+}
+
+
+def endpoint(port: int) -> str:
+  return f'http://{HOST}:{port}'
+
+
+def environment(port: int) -> Dict[str, str]:
+  """Everything TF, Beam and google-cloud-* need to use the emulator at `port`.
+
+  Local files are unaffected; gs:// goes to the emulator (and fails fast
+  while none runs). Connections to localhost and 127.0.0.1 (TF cluster gRPC,
+  the emulator itself) bypass the proxy.
+  """
+  url = endpoint(port)
+  no_proxy = 'localhost,127.0.0.1,::1'
+  return {
+      # --- TensorFlow's built-in GCS filesystem (not the modular plugin).
+      'TF_USE_MODULAR_FILESYSTEM': '0',
+      'https_proxy': url,
+      'HTTPS_PROXY': url,
+      'no_proxy': no_proxy,
+      'NO_PROXY': no_proxy,
+      'CURL_CA_BUNDLE': tls_files()['ca'],
+      'GOOGLE_AUTH_TOKEN_FOR_TESTING': 'gcs-emulator-placeholder-token',
+      # Several processes (trainer workers, the executor, the test) read what
+      # the others just wrote: no stat, listing or block caches.
+      'GCS_STAT_CACHE_MAX_AGE': '0',
+      'GCS_MATCHING_PATHS_CACHE_MAX_AGE': '0',
+      'GCS_READ_CACHE_MAX_SIZE_MB': '0',
+      # --- Beam's gcsio and google-cloud-storage (Python).
+      'STORAGE_EMULATOR_HOST': url,
+      'GOOGLE_CLOUD_PROJECT': PROJECT,
+      # Credentials. Beam asks google-auth's default() and retries every
+      # failure with backoff (4 retries from 2 s: ~21 s in each process that
+      # opens gs://) before it connects anonymously. A static user token that
+      # never expires answers at once and is never refreshed; the emulator
+      # ignores it. (A missing file fails fast but is retried just the same.)
+      'GOOGLE_APPLICATION_CREDENTIALS': credentials_file(),
+      # Any metadata-server probe stays on loopback and fails fast.
+      'NO_GCE_CHECK': 'True',
+      'GCE_METADATA_HOST': _DEAD_METADATA,
+      'GCE_METADATA_IP': _DEAD_METADATA,
+  }
+
+
+def _state_dir() -> str:
+  path = os.path.join(tempfile.gettempdir(),
+                      f'tfx-hpm-gcs-emulator-{os.getuid()}')
+  os.makedirs(path, exist_ok=True)
+  return path
+
+
+def credentials_file() -> str:
+  """A placeholder Application Default Credentials file (written once).
+
+  An `authorized_user` token with an expiry far in the future: google-auth
+  treats it as valid and never contacts a token endpoint, so nothing reaches
+  the network. Any real Google API would refuse it.
+  """
+  path = os.path.join(_state_dir(), 'adc.json')
+  content = json.dumps(_PLACEHOLDER_CREDENTIALS, sort_keys=True)
+  try:
+    with open(path) as f:
+      if f.read() == content:
+        return path
+  except OSError:
+    pass
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix='.json')
+  with os.fdopen(fd, 'w') as f:
+    f.write(content)
+  os.replace(tmp, path)
+  return path
+
+
+def tls_files() -> Dict[str, str]:
+  """A test CA and a *.googleapis.com certificate it signed (made once)."""
+  final = os.path.join(_state_dir(), 'tls')
+  files = {name: os.path.join(final, f'{name}.pem')
+           for name in ('ca', 'cert', 'key')}
+  if all(os.path.exists(p) for p in files.values()):
+    return files
+  # Written to a fresh folder, then renamed into place: concurrent sessions
+  # never see half a set.
+  staging = tempfile.mkdtemp(dir=_state_dir(), prefix='tls-')
+  for name, pem in _make_certificates().items():
+    with open(os.path.join(staging, f'{name}.pem'), 'wb') as f:
+      f.write(pem)
+  try:
+    os.rename(staging, final)
+  except OSError:  # Another process made them first.
+    for name in files:
+      os.remove(os.path.join(staging, f'{name}.pem'))
+    os.rmdir(staging)
+  return files
+
+
+def _make_certificates() -> Dict[str, bytes]:
+  # pylint: disable=g-import-not-at-top
+  from cryptography import x509
+  from cryptography.hazmat.primitives import hashes
+  from cryptography.hazmat.primitives import serialization
+  from cryptography.hazmat.primitives.asymmetric import ec
+  from cryptography.x509.oid import ExtendedKeyUsageOID
+  from cryptography.x509.oid import NameOID
+  # pylint: enable=g-import-not-at-top
+  now = datetime.datetime.now(datetime.timezone.utc)
+  start, end = now - datetime.timedelta(days=1), now + datetime.timedelta(
+      days=3650)
+  ca_key = ec.generate_private_key(ec.SECP256R1())
+  ca_name = x509.Name(
+      [x509.NameAttribute(NameOID.COMMON_NAME, 'tfx-hpm GCS emulator CA')])
+  ca = (x509.CertificateBuilder()
+        .subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start).not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0),
+                       critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_cert_sign=True, crl_sign=True,
+            content_commitment=False, key_encipherment=False,
+            data_encipherment=False, key_agreement=False,
+            encipher_only=False, decipher_only=False), critical=True)
+        .sign(ca_key, hashes.SHA256()))
+  key = ec.generate_private_key(ec.SECP256R1())
+  names = ['www.googleapis.com', 'storage.googleapis.com', '*.googleapis.com']
+  cert = (x509.CertificateBuilder()
+          .subject_name(x509.Name(
+              [x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+          .issuer_name(ca_name)
+          .public_key(key.public_key())
+          .serial_number(x509.random_serial_number())
+          .not_valid_before(start).not_valid_after(end)
+          .add_extension(x509.SubjectAlternativeName(
+              [x509.DNSName(n) for n in names]), critical=False)
+          .add_extension(x509.BasicConstraints(ca=False, path_length=None),
+                         critical=True)
+          .add_extension(x509.ExtendedKeyUsage(
+              [ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+  return {
+      'ca': ca.public_bytes(serialization.Encoding.PEM),
+      'cert': cert.public_bytes(serialization.Encoding.PEM),
+      'key': key.private_bytes(serialization.Encoding.PEM,
+                               serialization.PrivateFormat.PKCS8,
+                               serialization.NoEncryption()),
+  }
+
+
+def is_answering(port: int, timeout: float = 1.0) -> bool:
+  """True once the server answers its health check."""
+  # No proxy: the server is on loopback.
+  opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+  try:
+    with opener.open(endpoint(port) + '/', timeout=timeout) as r:
+      return r.status == 200
+  except (urllib.error.URLError, OSError):
+    return False
+
+
+class GcsEmulator:
+  """The emulator as a child process, on `port` of 127.0.0.1."""
+
+  def __init__(self, port: int, log_dir: Optional[str] = None):
+    self.port = port
+    self.url = endpoint(port)
+    self._log_dir = log_dir or tempfile.mkdtemp(prefix='gcs_emulator_')
+    self.log_path = os.path.join(self._log_dir, 'gcs_emulator.log')
+    self._log = open(self.log_path, 'wb')  # pylint: disable=consider-using-with
+    tls = tls_files()
+    argv = [sys.executable, os.path.abspath(__file__), '--host', HOST,
+            '--port', str(port), '--cert', tls['cert'], '--key', tls['key'],
+            '--parent-pid', str(os.getpid())]
+    start = time.monotonic()
+    self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+        argv, stdin=subprocess.DEVNULL, stdout=self._log,
+        stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+      self._wait_until_answering()
+    except BaseException:
+      self.stop()
+      raise
+    self.startup_s = time.monotonic() - start
+
+  def _wait_until_answering(self) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+      if self.process.poll() is not None:
+        raise RuntimeError(
+            f'gcp-storage-emulator exited ({self.process.returncode}) on '
+            f'port {self.port}:\n{self.log_tail()}')
+      if is_answering(self.port, timeout=0.5):
+        return
+      time.sleep(0.05)
+    raise RuntimeError(
+        f'gcp-storage-emulator did not answer on {self.url} within '
+        f'{START_TIMEOUT_S:.0f} s:\n{self.log_tail()}')
+
+  def client(self):
+    """A google-cloud-storage client of the emulator (anonymous)."""
+    # pylint: disable-next=g-import-not-at-top
+    from google.auth import credentials as auth_credentials
+    from google.cloud import storage  # pylint: disable=g-import-not-at-top
+    return storage.Client(
+        project=PROJECT, credentials=auth_credentials.AnonymousCredentials(),
+        client_options={'api_endpoint': self.url})
+
+  def create_bucket(self, name: str) -> str:
+    """Creates `name` through the JSON API; returns 'gs://<name>'."""
+    self.client().create_bucket(name)
+    return f'gs://{name}'
+
+  def log_tail(self, max_bytes: int = 20000) -> str:
+    if not self._log.closed:
+      self._log.flush()
+    try:
+      with open(self.log_path, 'rb') as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - max_bytes))
+        return f.read().decode('utf-8', errors='replace')
+    except OSError:
+      return ''
+
+  def stop(self) -> None:
+    """Kills the server (its process group, by pid) and waits for it."""
+    if self.process.poll() is None:
+      try:
+        os.killpg(self.process.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+      self.process.wait(timeout=30)
+    self._log.close()
+
+
+# ----------------------------------------------------- the server process
+#
+# `python tests/gcs_emulator.py --port P --cert C --key K` (what GcsEmulator
+# runs): the emulator on an internal port, behind a threaded front on P that
+# relays plain HTTP and terminates CONNECT tunnels to *.googleapis.com.
+
+
+def _pump(client, backend) -> None:
+  """Copies bytes both ways until either side closes."""
+  sockets = [client, backend]
+  while True:
+    pending = isinstance(client, ssl.SSLSocket) and client.pending()
+    readable = [client] if pending else select.select(sockets, [], [],
+                                                      600)[0]
+    if not readable:
+      return
+    for source in readable:
+      try:
+        data = source.recv(256 * 1024)
+      except ssl.SSLWantReadError:
+        continue
+      except OSError:
+        return
+      if not data:
+        return
+      (backend if source is client else client).sendall(data)
+
+
+def _read_head(sock) -> Optional[bytes]:
+  """Bytes up to and including the end of the first request's headers."""
+  data = b''
+  while b'\r\n\r\n' not in data:
+    chunk = sock.recv(64 * 1024)
+    if not chunk or len(data) > 1 << 20:
+      return None
+    data += chunk
+  return data
+
+
+def _no_delay(sock) -> None:
+  # Small request/response pieces: without this, Nagle and delayed ACKs
+  # add ~40 ms to every request.
+  sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _FrontHandler(socketserver.BaseRequestHandler):
+  """One client connection: a plain request, or a CONNECT tunnel.
+
+  The emulator answers HTTP/1.0 and closes the connection after each
+  response, so one connection (or tunnel) carries one request.
+  """
+
+  def handle(self):
+    client = self.request
+    _no_delay(client)
+    data = _read_head(client)
+    if data is None:
+      return
+    request_line = data.split(b'\r\n', 1)[0].decode('latin-1')
+    method, target = (request_line.split(' ') + ['', ''])[:2]
+    if method == 'CONNECT':
+      host = target.rsplit(':', 1)[0]
+      if not host.endswith(GOOGLE_API_SUFFIX):
+        client.sendall(b'HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n')
+        return
+      client.sendall(b'HTTP/1.1 200 Connection established\r\n\r\n')
+      client = self.server.tls.wrap_socket(client, server_side=True)
+      data = _read_head(client)
+      if data is None:
+        return
+    head, body = data.split(b'\r\n\r\n', 1)
+    lines = head.split(b'\r\n')
+    kept = [line for line in lines
+            if line.lower().replace(b' ', b'') != b'expect:100-continue']
+    if len(kept) < len(lines):
+      # curl waits a second for "100 Continue" before it sends a body; the
+      # HTTP/1.0 emulator never says it.
+      client.sendall(b'HTTP/1.1 100 Continue\r\n\r\n')
+    backend = socket.create_connection((HOST, self.server.backend_port))
+    _no_delay(backend)
+    try:
+      backend.sendall(b'\r\n'.join(kept) + b'\r\n\r\n' + body)
+      _pump(client, backend)
+    finally:
+      backend.close()
+      if isinstance(client, ssl.SSLSocket):
+        try:
+          client.unwrap()
+        except (OSError, ValueError):
+          pass
+
+
+class _Front(socketserver.ThreadingTCPServer):
+  daemon_threads = True
+  allow_reuse_address = True
+  request_queue_size = 128
+
+
+def serve(host: str, port: int, cert: str, key: str,
+          parent_pid: int = 0) -> None:
+  """Runs gcp-storage-emulator (in memory) behind the relaying front.
+
+  Stops on SIGTERM / SIGINT, or when `parent_pid` (the test process) is gone:
+  a killed test session leaves no server behind.
+  """
+  # pylint: disable=g-import-not-at-top
+  import logging
+  from gcp_storage_emulator import server as emulator_server
+  # pylint: enable=g-import-not-at-top
+  logging.basicConfig(level=logging.INFO,
+                      format='%(asctime)s %(levelname)s %(message)s')
+
+  original_init = emulator_server.Request.__init__
+
+  def request_init(self, request_handler, method):
+    original_init(self, request_handler, method)
+    # Requests from a TLS tunnel carry Host: www.googleapis.com; the URLs
+    # the emulator hands out (resumable upload sessions) must go back
+    # through the tunnel, so over https.
+    request_host = request_handler.headers.get('Host', '')
+    if request_host.split(':')[0].endswith(GOOGLE_API_SUFFIX):
+      self._base_url = f'https://{request_host}'  # pylint: disable=protected-access
+      self._full_url = self._base_url + request_handler.path  # pylint: disable=protected-access
+
+  emulator_server.Request.__init__ = request_init
+
+  original_read_raw_data = emulator_server._read_raw_data  # pylint: disable=protected-access
+
+  def read_raw_data(request_handler):
+    # RFC 9112 6.3: Transfer-Encoding wins over Content-Length. TensorFlow
+    # sends both on its chunked upload PUTs; the emulator reads
+    # Content-Length first and stores the chunk framing.
+    headers = request_handler.headers
+    if (headers.get('Transfer-Encoding', '').lower() == 'chunked' and
+        'Content-Length' in headers):
+      del headers['Content-Length']
+    return original_read_raw_data(request_handler)
+
+  emulator_server._read_raw_data = read_raw_data  # pylint: disable=protected-access
+
+  original_read_data = emulator_server._read_data  # pylint: disable=protected-access
+
+  def read_data(request_handler, query):
+    # An empty media upload (TensorFlow's "folder/" markers) is an empty
+    # object, not a missing body (the emulator fails on len(None)).
+    data = original_read_data(request_handler, query)
+    content_type = request_handler.headers.get('Content-Type') or ''
+    if (data is None and request_handler.headers.get('Content-Length') == '0'
+        and not content_type.startswith(('application/json', 'multipart/'))):
+      return b''
+    return data
+
+  emulator_server._read_data = read_data  # pylint: disable=protected-access
+
+  backend_socket = socket.socket()
+  backend_socket.bind((host, 0))
+  backend_port = backend_socket.getsockname()[1]
+  backend_socket.close()
+  backend = emulator_server.create_server(host, backend_port, in_memory=True)
+  backend.start()
+
+  front = _Front((host, port), _FrontHandler)
+  front.backend_port = backend_port
+  front.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+  front.tls.load_cert_chain(cert, key)
+  logging.info('GCS emulator on %s:%d (backend port %d)', host, port,
+               backend_port)
+  threading.Thread(target=front.serve_forever, daemon=True).start()
+  if parent_pid:
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,),
+                     daemon=True).start()
+  signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+  while os.getppid() == parent_pid:
+    time.sleep(1.0)
+  os._exit(0)  # pylint: disable=protected-access
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=serve.__doc__)
+  parser.add_argument('--host', default=HOST)
+  parser.add_argument('--port', type=int, required=True)
+  parser.add_argument('--cert', required=True)
+  parser.add_argument('--key', required=True)
+  parser.add_argument('--parent-pid', type=int, default=0)
+  args = parser.parse_args(argv)
+  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+  serve(args.host, args.port, args.cert, args.key, args.parent_pid)
+
+
+if __name__ == '__main__':
+  main()
