@@ -10,6 +10,7 @@ when complete. No TFX import: training processes use it too.
 
 import json
 import os
+import threading
 import uuid
 from typing import Any, Optional
 
@@ -84,19 +85,37 @@ def upload_tree(local_dir: str, destination: str) -> None:
                        os.path.join(target_dir, name), overwrite=True)
 
 
-def check_writable(path: str, what: str) -> None:
+def check_writable(path: str, what: str,
+                   timeout_s: Optional[float] = None) -> None:
   """Writes and removes a probe object under `path`; fails naming both.
 
   Called before the expensive part of a component, so that a pipeline root
   or checkpoint root that cannot be written fails at once, not after
-  training.
+  training. With `timeout_s`, a storage that does not answer in time fails
+  too: TF's GCS client retries some errors without end (a bucket that does
+  not exist answers 404 to every directory creation).
   """
-  probe = os.path.join(path, f'.hpm-write-probe-{uuid.uuid4().hex}')
-  try:
-    tf.io.gfile.makedirs(path)
-    with tf.io.gfile.GFile(probe, 'w') as f:
-      f.write('probe')
-    tf.io.gfile.remove(probe)
-  except (tf.errors.OpError, OSError) as e:
+  failure = []
+
+  def probe():
+    target = os.path.join(path, f'.hpm-write-probe-{uuid.uuid4().hex}')
+    try:
+      tf.io.gfile.makedirs(path)
+      with tf.io.gfile.GFile(target, 'w') as f:
+        f.write('probe')
+      tf.io.gfile.remove(target)
+    except (tf.errors.OpError, OSError) as e:
+      failure.append(f'{type(e).__name__}: {e}')
+
+  if timeout_s is None:
+    probe()
+  else:
+    worker = threading.Thread(target=probe, name='hpm-write-probe',
+                              daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+      failure.append(f'no answer in {timeout_s:g} s (does the bucket exist?)')
+  if failure:
     raise StorageNotWritableError(
-        f'Cannot write the {what} at {path!r}: {type(e).__name__}: {e}') from e
+        f'Cannot write the {what} at {path!r}: {failure[0]}')

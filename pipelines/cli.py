@@ -5,6 +5,7 @@ import json
 import os
 import tempfile
 
+from components import storage
 from pipelines import data
 
 # Where a sample of the data goes when the pipeline root is remote (so that
@@ -28,6 +29,11 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
       '--pipeline-root', default='outputs/pipeline',
       help='Artifacts go here: a local folder or a URI such as '
       'gs://bucket/path; for a local root also MLMD (metadata.db).')
+  parser.add_argument(
+      '--root-check-timeout-s', type=float, default=60.0,
+      help='Seconds the pipeline root may take to accept a probe object '
+      'before the run fails, naming it (TF retries a missing bucket without '
+      'end).')
   parser.add_argument(
       '--metadata-path', default=None,
       help='SQLite MLMD file, always local (default: '
@@ -69,6 +75,9 @@ def pipeline_from_args(args: argparse.Namespace):
   """Builds the pipeline the flags describe."""
   from pipelines import taxi_pipeline  # pylint: disable=g-import-not-at-top
   pipeline_root = data.local_abspath(args.pipeline_root)
+  # Before TFX writes there (its compile step stalls on a missing bucket).
+  storage.check_writable(pipeline_root, 'pipeline root',
+                         timeout_s=args.root_check_timeout_s)
   data_root = args.data_root or data.default_data_root()
   if args.sample_rows:
     sample_dir = (os.path.join(pipeline_root, SAMPLE_SUBDIR)

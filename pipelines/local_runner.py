@@ -13,6 +13,7 @@ import time
 
 from absl import logging
 
+from components import storage
 from pipelines import cli
 from pipelines import summary
 
@@ -35,7 +36,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  exit_code = main()
+  try:
+    exit_code = main()
+  except storage.StorageNotWritableError as e:
+    # Exits at once: the probe may still be retrying in its thread.
+    print(f'error: {e}', file=sys.stderr)
+    exit_code = 2
   # Skip interpreter teardown: TF's function finalizers print spurious
   # 'Exception ignored' tracebacks when they run after module cleanup.
   sys.stdout.flush()

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from typing import Dict, List, Optional
 
 from ml_metadata import metadata_store
@@ -344,3 +345,18 @@ def test_hpm_multi_worker_resumes_from_gcs_after_worker_killed(
   # The killed worker's log was uploaded next to the model run.
   assert restart['log_path'].startswith(f'{model_run.uri}/'), restart
   assert tf.io.gfile.exists(restart['log_path'])
+
+
+def test_missing_bucket_fails_before_any_component_naming_the_root(
+    tmp_path, gcs_bucket, gcs_data_root):
+  """TF's GCS client retries a missing bucket's 404 without end; the runner's
+  probe turns that into an error naming the pipeline root."""
+  del gcs_bucket  # The emulator must run: the bucket alone is missing.
+  root = f'gs://no-such-bucket-{uuid.uuid4().hex[:12]}/root'
+  process = subprocess.run(
+      _command('missing_bucket', root, gcs_data_root,
+               str(tmp_path / 'missing.db'), '--root-check-timeout-s', '5'),
+      cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+  assert process.returncode == 2, process.stdout[-2000:] + process.stderr[-4000:]
+  assert f"Cannot write the pipeline root at '{root}'" in process.stderr
+  assert not (tmp_path / 'missing.db').exists()  # No component ran.
