@@ -118,3 +118,30 @@ def test_measured_batch_is_the_trainers_and_a_mismatch_is_named():
   assert "trainer's batch is unknown" in unknown.batch_mismatch()
   # An explicit batch without a trainer batch is the user's choice.
   assert TuningConfig(batch_size=64).batch_mismatch() is None
+
+
+@pytest.mark.parametrize('distribution, batch', [
+    ({}, 32),  # The default per-replica batch, one device.
+    ({'global_batch_size': 256}, 256),
+    ({'strategy': 'mirrored', 'logical_cpu_devices': 2,
+      'global_batch_size': 64, 'gradient_accumulation_steps': 2}, 64),
+])
+def test_hpm_factories_pass_the_trainer_batch_into_tuning(distribution,
+                                                          batch):
+  from pipelines import taxi_pipeline  # pylint: disable=g-import-not-at-top
+  make = taxi_pipeline.hpm_factories(distribution=distribution)[
+      'make_transform']
+  transform = make(_channels()['examples'], _channels()['schema'], 'm.py')
+  tuning = TuningConfig.from_json(transform.exec_properties['tuning'])
+  assert tuning.trainer_batch_size == batch
+  assert tuning.measure_batch_size == batch and tuning.batch_mismatch() is None
+  # A measurement batch of the user's that differs is kept, and flagged.
+  make = taxi_pipeline.hpm_factories(distribution=distribution,
+                                     tuning={'batch_size': 512})[
+                                         'make_transform']
+  tuning = TuningConfig.from_json(make(
+      _channels()['examples'], _channels()['schema'],
+      'm.py').exec_properties['tuning'])
+  assert tuning.measure_batch_size == 512
+  assert tuning.batch_mismatch() == (
+      f'measured at batch 512 but the trainer reads {batch} examples per step')

@@ -261,9 +261,10 @@ def test_previous_tuning_is_verified_instead_of_searched(patterns):
                             'the previous tuning /p/1')
   result = _tune(patterns, time_budget_s=30.0, consumer=fast,
                  previous=previous)
-  # It chose the defaults: the default measurement verified it.
+  # It chose the defaults: the default measurement verified it (the quick
+  # input-bound check, then the full-length one).
   assert result.decision == tuner.REUSED
-  assert len(result.candidates) == 1
+  assert [c.changes for c in result.candidates] == [{}, {}]
   assert any('Reused the previous tuning /p/1' in n for n in result.notes)
 
 
