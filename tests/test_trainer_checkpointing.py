@@ -16,8 +16,7 @@ from components.trainer.checkpointing import CheckpointStore
 
 def test_default_config_is_valid_and_round_trips():
   config = CheckpointConfig().validate()
-  assert config.save_every_seconds == 60.0 and config.save_every_steps is None
-  assert config.keep_last == 3
+  assert config.save_every_steps == 100 and config.keep_last == 3
   assert config.delete_after_export is True and config.max_restarts == 2
   assert CheckpointConfig.from_dict(config.to_dict()) == config
   assert CheckpointConfig.from_json(config.to_json()) == config

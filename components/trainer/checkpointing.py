@@ -61,18 +61,17 @@ class CheckpointConfig(JsonConfig):
     save_every_steps: Checkpoint every this many optimizer steps (None: not by
       steps).
     save_every_seconds: Checkpoint when this much time passed since the last
-      one (None: not by time). Both may be set; whichever comes first. The
-      default, a minute, bounds both the work a crash loses and the time
-      spent saving, however fast the steps are (measured here: saving every
-      100 steps of 1.1 ms added 40% to the taxi model's training time).
+      one (None: not by time). Both may be set; whichever comes first. For
+      fast steps prefer time: saving every 100 steps of 1.1 ms added 40% to
+      the taxi model's training time here.
     keep_last: Published checkpoints kept; older ones are deleted.
     delete_after_export: Remove the checkpoints once the model is exported.
     max_restarts: Times the local launcher restarts a failed cluster.
   """
   OPTIONS_NAME = 'fault_tolerance'
   backup_root: Optional[str] = None
-  save_every_steps: Optional[int] = None
-  save_every_seconds: Optional[float] = 60.0
+  save_every_steps: Optional[int] = 100
+  save_every_seconds: Optional[float] = None
   keep_last: int = 3
   delete_after_export: bool = True
   max_restarts: int = 2
