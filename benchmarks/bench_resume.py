@@ -19,7 +19,7 @@ processes killed with SIGKILL:
 3. Time from the restart (process spawn) to the first resumed step, with a
    fresh start for reference.
 
-Both sides run with the same autograph fix (`autograph.skip_autograph_for_tf_keras`)
+Both sides run with the same autograph fix (`components.autograph`)
 so that Keras tracing is not slowed by converting tf_keras.
 """
 
@@ -79,7 +79,7 @@ def keras_child(config_path: str) -> None:
   import types
   import tensorflow as tf
   from components.data import input_pipeline
-  from components.trainer import autograph
+  from components import autograph
   from components.trainer import datasets
   from components.trainer import fn_args
   # pylint: enable=g-import-not-at-top

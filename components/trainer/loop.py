@@ -29,9 +29,9 @@ from typing import Any, Callable, Dict, Tuple
 from absl import logging
 import tensorflow as tf
 
+from components import autograph
 from components.pipeline_parallel import gpipe
 from components.trainer import accumulation
-from components.trainer import autograph
 from components.trainer import checkpointing
 from components.trainer import datasets
 from components.trainer import driver

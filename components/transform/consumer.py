@@ -16,36 +16,14 @@ import statistics
 import time
 from typing import Any, Callable, Dict, Optional
 
-from absl import logging
 import tensorflow as tf
+
+from components import autograph
 
 # Timed windows (the median is the rate), as for the reader measurements.
 _WINDOWS = 3
 # Steps of the call that estimates the step time before the timed windows.
 _PROBE_STEPS = 5
-
-
-def skip_autograph_for_tf_keras() -> None:
-  """Makes autograph leave tf_keras alone, as it does for `keras`.
-
-  TF 2.16's conversion rules skip `keras` but not `tf_keras`, so with
-  TF_USE_LEGACY_KERAS a function tracing a model converts all of tf_keras
-  (about ten seconds here). The same rule as HighPerfTrainer's loop; the
-  rules live in a private module, so if it moves this does nothing and only
-  the tracing is slower.
-  """
-  try:
-    # pylint: disable=g-import-not-at-top
-    from tensorflow.python.autograph.core import config as autograph_config
-    from tensorflow.python.autograph.core import config_lib
-    # pylint: enable=g-import-not-at-top
-    rules = tuple(autograph_config.CONVERSION_RULES)
-    if not any(isinstance(r, config_lib.DoNotConvert) and r.matches('tf_keras')
-               for r in rules):
-      autograph_config.CONVERSION_RULES = (
-          (config_lib.DoNotConvert('tf_keras'),) + rules)
-  except (ImportError, AttributeError) as e:
-    logging.info('Autograph rules not adjusted for tf_keras: %s', e)
 
 
 def _batch_rows(element: Any) -> int:
@@ -109,7 +87,7 @@ class ModelStep:
   def prepare(self) -> None:
     """Builds the model; traces the step if the model has a signature."""
     started = time.perf_counter()
-    skip_autograph_for_tf_keras()
+    autograph.skip_autograph_for_tf_keras()
     model = self._build_model(dict(self._hparams))
     if getattr(model, 'optimizer', None) is None:
       raise ValueError('build_model must return a compiled model (there is '
