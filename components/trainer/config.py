@@ -69,7 +69,8 @@ class DistributionConfig(JsonConfig):
       progress happen between calls; a call never crosses a
       `save_every_steps` boundary, so checkpoints stay exactly where they
       would be with 1. For parameter servers it is the closures scheduled
-      between two joins ('auto': 50).
+      between two joins ('auto': 50); for multi_worker_mirrored 'auto' is 1
+      (a multi-step call hung with workers reading gs:// here).
   """
   OPTIONS_NAME = 'distribution'
   strategy: str = 'auto'

@@ -243,6 +243,10 @@ class ManagedTraining:
     setting = self.distribution.steps_per_execution
     if self.kind == 'parameter_server' and setting == driver.AUTO:
       setting = PS_STEPS_PER_CALL
+    if self.kind == 'multi_worker_mirrored' and setting == driver.AUTO:
+      # Workers reading gs:// hung inside the first multi-step call here
+      # (both idle in the call); one step per call is what was verified.
+      setting = 1
     self.sizer = driver.CallSizer(setting, agree=self.all_workers)
     runner, watcher = self._runner_and_watcher(start)
     return driver.drive(

@@ -35,9 +35,18 @@ class SynchronousSteps:
                                          axis=None), tf.float32)
       return _mean_loss(total, k)
 
-    self._run = run
+    @tf.function
+    def run_one(iterator):
+      losses = strategy.run(replica_step, args=(next(iterator),))
+      step.assign_add(1)
+      return tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, losses,
+                                     axis=None), tf.float32)
+
+    self._run, self._run_one = run, run_one
 
   def __call__(self, current: int, k: int) -> Tuple[int, tf.Tensor]:
+    if k == 1:  # No loop around the step (what multi-worker clusters run).
+      return current + 1, self._run_one(self._iterator)
     return current + k, self._run(self._iterator, tf.constant(k, tf.int64))
 
 
