@@ -167,12 +167,17 @@ class ModelStep:
     start = time.perf_counter()
     steps(tf.constant(_PROBE_STEPS), features, labels)
     step_s = max((time.perf_counter() - start) / _PROBE_STEPS, 1e-6)
-    per_window = max(1, round(seconds / _WINDOWS / step_s))
+    window = seconds / _WINDOWS
+    per_window = max(1, round(window / step_s))
     rates = []
     for _ in range(_WINDOWS):
       start = time.perf_counter()
       steps(tf.constant(per_window), features, labels)
-      rates.append(per_window * rows / (time.perf_counter() - start))
+      elapsed = time.perf_counter() - start
+      rates.append(per_window * rows / elapsed)
+      # The probe's estimate can be off (a cold first call): each window
+      # sizes the next one.
+      per_window = max(1, round(per_window * window / max(elapsed, 1e-6)))
     return statistics.median(rates)
 
 
