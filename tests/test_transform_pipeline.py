@@ -38,34 +38,37 @@ TUNING = {'time_budget_s': 4.0, 'num_output_shards': NUM_SHARDS,
 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory, taxi_sample_dir):
-  """Runs the pipeline once; returns a function (node, output) -> uri."""
+  """Runs the pipeline twice; returns a function (node, output) -> uri."""
   root = str(tmp_path_factory.mktemp('transform_pipeline'))
-  example_gen = tfx.components.CsvExampleGen(input_base=taxi_sample_dir)
-  statistics = tfx.components.StatisticsGen(
-      examples=example_gen.outputs['examples'])
-  schema = tfx.components.SchemaGen(
-      statistics=statistics.outputs['statistics'], infer_feature_shape=True)
-  common = dict(examples=example_gen.outputs['examples'],
-                schema=schema.outputs['schema'],
-                module_file=data.default_module_file())
-  upstream = [example_gen, statistics, schema]
-  # Without early stop it always tunes, so its second run reuses.
-  on_the_fly = OptimizedTransform(
-      **common, materialize=False,
-      tuning={**TUNING, 'early_stop': False}).with_id('OnTheFlyTransform')
-  components = [
-      *upstream,
-      tfx.components.Transform(**common).with_id('StockTransform'),
-      OptimizedTransform(**common, tuning=TUNING).with_id(
-          'OptimizedTransform'),
-      on_the_fly,
-  ]
+
+  def components(first_run: bool):
+    example_gen = tfx.components.CsvExampleGen(input_base=taxi_sample_dir)
+    statistics = tfx.components.StatisticsGen(
+        examples=example_gen.outputs['examples'])
+    schema = tfx.components.SchemaGen(
+        statistics=statistics.outputs['statistics'], infer_feature_shape=True)
+    common = dict(examples=example_gen.outputs['examples'],
+                  schema=schema.outputs['schema'],
+                  module_file=data.default_module_file())
+    # Without early stop it always tunes, so its second run reuses.
+    on_the_fly = OptimizedTransform(
+        **common, materialize=False,
+        tuning={**TUNING, 'early_stop': False}).with_id('OnTheFlyTransform')
+    if not first_run:  # Same root, same data: only the reusing node.
+      return [example_gen, statistics, schema, on_the_fly]
+    return [
+        example_gen, statistics, schema,
+        tfx.components.Transform(**common).with_id('StockTransform'),
+        OptimizedTransform(**common, tuning=TUNING).with_id(
+            'OptimizedTransform'),
+        on_the_fly,
+    ]
+
   metadata_path = os.path.join(root, 'metadata.db')
-  # The second run (same root, same data) only needs the reusing node.
-  for nodes in (components, [*upstream, on_the_fly]):
+  for first_run in (True, False):
     tfx.orchestration.LocalDagRunner().run(tfx.dsl.Pipeline(
         pipeline_name='transform_test', pipeline_root=root,
-        components=nodes,
+        components=components(first_run),
         metadata_connection_config=(
             tfx.orchestration.metadata.sqlite_metadata_connection_config(
                 metadata_path)),
