@@ -74,7 +74,7 @@ def _run_variant(root: str, variant: Dict[str, Any], train_steps: int,
       compare_to_baseline=False)
   tfx.orchestration.LocalDagRunner().run(pipeline)
   run = summary.read_run(os.path.join(root, 'metadata.db'))
-  model_run = _latest_model_run_uri(root)
+  model_run = report.latest_model_run_uri(root)
   if variant['kind'] == 'stock':
     with open(os.path.join(model_run, fit_run_fn.TIMING_FILE)) as f:
       steady = json.load(f)['steady_steps_per_sec'] * BATCH
@@ -89,18 +89,6 @@ def _run_variant(root: str, variant: Dict[str, Any], train_steps: int,
                              for e in run.executions}['Trainer'],
           'accuracy': run.metrics.get('binary_accuracy', float('nan')),
           'steps_per_execution': chosen}
-
-
-def _latest_model_run_uri(root: str) -> str:
-  # pylint: disable=g-import-not-at-top
-  from ml_metadata import metadata_store
-  from ml_metadata.proto import metadata_store_pb2
-  # pylint: enable=g-import-not-at-top
-  config = metadata_store_pb2.ConnectionConfig()
-  config.sqlite.filename_uri = os.path.join(root, 'metadata.db')
-  config.sqlite.connection_mode = 1  # READONLY
-  runs = metadata_store.MetadataStore(config).get_artifacts_by_type('ModelRun')
-  return max(runs, key=lambda a: a.id).uri
 
 
 def _in_process(root: str, variant: Dict[str, Any], train_steps: int,

@@ -88,25 +88,13 @@ def _run_variant(root: str, distribution: Optional[Dict[str, Any]],
       'loop_examples_per_sec': None,
   }
   if distribution is not None:
-    with open(os.path.join(_latest_model_run_uri(root),
+    with open(os.path.join(report.latest_model_run_uri(root),
                            'training_result.json')) as f:
       result = json.load(f)
     assert result['steps'] == train_steps, result
     assert result['global_batch_size'] == GLOBAL_BATCH, result
     measured['loop_examples_per_sec'] = result.get('examples_per_sec')
   return measured
-
-
-def _latest_model_run_uri(root: str) -> str:
-  # pylint: disable=g-import-not-at-top
-  from ml_metadata import metadata_store
-  from ml_metadata.proto import metadata_store_pb2
-  # pylint: enable=g-import-not-at-top
-  config = metadata_store_pb2.ConnectionConfig()
-  config.sqlite.filename_uri = os.path.join(root, 'metadata.db')
-  config.sqlite.connection_mode = 1  # READONLY
-  runs = metadata_store.MetadataStore(config).get_artifacts_by_type('ModelRun')
-  return max(runs, key=lambda a: a.id).uri
 
 
 def _mean(values: List[float]) -> float:

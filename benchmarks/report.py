@@ -1,4 +1,4 @@
-"""Markdown tables for benchmark results, with the machine they ran on."""
+"""Benchmark results: markdown tables with the machine they ran on, MLMD reads."""
 
 import datetime
 import os
@@ -28,3 +28,16 @@ def write(results_dir: str, name: str, title: str, body: str) -> str:
   with open(path, 'w') as f:
     f.write(f'# {title}\n\nMeasured on {machine_line()}.\n\n{body}\n')
   return path
+
+
+def latest_model_run_uri(root: str) -> str:
+  """The newest ModelRun artifact's uri in the pipeline root's MLMD."""
+  # pylint: disable=g-import-not-at-top
+  from ml_metadata import metadata_store
+  from ml_metadata.proto import metadata_store_pb2
+  # pylint: enable=g-import-not-at-top
+  config = metadata_store_pb2.ConnectionConfig()
+  config.sqlite.filename_uri = os.path.join(root, 'metadata.db')
+  config.sqlite.connection_mode = 1  # READONLY
+  runs = metadata_store.MetadataStore(config).get_artifacts_by_type('ModelRun')
+  return max(runs, key=lambda a: a.id).uri

@@ -80,25 +80,3 @@ def test_other_threads_write_as_stock():
     thread.join()
   # The class is patched process-wide, but the shard count is this thread's.
   assert seen['shards'] is None
-
-
-def test_each_wheel_is_installed_once_and_copied_after(tmp_path):
-  wheel = tmp_path / 'user_code-0.0-py3-none-any.whl'
-  wheel.write_bytes(b'not really a wheel')
-  installs = []
-
-  def stock_install(dependency, temp_dir=None):
-    installs.append(dependency)
-    os.makedirs(temp_dir, exist_ok=True)
-    (tmp_path / temp_dir / 'user_module.py').write_text('X = 1\n')
-    return temp_dir
-
-  install = executor._install_once(stock_install)  # pylint: disable=protected-access
-  first, second = (str(tmp_path / name) for name in ('first', 'second'))
-  assert install(str(wheel), first) == first
-  assert install(str(wheel), second) == second
-  assert installs == [str(wheel)]  # pip ran once.
-  assert open(os.path.join(second, 'user_module.py')).read() == 'X = 1\n'
-  # Requirement specifiers (not files) always go to pip.
-  install('setuptools==18.0', str(tmp_path / 'third'))
-  assert installs == [str(wheel), 'setuptools==18.0']

@@ -28,6 +28,7 @@ from tfx.types import standard_component_specs
 from tfx.utils import io_utils
 
 from components import storage
+from components import user_wheels
 from components.trainer import checkpointing
 from components.trainer import config as config_lib
 from components.trainer import launcher
@@ -133,8 +134,10 @@ class Executor(base_executor.BaseExecutor):
     # TFX's import_utils does).
     wheels = [io_utils.ensure_local(wheel) for wheel in wheels]
     # A module packaged as a wheel (the default under LocalDagRunner) is
-    # installed once; sys.path and PYTHONPATH reach it for every process.
-    with udf_utils.TempPipInstallContext(wheels):
+    # installed once (unzipped when pure); sys.path and PYTHONPATH reach it
+    # for every process.
+    with user_wheels.unzipped_installs(), udf_utils.TempPipInstallContext(
+        wheels):
       props = dict(exec_properties)
       if module_name:
         props[standard_component_specs.MODULE_PATH_KEY] = module_name

@@ -5,8 +5,8 @@
    stock hook) writes `num_output_shards` files per split inside the Beam
    pipeline and counts the examples (a Beam counter), so re-sharding scales
    with the runner and costs no pass over the data afterwards.
-   Each module wheel is pip-installed once per step instead of three times
-   (the stock lookups and the Beam pipeline each install it).
+   The module's wheel is unzipped instead of pip-installed, three times per
+   step (`components.user_wheels`).
 2. While Beam runs, a thread builds the module's model (`build_model`) and
    traces its training step, so that the consumer's rate costs only its
    timed seconds afterwards.
@@ -23,7 +23,6 @@ import contextlib
 import functools
 import json
 import os
-import shutil
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -37,7 +36,6 @@ from tfx.components.transform import executor as transform_executor
 from tfx.components.transform import executor_utils
 from tfx.components.transform import labels
 from tfx.components.util import examples_utils
-from tfx.components.util import udf_utils
 from tfx.types import artifact_utils
 from tfx.types import standard_component_specs
 from tfx.utils import io_utils
@@ -45,6 +43,7 @@ from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components import storage
+from components import user_wheels
 from components.data import input_pipeline
 from components.transform import consumer as consumer_lib
 from components.transform import history
@@ -133,50 +132,6 @@ def _sharded_writes(num_shards: int):
       _installed[0] -= 1
       if not _installed[0]:
         transform_executor.TransformProcessor = _STOCK_PROCESSOR
-
-
-_wheel_lock = threading.Lock()
-_wheel_installs: Dict[Tuple[str, int, int], str] = {}
-
-
-def _install_once(stock_install: Callable[..., str]) -> Callable[..., str]:
-  """`udf_utils.install_to_temp_directory`, installing each wheel once.
-
-  The stock executor installs the module's wheel (a `pip install` process,
-  ~2.7 s here) three times per step: for preprocessing_fn, for the stats
-  options updater, and around the Beam pipeline. The later ones copy the
-  first install's files into their folder instead (same files, same
-  import path).
-  """
-  def install(pip_dependency: str, temp_dir: Optional[str] = None) -> str:
-    if not os.path.isfile(pip_dependency):
-      return stock_install(pip_dependency, temp_dir)
-    info = os.stat(pip_dependency)
-    key = (os.path.abspath(pip_dependency), info.st_size, info.st_mtime_ns)
-    with _wheel_lock:
-      first = _wheel_installs.get(key)
-      if first is None or not os.path.isdir(first):
-        first = stock_install(pip_dependency, temp_dir)
-        _wheel_installs[key] = first
-        return first
-    if not temp_dir:
-      return first
-    shutil.copytree(first, temp_dir, dirs_exist_ok=True)
-    return temp_dir
-  return install
-
-
-@contextlib.contextmanager
-def _one_install_per_wheel():
-  """While the stock Do runs, each wheel is pip-installed once."""
-  stock = udf_utils.install_to_temp_directory
-  udf_utils.install_to_temp_directory = _install_once(stock)
-  try:
-    yield
-  finally:
-    udf_utils.install_to_temp_directory = stock
-    with _wheel_lock:
-      _wheel_installs.clear()
 
 
 class _Background:
@@ -278,7 +233,7 @@ class Executor(transform_executor.Executor):
     self._model_note = ''
     self._wants_model = tuning.early_stop and consumer is None
     start = time.monotonic()
-    with _sharded_writes(tuning.num_output_shards), _one_install_per_wheel():
+    with _sharded_writes(tuning.num_output_shards), user_wheels.unzipped_installs():
       super().Do(
           input_dict,
           {k: v for k, v in output_dict.items()
