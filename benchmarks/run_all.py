@@ -13,8 +13,8 @@ import time
 
 from benchmarks import report
 
-BENCHMARKS = ['transform', 'trainer', 'throughput', 'resume', 'partitioner',
-              'pipeline']
+BENCHMARKS = ['transform', 'trainer', 'throughput', 'resume',
+              'resume_position', 'partitioner', 'pipeline']
 
 
 def main() -> None:

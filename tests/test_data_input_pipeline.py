@@ -130,6 +130,51 @@ def test_deterministic_and_skip_resumes_exactly(train_patterns, changes):
   assert all(len(b) == BATCH for b in uninterrupted)
 
 
+@pytest.mark.parametrize('num_files,changes', [
+    (5, {}), (5, {'cache': 'memory'}), (1, {}),
+    (5, {'shuffle_window_batches': 0, 'batch_in_reader': False}),
+])
+def test_resume_many_epochs_in_is_exact(tmp_path, num_files, changes):
+  """A position epochs deep, per input pipeline, with batches that straddle
+  epoch ends (about 500 of the 1000 examples per pipeline, batches of 48)."""
+  patterns = transform_data.write_split(str(tmp_path), NUM_EXAMPLES, num_files)
+  config = dataclasses.replace(InputPipelineConfig(), **changes)
+  batch = 48
+  for pipeline_id in range(2):
+    context = tf.distribute.InputContext(
+        num_input_pipelines=2, input_pipeline_id=pipeline_id,
+        num_replicas_in_sync=2)
+
+    def batches(skip, limit):
+      return _ids(input_pipeline.build_dataset(
+          patterns, transform_data.FEATURE_SPEC, 'label', 2 * batch, config,
+          seed=3, input_context=context, skip_batches=skip), limit=limit)
+
+    uninterrupted = batches(0, 130)  # Over 10 epochs.
+    for skip in (1, 10, 11, 52, 104, 125):
+      assert batches(skip, 5) == uninterrupted[skip:skip + 5], skip
+    rows = len(set(_flat(uninterrupted)))
+    epochs = [_flat(uninterrupted)[i * rows:(i + 1) * rows] for i in range(3)]
+    if config.shuffle_window_batches:  # Rows reshuffled each epoch.
+      assert epochs[0] != epochs[1] != epochs[2]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(epochs[2])
+
+
+def test_memory_cache_serves_the_later_epochs(tmp_path):
+  """After its first pass the pipeline no longer reads the files."""
+  patterns = transform_data.write_split(str(tmp_path), NUM_EXAMPLES, 3)
+  dataset = iter(input_pipeline.build_dataset(
+      patterns, transform_data.FEATURE_SPEC, 'label', BATCH,
+      InputPipelineConfig(cache='memory', prefetch_batches=1), seed=5))
+  for _ in range(NUM_EXAMPLES // BATCH + 1):  # Past the first epoch's end.
+    next(dataset)
+  for path in input_pipeline.list_files(patterns):
+    os.remove(path)
+  later = [next(dataset)[0]['id'].numpy() for _ in range(3 * NUM_EXAMPLES //
+                                                         BATCH)]
+  assert set(np.concatenate(later)) == set(range(NUM_EXAMPLES))
+
+
 def test_other_seed_other_order(train_patterns):
   first, second = (
       _flat(_ids(input_pipeline.build_dataset(

@@ -19,7 +19,9 @@ pipeline, yielding the same tensors.
 Determinism contract (relied on by exact resume): with `config.deterministic`
 and a fixed `seed`, the sequence of batches is a pure function of the files,
 the config and the seed, so `skip_batches=n` yields exactly the batches an
-uninterrupted run would see from batch n on.
+uninterrupted run would see from batch n on. Every epoch is built
+from its own seed and has the same rows, so skipping costs at most one epoch
+of reading, at any step.
 """
 
 import dataclasses
@@ -240,6 +242,30 @@ def shuffle_windows(dataset: tf.data.Dataset, window_size: int,
       shuffle_rows, num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
+_FOREVER = 2**62  # Epochs of `num_epochs=None`.
+
+
+def _epoch_seed(seed, epoch) -> tf.Tensor:
+  """One seed per (seed, epoch); `seed` may be a tensor (a clock seed)."""
+  return tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64)
+
+
+def drop_rows(dataset: tf.data.Dataset, count: int) -> tf.data.Dataset:
+  """`dataset`'s chunks of rows without its first `count` rows."""
+  if not count:
+    return dataset
+
+  @tf.autograph.experimental.do_not_convert
+  def drop(seen, chunk):
+    num_rows = tf.shape(tf.nest.flatten(chunk)[0], out_type=tf.int64)[0]
+    start = tf.clip_by_value(count - seen, 0, num_rows)
+    kept = tf.range(start, num_rows)
+    return seen + num_rows, tf.nest.map_structure(
+        lambda t: _gather_rows(t, kept), chunk)
+
+  return dataset.scan(tf.constant(0, tf.int64), drop)
+
+
 def disk_cache_prefix(config: InputPipelineConfig, what: List[Any]) -> str:
   """A cache file prefix unique to what is cached, ready to be written.
 
@@ -284,14 +310,16 @@ def build_dataset(file_patterns: List[str],
     batch_size: Global batch size; with `input_context` each input pipeline
       batches `input_context.get_per_replica_batch_size(batch_size)`.
     config: Tuned pipeline config; defaults to `InputPipelineConfig()`.
-    shuffle: Shuffle (seeded) the file order each epoch, the examples within
-      windows of `shuffle_window_batches` batches, and the batches when the
-      config has a shuffle buffer.
+    shuffle: Shuffle (seeded per epoch) the file order (not with a cache, or
+      with batches sharded across pipelines), the examples within windows
+      of `shuffle_window_batches` batches, and the batches when the config
+      has a shuffle buffer.
     seed: Seed of every random choice, so runs are reproducible.
     num_epochs: Passes over the data; None repeats forever.
     input_context: Set by `strategy.distribute_datasets_from_function`; the
       files (or, with fewer files than pipelines, the batches) are sharded.
-    skip_batches: Batches to skip from the start (exact resume).
+    skip_batches: Batches to skip from the start (exact resume), at a cost
+      of at most one epoch of reading.
     drop_remainder: Keep batch shapes static (needed for sync replicas).
     split: Split name for an on-the-fly config; by default taken from the
       `Split-<name>` folder of `file_patterns`.
@@ -312,39 +340,70 @@ def build_dataset(file_patterns: List[str],
     num_pipelines = input_context.num_input_pipelines
     pipeline_id = input_context.input_pipeline_id
 
-  dataset = tf.data.Dataset.from_tensor_slices(files)
-  shard_batches = False
-  if num_pipelines > 1:
-    if len(files) >= num_pipelines:
-      dataset = dataset.shard(num_pipelines, pipeline_id)
-    else:
-      shard_batches = True
-  if shuffle:
-    dataset = dataset.shuffle(len(files), seed=seed,
-                              reshuffle_each_iteration=True)
-  cached = config.cache != 'none'
-  if not cached:
-    # Repeating the file list keeps the readers busy across epoch ends.
-    dataset = dataset.repeat(num_epochs)
-  dataset = read_batches(dataset, config, compression_type,
-                         read_batch_size(config, batch_size))
-  if shard_batches:
-    dataset = dataset.shard(num_pipelines, pipeline_id)
-  dataset = dataset.map(make_parser(feature_spec, label_key, config),
-                        num_parallel_calls=config.parse_parallel_calls,
-                        deterministic=config.deterministic)
-  if cached:
-    dataset = dataset.cache(disk_cache_prefix(config, [
-        files, read_batch_size(config, batch_size), num_pipelines,
-        pipeline_id, sorted(feature_spec), label_key, shuffle, seed,
+  names = tf.data.Dataset.from_tensor_slices(files)
+  # With fewer files than pipelines, the read batches are sharded instead.
+  shard_batches = num_pipelines > 1 and len(files) < num_pipelines
+  if num_pipelines > 1 and not shard_batches:
+    names = names.shard(num_pipelines, pipeline_id)
+  reading_batch = read_batch_size(config, batch_size)
+  parser = make_parser(feature_spec, label_key, config)
+
+  def serialized(file_names):
+    batches = read_batches(file_names, config, compression_type,
+                           reading_batch)
+    return (batches.shard(num_pipelines, pipeline_id) if shard_batches
+            else batches)
+
+  def parsed(file_names):
+    return serialized(file_names).map(
+        parser, num_parallel_calls=config.parse_parallel_calls,
+        deterministic=config.deterministic)
+
+  cached = None
+  if config.cache != 'none':
+    cached = parsed(names).cache(disk_cache_prefix(config, [
+        files, reading_batch, num_pipelines, pipeline_id,
+        sorted(feature_spec), label_key, shuffle, seed,
     ]) if config.cache == 'disk' else '')
-    dataset = dataset.repeat(num_epochs)
-  if shuffle and config.shuffle_buffer_batches:
-    dataset = dataset.shuffle(config.shuffle_buffer_batches, seed=seed)
-  if shuffle and config.shuffle_window_batches:
-    dataset = shuffle_windows(dataset,
-                              config.shuffle_window_batches * batch_size, seed)
+  # The file order changes each epoch, except where it must not: a cache
+  # replays its first pass, and batches sharded across pipelines must be
+  # the same batches every epoch (so that every epoch has the same rows).
+  shuffle_files = shuffle and cached is None and not shard_batches
+
+  def epoch_rows(epoch):
+    """Epoch `epoch`'s rows (in chunks), a pure function of it and seed."""
+    epoch_seed = _epoch_seed(seed, epoch)
+    if cached is not None:
+      rows = cached
+    elif shuffle_files:
+      rows = parsed(names.shuffle(len(files), seed=epoch_seed))
+    else:
+      rows = parsed(names)
+    if shuffle and config.shuffle_buffer_batches:
+      rows = rows.shuffle(config.shuffle_buffer_batches, seed=epoch_seed)
+    if shuffle and config.shuffle_window_batches:
+      rows = shuffle_windows(rows, config.shuffle_window_batches * batch_size,
+                             epoch_seed)
+    return rows
+
+  # Every epoch has the same number of rows, so a resume position maps to
+  # (epoch, row in it): the resumed run builds that epoch and drops the rows
+  # before the position, at a cost of at most one epoch however long the
+  # training ran.
+  first_epoch, first_row = 0, 0
+  if skip_batches:
+    rows_per_epoch = int(serialized(names).reduce(
+        tf.constant(0, tf.int64),
+        lambda count, batch: count + tf.shape(batch, out_type=tf.int64)[0]))
+    if not rows_per_epoch:
+      raise ValueError(f'No examples in {file_patterns} for input pipeline '
+                       f'{pipeline_id} of {num_pipelines}.')
+    first_epoch, first_row = divmod(skip_batches * batch_size, rows_per_epoch)
+  last_epoch = num_epochs if num_epochs is not None else _FOREVER
+  dataset = tf.data.Dataset.range(first_epoch, last_epoch)
+  dataset = drop_rows(dataset.take(1).flat_map(epoch_rows), first_row)
+  dataset = dataset.concatenate(
+      tf.data.Dataset.range(first_epoch + 1, last_epoch).flat_map(epoch_rows))
   dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
-  dataset = dataset.skip(skip_batches)
   dataset = dataset.prefetch(config.prefetch_batches)
   return dataset.with_options(_options(config))
