@@ -20,6 +20,8 @@ setuptools.setup(
         'ml-metadata>=1.16,<1.17',
         'kfp>=2.5,<2.6',
         'portpicker>=1.6',
+        # Multi-node clusters (distribution launcher='ray').
+        'ray>=2.40,<2.41',
         'matplotlib>=3.9,<3.10',
     ],
     extras_require={
