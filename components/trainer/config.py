@@ -6,13 +6,22 @@ milliseconds. Every error names the bad value and what is allowed instead.
 """
 
 import dataclasses
-from typing import Any, Optional, Union
+from typing import Any, Dict, Optional, Union
 
 from components.json_config import JsonConfig, check_int, is_int
 
 STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
               'parameter_server', 'central_storage', 'tpu')
-LAUNCHERS = ('in_process', 'local')
+LAUNCHERS = ('in_process', 'local', 'ray')
+# Launchers that start the cluster's processes themselves from num_workers /
+# num_ps.
+CLUSTER_LAUNCHERS = ('local', 'ray')
+# Placement-group strategies for launcher 'ray': SPREAD puts each task on
+# another node where it can, PACK fills nodes first (both are soft: a task
+# lands where resources remain when nodes are short).
+RAY_PLACEMENTS = ('SPREAD', 'PACK')
+# Resources one Ray actor (one TF task) reserves, and their defaults.
+RAY_RESOURCE_KEYS = {'cpus': 1, 'gpus': 0, 'memory_mb': 0}
 MODES = ('auto', 'managed', 'run_fn')
 # What `auto` resolves to.
 CONCRETE_STRATEGIES = tuple(s for s in STRATEGIES if s != 'auto')
@@ -42,10 +51,21 @@ class DistributionConfig(JsonConfig):
     launcher: `local` starts and supervises the training processes on this
       machine (one process, or a localhost cluster for the multi-worker
       strategies); `in_process` trains inside the executor's process, for
-      orchestrators that already run one pod per task and set TF_CONFIG.
-    num_workers: Worker processes of a local cluster (launcher `local`).
-    num_ps: Parameter-server processes of a local cluster (launcher `local`,
-      strategy `parameter_server` or `auto`).
+      orchestrators that already run one pod per task and set TF_CONFIG;
+      `ray` runs each task of the cluster in a Ray actor on an existing Ray
+      cluster, across its nodes (see `ray_launcher`).
+    num_workers: Worker processes of a cluster the launcher starts (launcher
+      `local` or `ray`).
+    num_ps: Parameter-server processes of a cluster the launcher starts
+      (launcher `local` or `ray`, strategy `parameter_server` or `auto`).
+    ray_address: The Ray cluster (launcher `ray`): `auto`, `host:port` of
+      its head, or `ray://host:port`; empty: the RAY_ADDRESS environment
+      variable, else `auto`.
+    ray_placement: RAY_PLACEMENTS, how the tasks' placement group spreads
+      them over the nodes (launcher `ray`).
+    ray_resources: What each task reserves on its node (launcher `ray`):
+      `cpus` (default 1), `gpus` (default 0), `memory_mb` (default 0: no
+      reservation).
     logical_cpu_devices: Where there is no GPU, split the CPU into this many
       logical devices so that `mirrored` / `central_storage` run that many
       replicas; 0 leaves the CPU as one device.
@@ -78,6 +98,9 @@ class DistributionConfig(JsonConfig):
   launcher: str = 'local'
   num_workers: int = 1
   num_ps: int = 0
+  ray_address: str = ''
+  ray_placement: str = 'SPREAD'
+  ray_resources: Dict[str, float] = dataclasses.field(default_factory=dict)
   logical_cpu_devices: int = 0
   per_replica_batch_size: Optional[int] = None
   global_batch_size: Optional[int] = None
@@ -106,9 +129,42 @@ class DistributionConfig(JsonConfig):
           f"integer >= 1 or {AUTO!r}.")
     if not isinstance(self.tpu_address, str):
       raise ValueError(f'tpu_address={self.tpu_address!r} must be a string.')
+    self._validate_ray()
     self._validate_cluster()
     self._validate_batch()
     return self
+
+  def _validate_ray(self) -> None:
+    if not isinstance(self.ray_address, str):
+      raise ValueError(f'ray_address={self.ray_address!r} must be a string '
+                       "('auto', 'host:port' or 'ray://host:port').")
+    _check_choice('ray_placement', self.ray_placement, RAY_PLACEMENTS)
+    if not isinstance(self.ray_resources, dict):
+      raise ValueError(f'ray_resources={self.ray_resources!r} must be a dict '
+                       f'with keys from {sorted(RAY_RESOURCE_KEYS)}.')
+    unknown = sorted(set(self.ray_resources) - set(RAY_RESOURCE_KEYS))
+    if unknown:
+      raise ValueError(f'Unknown ray_resources key(s) {unknown}; allowed: '
+                       f'{sorted(RAY_RESOURCE_KEYS)}.')
+    for key, value in self.ray_resources.items():
+      if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+          value < 0):
+        raise ValueError(f'ray_resources[{key!r}]={value!r} must be a number '
+                         '>= 0.')
+    if not any(self.ray_task_resources().values()):
+      raise ValueError(f'ray_resources={self.ray_resources!r} reserves '
+                       'nothing; each task needs cpus, gpus or memory_mb > 0.')
+    if self.launcher != 'ray':
+      changed = {name: getattr(self, name) for name, default in (
+          ('ray_address', ''), ('ray_placement', 'SPREAD'),
+          ('ray_resources', {})) if getattr(self, name) != default}
+      if changed:
+        raise ValueError(f'{changed} need launcher=\'ray\', not '
+                         f'launcher={self.launcher!r}.')
+
+  def ray_task_resources(self) -> Dict[str, float]:
+    """ray_resources with the defaults filled in."""
+    return {**RAY_RESOURCE_KEYS, **self.ray_resources}
 
   def _validate_cluster(self) -> None:
     if self.launcher == 'in_process' and (self.num_workers != 1 or
@@ -123,11 +179,11 @@ class DistributionConfig(JsonConfig):
           f'num_ps={self.num_ps} needs strategy parameter_server (or auto), '
           f'not strategy={self.strategy!r}; allowed with num_ps > 0: '
           "('auto', 'parameter_server').")
-    if (self.strategy == 'parameter_server' and self.launcher == 'local' and
-        not self.num_ps):
+    if (self.strategy == 'parameter_server' and
+        self.launcher in CLUSTER_LAUNCHERS and not self.num_ps):
       raise ValueError(
-          "strategy='parameter_server' with launcher='local' needs num_ps >= "
-          f'1, got num_ps={self.num_ps}.')
+          f"strategy='parameter_server' with launcher={self.launcher!r} needs "
+          f'num_ps >= 1, got num_ps={self.num_ps}.')
     if self.num_workers > 1 and self.strategy in SINGLE_WORKER_STRATEGIES:
       raise ValueError(
           f'num_workers={self.num_workers} needs a multi-worker strategy, not '
@@ -162,7 +218,8 @@ class DistributionConfig(JsonConfig):
       return 1
     if self.strategy in ('mirrored', 'central_storage'):
       return self.logical_cpu_devices or None
-    if self.strategy == 'multi_worker_mirrored' and self.launcher == 'local':
+    if (self.strategy == 'multi_worker_mirrored' and
+        self.launcher in CLUSTER_LAUNCHERS):
       return self.num_workers
     return None
 

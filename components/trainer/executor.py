@@ -3,8 +3,9 @@
 The executor resolves everything a training process needs into a
 `TrainingTask` (files, dirs, configs, the stable checkpoint dir), decides the
 strategy (`auto` rules, recorded with the reason on `model_run`), and trains:
-in supervised child processes on this machine (launcher `local`) or in its own
-process (launcher `in_process`). It then checks the exported model and
+in supervised child processes on this machine (launcher `local`), in Ray
+actors across a Ray cluster's nodes (launcher `ray`, see `ray_launcher`) or in
+its own process (launcher `in_process`). It then checks the exported model and
 records the training result on `model_run`.
 """
 
@@ -121,6 +122,17 @@ class Executor(base_executor.BaseExecutor):
     # root, below) fails now, naming the path and the storage's error.
     storage.check_writable(model_run.uri, 'model_run output')
 
+    try:
+      self._do(input_dict, output_dict, exec_properties, config,
+               fault_tolerance, model_run)
+    finally:
+      if config.launcher == 'ray':
+        from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
+        ray_launcher.disconnect()
+
+  def _do(self, input_dict, output_dict, exec_properties, config,
+          fault_tolerance, model_run) -> None:
+    # Launcher 'ray' connects here: an unreachable cluster fails now.
     env = strategy_lib.detect_environment(config)
     config, reason = strategy_lib.resolve(config, env)
     logging.info('HighPerfTrainer strategy: %s (%s)', config.strategy, reason)
@@ -151,6 +163,9 @@ class Executor(base_executor.BaseExecutor):
       raise RuntimeError(f'Training finished but wrote no model to '
                          f'{task.serving_model_dir}.')
     self._record_result(model_run, result)
+    placement = result.get('launch', {}).get('placement')
+    if placement:
+      self._record_placement(model_run, placement)
     logging.info('HighPerfTrainer done: model %s, result %s',
                  task.serving_model_dir, result)
 
@@ -221,8 +236,8 @@ class Executor(base_executor.BaseExecutor):
     unshared = {k: v for k, v in shared.items() if storage.is_process_local(v)}
     if unshared:
       raise ValueError(
-          f"launcher='local' trains in child processes, which cannot see "
-          f'{unshared}: that filesystem lives in one process. Use '
+          f'launcher={config.launcher!r} trains in child processes, which '
+          f'cannot see {unshared}: that filesystem lives in one process. Use '
           "launcher='in_process', or storage that processes share.")
     # Processes read their task and write their logs locally (a log being
     # written cannot live on an object store); the logs are uploaded to
@@ -238,13 +253,17 @@ class Executor(base_executor.BaseExecutor):
               task_path, '--role', role]
 
     try:
-      launch = launcher.run_supervised(
-          lambda attempt: launcher.cluster_processes(
-              config.strategy, config.num_workers, config.num_ps,
-              argv_for_role),
-          local_logs,
-          timeout_s=config.timeout_s,
-          max_restarts=fault_tolerance.max_restarts)
+      if config.launcher == 'ray':
+        launch = self._run_on_ray(task, config, fault_tolerance, shared,
+                                  local_logs)
+      else:
+        launch = launcher.run_supervised(
+            lambda attempt: launcher.cluster_processes(
+                config.strategy, config.num_workers, config.num_ps,
+                argv_for_role),
+            local_logs,
+            timeout_s=config.timeout_s,
+            max_restarts=fault_tolerance.max_restarts)
     except launcher.ClusterFailedError as e:
       # The same error, naming the uploaded logs instead of the local ones.
       raise type(e)(str(e).replace(local_logs, logs), e.failure,
@@ -262,12 +281,50 @@ class Executor(base_executor.BaseExecutor):
     return result
 
   @staticmethod
+  def _run_on_ray(task: TrainingTask, config: config_lib.DistributionConfig,
+                  fault_tolerance: checkpointing.CheckpointConfig,
+                  shared: Dict[str, str],
+                  local_logs: str) -> launcher.LaunchResult:
+    """The cluster as Ray actors; each task gets the task file on its node."""
+    from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
+
+    def argv_for_role(role):
+      return [ray_launcher.PYTHON, '-m', 'components.trainer.worker',
+              '--task', ray_launcher.TASK_FILE, '--role', role]
+
+    return ray_launcher.run_on_ray(
+        config.strategy, config.num_workers, config.num_ps, argv_for_role,
+        task.to_json(), local_logs,
+        placement_strategy=config.ray_placement,
+        resources=config.ray_task_resources(),
+        local_paths={k: v for k, v in shared.items() if storage.is_local(v)},
+        timeout_s=config.timeout_s,
+        max_restarts=fault_tolerance.max_restarts)
+
+  @staticmethod
+  def _record_placement(model_run: types.Artifact,
+                        placement: Dict[str, Dict[str, Any]]) -> None:
+    """Which Ray node ran which task (the last attempt's)."""
+    nodes = {name: {'node_id': where['node_id'], 'node_ip': where['node_ip']}
+             for name, where in placement.items()}
+    model_run.set_string_custom_property('ray_placement',
+                                         json.dumps(nodes, sort_keys=True))
+    path = os.path.join(model_run.uri, DECISION_FILE)
+    decision = storage.read_json(path) or {}
+    decision['placement'] = nodes
+    storage.write_json(path, decision)
+
+  @staticmethod
   def _record_decision(model_run: types.Artifact,
                        config: config_lib.DistributionConfig, reason: str,
                        env: strategy_lib.Environment) -> None:
     model_run.set_string_custom_property('strategy', config.strategy)
     model_run.set_string_custom_property('strategy_reason', reason)
     model_run.set_string_custom_property('launcher', config.launcher)
+    if config.launcher == 'ray':
+      from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
+      model_run.set_string_custom_property(
+          'ray_address', ray_launcher.resolve_address(config.ray_address))
     storage.write_json(os.path.join(model_run.uri, DECISION_FILE), {
         'strategy': config.strategy, 'reason': reason,
         'environment': dataclasses.asdict(env), 'config': config.to_dict()})

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from absl import logging
 import portpicker
@@ -67,6 +67,9 @@ class LaunchResult:
   restarts: List[ProcessExit]
   wall_s: float
   log_dir: str
+  # Launcher 'ray': where each task of the last attempt ran (node id, IP).
+  placement: Dict[str, Dict[str, Any]] = dataclasses.field(
+      default_factory=dict)
 
   def to_dict(self):
     return dataclasses.asdict(self)
@@ -325,10 +328,27 @@ def _watch(running: List[_Running], attempt: int, start: float,
     time.sleep(poll_interval_s)
 
 
+def cluster_shape(strategy: str, num_workers: int,
+                  num_ps: int) -> Dict[str, int]:
+  """TF task type -> task count of `strategy`'s cluster ({}: no cluster)."""
+  if strategy == 'multi_worker_mirrored':
+    return {'worker': num_workers}
+  if strategy == 'parameter_server':
+    return {'chief': 1, 'worker': num_workers, 'ps': num_ps}
+  return {}
+
+
+def process_name(task_type: str, index: int) -> str:
+  """The name cluster_processes gives a task's process."""
+  return 'chief' if task_type == 'chief' else f'{task_type}-{index}'
+
+
 def cluster_processes(strategy: str, num_workers: int, num_ps: int,
                       argv_for_role: Callable[[str], List[str]],
-                      host: str = 'localhost') -> List[ProcessSpec]:
-  """The processes (and TF_CONFIGs) of a local cluster for `strategy`.
+                      host: str = 'localhost',
+                      addresses: Optional[Dict[str, List[str]]] = None
+                     ) -> List[ProcessSpec]:
+  """The processes (and TF_CONFIGs) of a cluster for `strategy`.
 
   Args:
     strategy: A concrete strategy name (see config.CONCRETE_STRATEGIES).
@@ -336,24 +356,28 @@ def cluster_processes(strategy: str, num_workers: int, num_ps: int,
     num_ps: Parameter servers for `parameter_server`.
     argv_for_role: Command line of a `trainer` (runs the training loop) or a
       `server` (a tf.distribute.Server that joins) process.
-    host: Address the servers listen on.
+    host: Address the servers listen on (free ports picked here).
+    addresses: Instead, each task type's `host:port`s, as cluster_shape
+      counts them (the Ray launcher's, found on the tasks' nodes).
   """
+  shape = cluster_shape(strategy, num_workers, num_ps)
+  if addresses is None:
+    addresses = {task: _addresses(host, count)
+                 for task, count in shape.items()}
   if strategy == 'multi_worker_mirrored':
-    cluster = {'worker': _addresses(host, num_workers)}
+    cluster = {'worker': addresses['worker']}
     return [
         ProcessSpec(f'worker-{i}', argv_for_role('trainer'),
                     {'TF_CONFIG': _tf_config(cluster, 'worker', i)})
         for i in range(num_workers)
     ]
   if strategy == 'parameter_server':
-    cluster = {'chief': _addresses(host, 1),
-               'worker': _addresses(host, num_workers),
-               'ps': _addresses(host, num_ps)}
+    cluster = {task: addresses[task] for task in ('chief', 'worker', 'ps')}
     # Recommended for ParameterServerStrategy: a failed RPC to a worker is
     # reported to the coordinator instead of being retried forever.
     grpc = {'GRPC_FAIL_FAST': 'use_caller'}
     servers = [
-        ProcessSpec(f'{task}-{i}', argv_for_role('server'),
+        ProcessSpec(process_name(task, i), argv_for_role('server'),
                     {'TF_CONFIG': _tf_config(cluster, task, i), **grpc},
                     server=True)
         for task in ('ps', 'worker') for i in range(len(cluster[task]))

@@ -34,6 +34,8 @@ class Environment:
   # Parsed TF_CONFIG the orchestrator set for this process ({} if none).
   tf_config: Dict[str, Any] = dataclasses.field(default_factory=dict)
   num_gpus: int = 0
+  # Alive nodes of the Ray cluster (launcher `ray`; 0 otherwise).
+  ray_nodes: int = 0
 
   def cluster_size(self, task_type: str) -> int:
     return len(self.tf_config.get('cluster', {}).get(task_type, []))
@@ -48,15 +50,22 @@ def detect_environment(config: DistributionConfig) -> Environment:
   """Looks for a TPU, an orchestrator's TF_CONFIG and GPUs.
 
   TF_CONFIG only counts for launcher `in_process`: with `local` the launcher
-  builds its own localhost cluster from num_workers / num_ps.
+  builds its own localhost cluster from num_workers / num_ps. With `ray` the
+  Ray cluster is contacted (the first place an unreachable address fails)
+  and its nodes counted.
   """
   tf_config = tf_config_from_env() if config.launcher == 'in_process' else {}
+  ray_nodes = 0
+  if config.launcher == 'ray':
+    from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
+    ray_nodes = len(ray_launcher.alive_nodes(ray_launcher.connect(
+        config.ray_address)))
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # Listing physical devices does not initialize the runtime, so logical
   # devices can still be configured afterwards.
   num_gpus = len(tf.config.list_physical_devices('GPU'))
   return Environment(tpu_available=tpu_available(config), tf_config=tf_config,
-                     num_gpus=num_gpus)
+                     num_gpus=num_gpus, ray_nodes=ray_nodes)
 
 
 def tpu_available(config: DistributionConfig) -> bool:
@@ -77,7 +86,9 @@ def choose_strategy(config: DistributionConfig,
   Rules for `auto`, first match wins: a TPU; TF_CONFIG with ps tasks
   (parameter_server); TF_CONFIG with more than one worker/chief
   (multi_worker_mirrored); num_ps > 0 (parameter_server); num_workers > 1
-  (multi_worker_mirrored); more than one GPU (mirrored); no GPU and
+  (multi_worker_mirrored); launcher `ray` on a Ray cluster of several nodes
+  (multi_worker_mirrored, one worker per node: `resolve` sets num_workers);
+  more than one GPU (mirrored); no GPU and
   logical_cpu_devices > 1 (mirrored over logical CPUs); else one_device.
   """
   if config.strategy != 'auto':
@@ -96,6 +107,10 @@ def choose_strategy(config: DistributionConfig,
   if config.num_workers > 1:
     return ('multi_worker_mirrored',
             f'num_workers={config.num_workers} was requested and num_ps=0.')
+  if config.launcher == 'ray' and env.ray_nodes > 1:
+    return ('multi_worker_mirrored',
+            f"launcher='ray' on a Ray cluster of {env.ray_nodes} nodes and no "
+            f'TF_CONFIG: one worker per node ({env.ray_nodes} workers).')
   if env.num_gpus > 1:
     return 'mirrored', f'{env.num_gpus} GPUs on one worker.'
   if not env.num_gpus and config.logical_cpu_devices > 1:
@@ -134,8 +149,12 @@ def resolve(config: DistributionConfig,
   check_available(name, config, env)
   logical = (config.logical_cpu_devices
              if name in LOGICAL_CPU_STRATEGIES and not env.num_gpus else 0)
-  return dataclasses.replace(config, strategy=name,
-                             logical_cpu_devices=logical), reason
+  workers = config.num_workers
+  if (config.strategy == 'auto' and name == 'multi_worker_mirrored' and
+      config.launcher == 'ray' and workers == 1):
+    workers = env.ray_nodes
+  return dataclasses.replace(config, strategy=name, num_workers=workers,
+                             logical_cpu_devices=logical).validate(), reason
 
 
 def is_chief(tf_config: Dict[str, Any]) -> bool:

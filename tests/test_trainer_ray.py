@@ -1,0 +1,355 @@
+"""launcher='ray': HighPerfTrainer's clusters as Ray actors (real Ray).
+
+Fast: the Ray options' validation, the storage rule for clusters over
+several hosts, the `auto` rule for a Ray cluster, an unreachable address.
+Slow (a real two-node Ray cluster on localhost, `ray start --head` plus
+`ray start --address` as a second node, each with 1 CPU and its own custom
+resource): MultiWorkerMirrored with 2 workers over the 2 nodes trains to the
+same weights, bit for bit, as the local launcher; SIGKILL of one worker's
+actor process is seen by Ray, the cluster is relaunched and resumes from the
+last checkpoint with every example trained once.
+"""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import portpicker
+import pytest
+
+from components.trainer import launcher
+from components.trainer import ray_launcher
+from components.trainer import strategy as strategy_lib
+from components.trainer.config import DistributionConfig
+from tests import trainer_testing as tt
+
+NUM_EXAMPLES = 64
+SEED = 11
+STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
+ITERATIONS = 'optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE'
+CLUSTER_TIMEOUT_S = 400
+NODE_RESOURCES = ('node_a', 'node_b')
+RAY = os.path.join(os.path.dirname(sys.executable), 'ray')
+
+
+def _error(**values) -> str:
+  with pytest.raises(ValueError) as error:
+    DistributionConfig.from_dict(values)
+  return str(error.value)
+
+
+# ------------------------------------------------------------------ fast
+
+
+@pytest.mark.parametrize('values,expected', [
+    ({'ray_placement': 'STRICT_SPREAD'},
+     ["ray_placement='STRICT_SPREAD'", "('SPREAD', 'PACK')"]),
+    ({'ray_resources': {'cpu': 1}},
+     ["['cpu']", "['cpus', 'gpus', 'memory_mb']"]),
+    ({'ray_resources': {'gpus': -1}}, ["ray_resources['gpus']=-1", '>= 0']),
+    ({'ray_resources': {'cpus': True}}, ["ray_resources['cpus']=True"]),
+    ({'ray_resources': {'cpus': 0}}, ['reserves nothing', 'memory_mb']),
+    ({'ray_resources': [1]}, ['ray_resources=[1]', 'must be a dict']),
+    ({'ray_address': 6379}, ['ray_address=6379', 'host:port']),
+    ({'strategy': 'parameter_server', 'num_workers': 2},
+     ["launcher='ray' needs num_ps >= 1", 'num_ps=0']),
+])
+def test_bad_ray_options_are_named(values, expected):
+  message = _error(launcher='ray', **values)
+  for text in expected:
+    assert text in message, message
+
+
+def test_ray_options_need_launcher_ray():
+  message = _error(launcher='local', ray_placement='PACK')
+  assert "{'ray_placement': 'PACK'}" in message
+  assert "launcher='ray'" in message and "launcher='local'" in message
+
+
+def test_ray_options_round_trip():
+  config = DistributionConfig.from_dict(
+      {'launcher': 'ray', 'ray_address': 'head:6379', 'ray_placement': 'PACK',
+       'ray_resources': {'gpus': 1, 'memory_mb': 512},
+       'strategy': 'multi_worker_mirrored', 'num_workers': 2})
+  assert DistributionConfig.from_json(config.to_json()) == config
+  assert config.ray_task_resources() == {'cpus': 1, 'gpus': 1,
+                                         'memory_mb': 512}
+  assert config.expected_replicas() == 2
+
+
+def test_auto_spreads_over_the_ray_nodes():
+  config = DistributionConfig.from_dict({'launcher': 'ray'})
+  resolved, reason = strategy_lib.resolve(
+      config, strategy_lib.Environment(ray_nodes=3))
+  assert resolved.strategy == 'multi_worker_mirrored'
+  assert resolved.num_workers == 3
+  assert 'Ray cluster of 3 nodes' in reason
+  # One node, or another launcher: nothing to spread over.
+  assert strategy_lib.resolve(config, strategy_lib.Environment(
+      ray_nodes=1))[0].strategy == 'one_device'
+  local = DistributionConfig.from_dict({})
+  assert strategy_lib.resolve(local, strategy_lib.Environment(
+      ray_nodes=3))[0].strategy == 'one_device'
+
+
+def test_local_paths_cannot_span_hosts():
+  placement = {'worker-0': {'node_ip': '10.0.0.1'},
+               'worker-1': {'node_ip': '10.0.0.2'}}
+  with pytest.raises(ray_launcher.StorageNotSharedError) as error:
+    ray_launcher.check_shared_storage(placement,
+                                      {'checkpoints': '/data/ckpt'})
+  message = str(error.value)
+  assert "['10.0.0.1', '10.0.0.2']" in message
+  assert "'checkpoints': '/data/ckpt'" in message and 'gs://' in message
+  # One host shares its local disk; shared storage spans hosts.
+  ray_launcher.check_shared_storage(
+      {'worker-0': {'node_ip': '10.0.0.1'},
+       'worker-1': {'node_ip': '10.0.0.1'}}, {'checkpoints': '/data/ckpt'})
+  ray_launcher.check_shared_storage(placement, {})
+
+
+def test_unreachable_cluster_fails_fast_naming_the_address():
+  address = f'127.0.0.1:{portpicker.pick_unused_port()}'
+  with pytest.raises(ray_launcher.RayUnreachableError) as error:
+    ray_launcher.connect(address)
+  assert f'ray_address={address!r}' in str(error.value)
+
+
+# --------------------------------------------------- real Ray cluster
+
+
+def _ray_start(args, temp_dir, log_path, env):
+  ports = {flag: portpicker.pick_unused_port() for flag in (
+      '--node-manager-port', '--object-manager-port', '--metrics-export-port',
+      '--dashboard-agent-listen-port', '--dashboard-agent-grpc-port',
+      '--runtime-env-agent-port')}
+  argv = [RAY, 'start', '--block', '--disable-usage-stats',
+          f'--temp-dir={temp_dir}',
+          *[f'{flag}={port}' for flag, port in ports.items()], *args]
+  with open(log_path, 'wb') as log:
+    return subprocess.Popen(argv, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _session_pids(temp_dir):
+  """Pids of the processes whose command line names our temp dir."""
+  pids = []
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f'/proc/{entry}/cmdline', 'rb') as f:
+        if temp_dir.encode() in f.read():
+          pids.append(int(entry))
+    except OSError:
+      pass
+  return pids
+
+
+def _wait_for_nodes(address, count, processes, timeout_s=120):
+  """Waits until `count` nodes are alive (checked in a fresh process)."""
+  code = ('import ray, sys; ray.init(address=sys.argv[1], '
+          'logging_level=40); print(sum(n["Alive"] for n in ray.nodes()))')
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    for process in processes:
+      assert process.poll() is None, f'ray start exited: {process.args}'
+    out = subprocess.run([sys.executable, '-c', code, address],
+                         capture_output=True, text=True, timeout=60,
+                         check=False)
+    if out.returncode == 0 and out.stdout.split()[-1:] == [str(count)]:
+      return
+    time.sleep(1)
+  raise AssertionError(f'{count} Ray nodes not alive at {address}')
+
+
+@pytest.fixture(scope='module')
+def ray_cluster(tmp_path_factory):
+  """A head and a second node on localhost; every process ends at teardown."""
+  # Short: Ray's sockets live under it (AF_UNIX paths are limited).
+  temp_dir = tempfile.mkdtemp(prefix='r12-', dir='/tmp')
+  logs = tmp_path_factory.mktemp('ray-logs')
+  env = {k: v for k, v in tt.child_env().items() if k != 'RAY_ADDRESS'}
+  port = portpicker.pick_unused_port()
+  address = f'127.0.0.1:{port}'
+  processes = []
+  try:
+    processes.append(_ray_start(
+        ['--head', f'--port={port}', '--node-ip-address=127.0.0.1',
+         '--num-cpus=1', '--include-dashboard=false',
+         f'--ray-client-server-port={portpicker.pick_unused_port()}',
+         f'--resources={json.dumps({NODE_RESOURCES[0]: 1})}'],
+        temp_dir, logs / 'head.log', env))
+    _wait_for_nodes(address, 1, processes)
+    processes.append(_ray_start(
+        [f'--address={address}', '--node-ip-address=127.0.0.1',
+         '--num-cpus=1', f'--resources={json.dumps({NODE_RESOURCES[1]: 1})}'],
+        temp_dir, logs / 'node.log', env))
+    _wait_for_nodes(address, 2, processes)
+    yield address
+  finally:
+    for process in reversed(processes):
+      if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+          process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+          pass
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+    for pid in _session_pids(temp_dir):
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_driver(ray_cluster, monkeypatch):
+  """This process connected as the driver, with the tasks' environment."""
+  for key, value in tt.child_env().items():
+    monkeypatch.setenv(key, value)
+  ray_launcher.connect(ray_cluster)
+  yield ray_cluster
+  ray_launcher.disconnect()
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+  return tt.write_id_dataset(str(tmp_path_factory.mktemp('ids')), NUM_EXAMPLES)
+
+
+def _mwms_task(root, data):
+  # 2 workers x 2 examples per step: one pass in 16 steps.
+  return tt.make_task(root, data, strategy='multi_worker_mirrored',
+                      num_workers=2, train_steps=16, per_replica_batch_size=2,
+                      fault_tolerance={'save_every_steps': 4,
+                                       'max_restarts': 1},
+                      hparams={'step_sleep_seconds': 0.1})
+
+
+def _run_on_ray(task, root):
+  argv = [ray_launcher.PYTHON, '-m', 'tests.trainer_testing',
+          ray_launcher.TASK_FILE]
+  return ray_launcher.run_on_ray(
+      'multi_worker_mirrored', 2, 0, lambda role: argv, task.to_json(),
+      os.path.join(root, 'logs'), placement_strategy='SPREAD',
+      resources={'cpus': 1, 'gpus': 0, 'memory_mb': 0}, local_paths={},
+      timeout_s=CLUSTER_TIMEOUT_S,
+      max_restarts=task.fault_tolerance['max_restarts'])
+
+
+def _node_of_resource():
+  """Ray node id -> our custom resource label of that node."""
+  import ray  # pylint: disable=g-import-not-at-top
+  return {node['NodeID']: label for node in ray.nodes() if node['Alive']
+          for label in NODE_RESOURCES if label in node['Resources']}
+
+
+def _tensors(task):
+  return tt.latest_checkpoint_tensors(task.checkpoint_dir)
+
+
+@pytest.mark.slow
+def test_mwms_over_two_ray_nodes_matches_the_local_launcher(
+    tmp_path, data, ray_driver):
+  del ray_driver
+  root = str(tmp_path / 'ray')
+  task = _mwms_task(root, data)
+  launch = _run_on_ray(task, root)
+
+  assert launch.attempts == 1 and not launch.restarts
+  labels = _node_of_resource()
+  nodes = {name: labels[where['node_id']]
+           for name, where in launch.placement.items()}
+  assert sorted(nodes) == ['worker-0', 'worker-1']
+  assert sorted(nodes.values()) == list(NODE_RESOURCES), nodes
+  for name in nodes:
+    with open(os.path.join(root, 'logs', 'attempt-0', f'{name}.log')) as f:
+      text = f.read()
+    # The worker's own output came back through Ray.
+    assert 'Traceback' not in text and 'step' in text, text
+  result = tt.read_result(task)
+  assert result['steps'] == 16 and result['num_replicas'] == 2
+
+  local_root = str(tmp_path / 'local')
+  local = _mwms_task(local_root, data)
+  task_path = os.path.join(local_root, 'task.json')
+  local.save(task_path)
+  argv = [sys.executable, '-m', 'tests.trainer_testing', task_path]
+  launcher.run_supervised(
+      lambda attempt: launcher.cluster_processes(
+          'multi_worker_mirrored', 2, 0, lambda role: argv),
+      os.path.join(local_root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S)
+  expected, actual = _tensors(local), _tensors(task)
+  assert actual[STEP] == 16 and sorted(actual) == sorted(expected)
+  for name, value in expected.items():
+    np.testing.assert_array_equal(actual[name], value, err_msg=name)
+
+
+def _proc_stat(pid):
+  """(state, parent pid) of a process, None once it is gone."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      fields = f.read().rpartition(')')[2].split()
+  except FileNotFoundError:
+    return None
+  return fields[0], int(fields[1])
+
+
+@pytest.mark.slow
+def test_killed_actor_is_seen_by_ray_and_the_cluster_resumes(
+    tmp_path, data, ray_driver):
+  del ray_driver
+  root = str(tmp_path)
+  task = _mwms_task(root, data)
+  kill_step = random.Random(SEED).randrange(5, 11)
+  killed = {}
+
+  def kill_worker_1_actor():
+    deadline = time.monotonic() + CLUSTER_TIMEOUT_S
+    while time.monotonic() < deadline:
+      mine = [r for r in tt.read_id_log(task.hparams['id_log'])
+              if r['replica'] == 1]
+      if mine and mine[-1]['step'] >= kill_step:
+        # The worker process's parent is its Ray actor: SIGKILL it.
+        killed['actor'] = _proc_stat(mine[-1]['pid'])[1]
+        killed['worker'] = mine[-1]['pid']
+        os.kill(killed['actor'], signal.SIGKILL)
+        return
+      time.sleep(0.05)
+
+  thread = threading.Thread(target=kill_worker_1_actor, daemon=True)
+  thread.start()
+  launch = _run_on_ray(task, root)
+  thread.join()
+
+  assert launch.attempts == 2
+  [restart] = launch.restarts
+  assert restart.process == 'worker-1' and restart.exit_code is None
+  assert '[Ray]' in restart.log_tail and 'Actor' in restart.log_tail
+  result = tt.read_result(task)
+  assert result['steps'] == 16 and result['num_replicas'] == 2
+  [event] = result['resume_events']
+  assert event['event'] == 'resumed' and event['from_step'] % 4 == 0
+  assert 0 < event['from_step'] <= kill_step + 1
+  tensors = _tensors(task)
+  assert tensors[STEP] == 16 and tensors[ITERATIONS] == 16
+  by_step = tt.ids_by_step(tt.read_id_log(task.hparams['id_log']))
+  assert sorted(by_step) == [(s, r) for s in range(16) for r in (0, 1)]
+  assert sorted(i for ids in by_step.values() for i in ids) == list(
+      range(NUM_EXAMPLES))
+  # The actor's worker process died with it (PR_SET_PDEATHSIG).
+  stat = _proc_stat(killed['worker'])
+  assert stat is None or stat[0] in 'ZX', stat
