@@ -274,6 +274,11 @@ def _parser() -> argparse.ArgumentParser:
                       help='Stock Transform and Trainer instead of ours.')
   parser.add_argument('--distribution', default='{}',
                       help='HighPerfTrainer distribution config as JSON.')
+  parser.add_argument(
+      '--ray-address', default=None,
+      help="Train on this Ray cluster (distribution launcher='ray'): from a "
+      'KFP pod, the KubeRay head\'s Ray Client address, e.g. '
+      'ray://taxi-ray-head-svc.kubeflow.svc:10001 (kubeflow/raycluster.yaml).')
   parser.add_argument('--gpipe-stages', type=int, default=0,
                       help='Add a GPipePartitioner with this many stages.')
   parser.add_argument('--gpipe-batch-size', type=int, default=64)
@@ -339,6 +344,24 @@ def resources_from_args(args: argparse.Namespace):
   return trainer, beam
 
 
+def with_ray_address(distribution: Dict, address: str, stock: bool) -> Dict:
+  """The distribution config with launcher 'ray' at `address`, validated."""
+  # pylint: disable-next=g-import-not-at-top
+  from components.trainer.config import DistributionConfig
+  if stock:
+    raise ValueError('--ray-address is a HighPerfTrainer setting; --stock '
+                     'uses the stock Trainer.')
+  if not address.strip():
+    raise ValueError('--ray-address must be a non-empty address, e.g. '
+                     'ray://head-svc:10001.')
+  if distribution.get('launcher', 'ray') != 'ray':
+    raise ValueError(f'--ray-address needs launcher \'ray\', but --distribution '
+                     f"sets launcher={distribution['launcher']!r}.")
+  distribution = {**distribution, 'launcher': 'ray', 'ray_address': address}
+  DistributionConfig.from_dict(distribution)
+  return distribution
+
+
 def main(argv=None) -> int:
   parser = _parser()
   args = parser.parse_args(argv)
@@ -349,6 +372,9 @@ def main(argv=None) -> int:
     if not isinstance(distribution, dict):
       raise ValueError(f'--distribution={args.distribution!r}: expected a '
                        'JSON object.')
+    if args.ray_address is not None:
+      distribution = with_ray_address(distribution, args.ray_address,
+                                      args.stock)
     beam_args = (check_beam_pipeline_args(args.beam_pipeline_arg)
                  if args.beam_pipeline_arg is not None else None)
     if args.checkpoint_root is not None and args.stock:

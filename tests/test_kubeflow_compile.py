@@ -142,6 +142,22 @@ def test_flags_set_resources_beam_args_and_checkpoint_root(tmp_path, capsys):
   assert set(spec.root.dag.tasks) >= STOCK_EXECUTORS
 
 
+def test_ray_address_sends_the_trainer_to_a_ray_cluster(tmp_path):
+  output = tmp_path / 'ray.json'
+  assert runner.main([
+      '--output', str(output), '--pipeline-root', 'gs://bucket/root',
+      '--ray-address', 'ray://taxi-ray-head-svc:10001',
+      '--distribution', '{"strategy": "multi_worker_mirrored", '
+      '"num_workers": 2}']) == 0
+  _, _, raw = _parse(str(output))
+  parameter = raw['root']['dag']['tasks']['Trainer']['inputs']['parameters'][
+      'distribution']
+  distribution = json.loads(parameter['runtimeValue']['constant'])
+  assert distribution['launcher'] == 'ray'
+  assert distribution['ray_address'] == 'ray://taxi-ray-head-svc:10001'
+  assert distribution['num_workers'] == 2
+
+
 def test_no_baseline_compiles_without_resolver_tasks(tmp_path):
   """Open-source KFP 2.x refuses `resolver` executors; --no-baseline has
   none."""
@@ -175,6 +191,12 @@ def test_no_baseline_compiles_without_resolver_tasks(tmp_path):
     (['--stock', '--checkpoint-root', 'gs://b/c'], 'HighPerfTrainer setting'),
     (['--distribution', '[1]'], 'JSON object'),
     (['--distribution', '{'], 'Expecting'),
+    (['--stock', '--ray-address', 'ray://head:10001'],
+     'HighPerfTrainer setting'),
+    (['--ray-address', 'ray://head:10001', '--distribution',
+      '{"launcher": "local"}'], "sets launcher='local'"),
+    (['--ray-address', 'ray://head:10001', '--distribution',
+      '{"ray_placement": "STRICT"}'], "ray_placement='STRICT'"),
 ], ids=lambda v: v if isinstance(v, str) else ' '.join(v))
 def test_bad_flags_fail_before_compiling(tmp_path, capsys, flags, message):
   output = tmp_path / 'never.json'
