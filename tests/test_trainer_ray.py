@@ -353,3 +353,103 @@ def test_killed_actor_is_seen_by_ray_and_the_cluster_resumes(
   # The actor's worker process died with it (PR_SET_PDEATHSIG).
   stat = _proc_stat(killed['worker'])
   assert stat is None or stat[0] in 'ZX', stat
+
+
+ACCURACY_BOUND = 0.5
+
+
+@pytest.mark.slow
+def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
+    tmp_path, taxi_sample_dir, ray_cluster, monkeypatch):
+  """`auto` with launcher='ray' on 2 nodes: MultiWorkerMirrored, 1 per node."""
+  # pylint: disable=g-import-not-at-top
+  import ray
+  from ml_metadata import metadata_store
+  from ml_metadata.proto import metadata_store_pb2
+  from tfx import v1 as tfx
+  from components import HighPerfTrainer
+  from pipelines import summary
+  from pipelines import taxi_pipeline
+  # pylint: enable=g-import-not-at-top
+  for key, value in tt.child_env().items():
+    monkeypatch.setenv(key, value)
+  # The default ray_address.
+  monkeypatch.setenv('RAY_ADDRESS', ray_cluster)
+  root = str(tmp_path)
+
+  def make_trainer(inputs: taxi_pipeline.TrainerInputs):
+    return HighPerfTrainer(
+        module_file=inputs.module_file, examples=inputs.examples,
+        transform_graph=inputs.transform_graph, schema=inputs.schema,
+        train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
+        eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps),
+        distribution={'launcher': 'ray', 'timeout_s': CLUSTER_TIMEOUT_S})
+
+  tfx.orchestration.LocalDagRunner().run(taxi_pipeline.create_pipeline(
+      pipeline_name='hpm_ray', pipeline_root=root,
+      serving_model_dir=os.path.join(root, 'serving_model'),
+      data_root=taxi_sample_dir, train_steps=60, eval_steps=5,
+      make_trainer=make_trainer, accuracy_threshold=ACCURACY_BOUND,
+      compare_to_baseline=False))
+  # The executor disconnected; look at the cluster as a driver again.
+  ray_launcher.connect(ray_cluster)
+  try:
+    labels = _node_of_resource()
+  finally:
+    ray_launcher.disconnect()
+  assert not ray.is_initialized()
+
+  run = summary.read_run(os.path.join(root, 'metadata.db'))
+  assert run.blessed is True, run.format()
+  assert run.metrics['binary_accuracy'] >= ACCURACY_BOUND
+  config = metadata_store_pb2.ConnectionConfig()
+  config.sqlite.filename_uri = os.path.join(root, 'metadata.db')
+  [model_run] = metadata_store.MetadataStore(config).get_artifacts_by_type(
+      'ModelRun')
+  props = model_run.custom_properties
+  assert props['strategy'].string_value == 'multi_worker_mirrored'
+  assert 'Ray cluster of 2 nodes' in props['strategy_reason'].string_value
+  assert props['launcher'].string_value == 'ray'
+  assert props['ray_address'].string_value == ray_cluster
+  assert props['num_replicas'].int_value == 2
+  placement = json.loads(props['ray_placement'].string_value)
+  assert sorted(labels[where['node_id']] for where in placement.values()) == (
+      list(NODE_RESOURCES)), placement
+  with open(os.path.join(model_run.uri, 'distribution_decision.json')) as f:
+    assert json.load(f)['placement'] == placement
+  logs = os.path.join(model_run.uri, 'cluster_logs', 'attempt-0')
+  assert sorted(os.listdir(logs)) == ['worker-0.log', 'worker-1.log']
+
+
+@pytest.mark.slow
+def test_parameter_server_over_ray_trains_the_exact_steps(
+    tmp_path, data, ray_driver):
+  """ps and workers as actors; the coordinator is this process's child."""
+  del ray_driver
+  root = str(tmp_path)
+  task = tt.make_task(root, data, strategy='parameter_server', num_workers=2,
+                      num_ps=1, train_steps=30, per_replica_batch_size=2,
+                      fault_tolerance={'save_every_steps': 10})
+  argv = {'trainer': [ray_launcher.PYTHON, '-m', 'tests.trainer_testing',
+                      ray_launcher.TASK_FILE],
+          'server': [ray_launcher.PYTHON, '-m', 'components.trainer.worker',
+                     '--task', ray_launcher.TASK_FILE, '--role', 'server']}
+  # Three Ray tasks on the two 1-CPU nodes.
+  launch = ray_launcher.run_on_ray(
+      'parameter_server', 2, 1, argv.get, task.to_json(),
+      os.path.join(root, 'logs'), placement_strategy='SPREAD',
+      resources={'cpus': 0.5, 'gpus': 0, 'memory_mb': 0}, local_paths={},
+      timeout_s=CLUSTER_TIMEOUT_S)
+
+  assert launch.attempts == 1
+  assert sorted(launch.placement) == ['chief', 'ps-0', 'worker-0', 'worker-1']
+  assert launch.placement['chief']['node_id'] == 'driver'
+  labels = _node_of_resource()
+  assert {labels[launch.placement[name]['node_id']]
+          for name in ('ps-0', 'worker-0', 'worker-1')} == set(NODE_RESOURCES)
+  result = tt.read_result(task)
+  assert result['steps'] == 30 and result['exported'] is True
+  tensors = _tensors(task)
+  assert tensors[STEP] == 30 and tensors[ITERATIONS] == 30
+  with open(os.path.join(root, 'logs', 'attempt-0', 'ps-0.log')) as f:
+    assert 'ps-0 serving at' in f.read()

@@ -6,7 +6,9 @@ watches and restarts the processes. Each attempt reserves a placement group
 (one bundle per TF task, SPREAD or PACK), starts one actor per task in its
 bundle, asks each actor for its node's IP and a free port there, builds the
 TF_CONFIGs from them (launcher.cluster_processes) and has every actor run the
-same worker process the local launcher runs. Supervision is Ray's: ray.wait
+same worker process the local launcher runs. The parameter-server
+coordinator (chief) stays where the local launcher runs it: a child process
+of the driver (the executor). Supervision is Ray's: ray.wait
 on the actors' `run` calls; a process that fails, or an actor or node that
 dies (RayActorError), tears the attempt down (placement group included) and
 the cluster is relaunched on the nodes that remain, up to max_restarts;
@@ -231,16 +233,27 @@ class _Attempt:
         ).remote(name)
         for i, name in enumerate(names)}
     self.refs: Dict[Any, str] = {}
+    # The parameter-server coordinator, a child of this process as with the
+    # local launcher.
+    self.local: Dict[str, launcher._Running] = {}  # pylint: disable=protected-access
 
   def locate(self) -> Dict[str, Dict[str, Any]]:
     wheres = ray.get([self.actors[n].where.remote() for n in self.names])
     self.placement = dict(zip(self.names, wheres))
     return self.placement
 
-  def start(self, specs: List[launcher.ProcessSpec], task_json: str) -> None:
+  def start(self, specs: List[launcher.ProcessSpec], task_json: str,
+            local_task_path: str) -> None:
     for spec in specs:
-      self.refs[self.actors[spec.name].run.remote(
-          spec.argv, spec.env, task_json)] = spec.name
+      if spec.name in self.actors:
+        self.refs[self.actors[spec.name].run.remote(
+            spec.argv, spec.env, task_json)] = spec.name
+        continue
+      argv = [sys.executable if a == PYTHON else
+              local_task_path if a == TASK_FILE else a for a in spec.argv]
+      self.local[spec.name] = launcher._Running(  # pylint: disable=protected-access
+          launcher.ProcessSpec(spec.name, argv, spec.env, spec.server),
+          self.log_path(spec.name))
 
   def log_path(self, name: str) -> str:
     return os.path.join(self.attempt_dir, f'{name}.log')
@@ -272,6 +285,7 @@ class _Attempt:
 
   def stop(self, grace_s: float) -> None:
     """Stops every process, keeps the last of its log, frees the nodes."""
+    launcher._stop_all(list(self.local.values()), grace_s)  # pylint: disable=protected-access
     alive = [n for n in self.names if n not in self._dead]
     ray.wait([self.actors[n].stop.remote(grace_s) for n in alive],
              num_returns=len(alive), timeout=grace_s + LOG_PULL_TIMEOUT_S)
@@ -301,12 +315,18 @@ def _watch(attempt: _Attempt, servers: set, start: float, timeout_s: float,
         return _FAILED, attempt.exit_record(name, None)
       if code != 0 or name in servers:
         return _FAILED, attempt.exit_record(name, code)
-    if not any(attempt.refs[r] not in servers for r in pending):
+    running = [attempt.refs[r] for r in pending
+               if attempt.refs[r] not in servers]
+    for name, process in attempt.local.items():
+      code = process.popen.poll()
+      if code is None:
+        running.append(name)
+      elif code != 0:
+        return _FAILED, attempt.exit_record(name, code)
+    if not running:
       return _DONE, None
     if timeout_s and time.monotonic() - start > timeout_s:
-      stuck = next(attempt.refs[r] for r in pending
-                   if attempt.refs[r] not in servers)
-      return _TIMEOUT, attempt.exit_record(stuck, None)
+      return _TIMEOUT, attempt.exit_record(running[0], None)
 
 
 def _describe(failure: launcher.ProcessExit) -> str:
@@ -350,49 +370,60 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
     StorageNotSharedError: Local outputs with tasks on several hosts.
   """
   shape = launcher.cluster_shape(strategy, num_workers, num_ps)
+  # Every task but the parameter-server coordinator (chief) runs on Ray.
   names = ([launcher.process_name(task, i)
-            for task, count in shape.items() for i in range(count)]
-           or ['trainer'])
+            for task, count in shape.items() if task != 'chief'
+            for i in range(count)] or ['trainer'])
   forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
   start = time.monotonic()
   restarts: List[launcher.ProcessExit] = []
   attempt_index = 0
-  while True:
-    attempt_dir = os.path.join(log_dir, f'attempt-{attempt_index}')
-    os.makedirs(attempt_dir, exist_ok=True)
-    attempt = _Attempt(names, resources, placement_strategy, attempt_index,
-                       attempt_dir)
-    try:
-      placement = attempt.locate()
-      logging.info('Ray attempt %d placement: %s', attempt_index, placement)
-      check_shared_storage(placement, local_paths)
-      addresses = {
-          task: [f"{placement[launcher.process_name(task, i)]['node_ip']}:"
-                 f"{placement[launcher.process_name(task, i)]['port']}"
-                 for i in range(count)] for task, count in shape.items()}
-      specs = launcher.cluster_processes(strategy, num_workers, num_ps,
-                                         argv_for_role, addresses=addresses)
-      for spec in specs:
-        spec.env = {**forwarded, **spec.env}
-      attempt.start(specs, task_json)
-      outcome, failure = _watch(attempt, {s.name for s in specs if s.server},
-                                start, timeout_s, poll_interval_s)
-    finally:
-      attempt.stop(grace_s)
-    if outcome == _DONE:
-      return launcher.LaunchResult(attempt_index + 1, restarts,
-                                   time.monotonic() - start, log_dir,
-                                   placement)
-    # Read after stop: the log's last lines arrive with it.
-    failure = attempt.exit_record(failure.process, failure.exit_code)
-    if outcome == _TIMEOUT:
-      raise launcher.ClusterTimeoutError(
-          f'Training exceeded timeout_s={timeout_s} and was killed. '
-          f'{_describe(failure)}', failure, restarts)
-    message = _describe(failure)
-    if len(restarts) >= max_restarts:
-      raise launcher.ClusterFailedError(message, failure, restarts)
-    logging.warning('Restarting the Ray cluster (%d of %d): %s',
-                    len(restarts) + 1, max_restarts, message)
-    restarts.append(failure)
-    attempt_index += 1
+  with tempfile.TemporaryDirectory(prefix='hpm-ray-driver-') as local_dir:
+    local_task_path = os.path.join(local_dir, 'training_task.json')
+    with open(local_task_path, 'w') as f:
+      f.write(task_json)
+    while True:
+      attempt_dir = os.path.join(log_dir, f'attempt-{attempt_index}')
+      os.makedirs(attempt_dir, exist_ok=True)
+      attempt = _Attempt(names, resources, placement_strategy, attempt_index,
+                         attempt_dir)
+      try:
+        placement = dict(attempt.locate())
+        if 'chief' in shape:
+          # The coordinator runs and listens on this machine, off Ray.
+          placement['chief'] = {'node_id': 'driver',
+                                'node_ip': ray.util.get_node_ip_address(),
+                                'port': portpicker.pick_unused_port()}
+        logging.info('Ray attempt %d placement: %s', attempt_index, placement)
+        check_shared_storage(placement, local_paths)
+        addresses = {
+            task: [f"{placement[launcher.process_name(task, i)]['node_ip']}:"
+                   f"{placement[launcher.process_name(task, i)]['port']}"
+                   for i in range(count)] for task, count in shape.items()}
+        specs = launcher.cluster_processes(strategy, num_workers, num_ps,
+                                           argv_for_role, addresses=addresses)
+        for spec in specs:
+          spec.env = {**forwarded, **spec.env}
+        attempt.start(specs, task_json, local_task_path)
+        outcome, failure = _watch(attempt,
+                                  {s.name for s in specs if s.server}, start,
+                                  timeout_s, poll_interval_s)
+      finally:
+        attempt.stop(grace_s)
+      if outcome == _DONE:
+        return launcher.LaunchResult(attempt_index + 1, restarts,
+                                     time.monotonic() - start, log_dir,
+                                     placement)
+      # Read after stop: the log's last lines arrive with it.
+      failure = attempt.exit_record(failure.process, failure.exit_code)
+      if outcome == _TIMEOUT:
+        raise launcher.ClusterTimeoutError(
+            f'Training exceeded timeout_s={timeout_s} and was killed. '
+            f'{_describe(failure)}', failure, restarts)
+      message = _describe(failure)
+      if len(restarts) >= max_restarts:
+        raise launcher.ClusterFailedError(message, failure, restarts)
+      logging.warning('Restarting the Ray cluster (%d of %d): %s',
+                      len(restarts) + 1, max_restarts, message)
+      restarts.append(failure)
+      attempt_index += 1
