@@ -123,6 +123,29 @@ def test_unreachable_cluster_fails_fast_naming_the_address():
   assert f'ray_address={address!r}' in str(error.value)
 
 
+def test_raycluster_manifest_runs_the_locked_ray_in_the_pipeline_image():
+  """Static check of kubeflow/raycluster.yaml (no Kubernetes here)."""
+  import yaml  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(tt.REPO_ROOT, 'kubeflow', 'raycluster.yaml')) as f:
+    manifest = yaml.safe_load(f)
+  with open(os.path.join(tt.REPO_ROOT, 'requirements.lock')) as f:
+    [locked] = [line.strip().split('==')[1] for line in f
+                if line.startswith('ray==')]
+  assert manifest['apiVersion'] == 'ray.io/v1'
+  assert manifest['kind'] == 'RayCluster'
+  assert manifest['spec']['rayVersion'] == locked
+  groups = [manifest['spec']['headGroupSpec']] + manifest['spec'][
+      'workerGroupSpecs']
+  for group in groups:
+    [container] = group['template']['spec']['containers']
+    assert container['image'].endswith('/tfx-hpm:0.1.0'), container
+    assert {'name': 'TF_USE_LEGACY_KERAS', 'value': '1'} in container['env']
+  ports = {p['containerPort'] for p in manifest['spec']['headGroupSpec'][
+      'template']['spec']['containers'][0]['ports']}
+  # What kubeflow.runner --ray-address names (Ray Client).
+  assert 10001 in ports
+
+
 # --------------------------------------------------- real Ray cluster
 
 

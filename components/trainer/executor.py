@@ -50,7 +50,8 @@ CHECKPOINT_SUBDIR = '_hpm_checkpoints'
 # Distribution options that do not change the training trajectory (steps
 # per call: the same updates on the same batches), left out of the
 # checkpoint fingerprint.
-_NOT_IN_FINGERPRINT = ('launcher', 'timeout_s', 'steps_per_execution')
+_NOT_IN_FINGERPRINT = ('launcher', 'timeout_s', 'steps_per_execution',
+                       'ray_address', 'ray_placement', 'ray_resources')
 
 
 def _module_identity(exec_properties: Dict[str, Any]) -> Dict[str, Any]:
@@ -126,6 +127,8 @@ class Executor(base_executor.BaseExecutor):
       self._do(input_dict, output_dict, exec_properties, config,
                fault_tolerance, model_run)
     finally:
+      # The Ray connection (made when the environment is detected) ends
+      # with the component.
       if config.launcher == 'ray':
         from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
         ray_launcher.disconnect()

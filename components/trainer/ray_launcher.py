@@ -301,8 +301,12 @@ def _watch(attempt: _Attempt, servers: set, start: float, timeout_s: float,
   """Waits on the actors' runs until done, a failure, or the time limit."""
   pending = set(attempt.refs)
   while True:
-    ready, _ = ray.wait(list(pending), num_returns=1,
-                        timeout=poll_interval_s)
+    ready = []
+    if pending:
+      ready, _ = ray.wait(list(pending), num_returns=1,
+                          timeout=poll_interval_s)
+    else:  # Only the coordinator is left.
+      time.sleep(poll_interval_s)
     attempt.pull_logs()
     for ref in ready:
       pending.discard(ref)
@@ -418,8 +422,9 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
       failure = attempt.exit_record(failure.process, failure.exit_code)
       if outcome == _TIMEOUT:
         raise launcher.ClusterTimeoutError(
-            f'Training exceeded timeout_s={timeout_s} and was killed. '
-            f'{_describe(failure)}', failure, restarts)
+            f'Training exceeded timeout_s={timeout_s} and was killed. Last '
+            f'lines of {failure.process} ({failure.log_path}):\n'
+            f'{failure.log_tail}', failure, restarts)
       message = _describe(failure)
       if len(restarts) >= max_restarts:
         raise launcher.ClusterFailedError(message, failure, restarts)
