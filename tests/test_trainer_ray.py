@@ -2,22 +2,20 @@
 
 Fast: the Ray options' validation, the storage rule for clusters over
 several hosts, the `auto` rule for a Ray cluster, an unreachable address.
-Slow (a real two-node Ray cluster on localhost, `ray start --head` plus
-`ray start --address` as a second node, each with 1 CPU and its own custom
-resource): MultiWorkerMirrored with 2 workers over the 2 nodes trains to the
-same weights, bit for bit, as the local launcher; SIGKILL of one worker's
-actor process is seen by Ray, the cluster is relaunched and resumes from the
-last checkpoint with every example trained once.
+Slow (a real two-node Ray cluster on localhost, tests/ray_cluster.py):
+MultiWorkerMirrored with 2 workers over the 2 nodes trains to the same
+weights, bit for bit, as the local launcher; SIGKILL of one worker's actor
+process is seen by Ray, the cluster is relaunched and resumes from the last
+checkpoint with every example trained once; parameter_server (ps and workers
+on Ray, the coordinator here) trains the exact step count; the taxi pipeline
+with launcher='ray' and `auto` spreads over both nodes and is blessed.
 """
 
 import json
 import os
 import random
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -29,6 +27,7 @@ from components.trainer import launcher
 from components.trainer import ray_launcher
 from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
+from tests import ray_cluster as ray_cluster_lib
 from tests import trainer_testing as tt
 
 NUM_EXAMPLES = 64
@@ -36,8 +35,7 @@ SEED = 11
 STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
 ITERATIONS = 'optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE'
 CLUSTER_TIMEOUT_S = 400
-NODE_RESOURCES = ('node_a', 'node_b')
-RAY = os.path.join(os.path.dirname(sys.executable), 'ray')
+NODES = ray_cluster_lib.NODE_RESOURCES
 
 
 def _error(**values) -> str:
@@ -149,93 +147,11 @@ def test_raycluster_manifest_runs_the_locked_ray_in_the_pipeline_image():
 # --------------------------------------------------- real Ray cluster
 
 
-def _ray_start(args, temp_dir, log_path, env):
-  ports = {flag: portpicker.pick_unused_port() for flag in (
-      '--node-manager-port', '--object-manager-port', '--metrics-export-port',
-      '--dashboard-agent-listen-port', '--dashboard-agent-grpc-port',
-      '--runtime-env-agent-port')}
-  argv = [RAY, 'start', '--block', '--disable-usage-stats',
-          f'--temp-dir={temp_dir}',
-          *[f'{flag}={port}' for flag, port in ports.items()], *args]
-  with open(log_path, 'wb') as log:
-    return subprocess.Popen(argv, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _session_pids(temp_dir):
-  """Pids of the processes whose command line names our temp dir."""
-  pids = []
-  for entry in os.listdir('/proc'):
-    if not entry.isdigit():
-      continue
-    try:
-      with open(f'/proc/{entry}/cmdline', 'rb') as f:
-        if temp_dir.encode() in f.read():
-          pids.append(int(entry))
-    except OSError:
-      pass
-  return pids
-
-
-def _wait_for_nodes(address, count, processes, timeout_s=120):
-  """Waits until `count` nodes are alive (checked in a fresh process)."""
-  code = ('import ray, sys; ray.init(address=sys.argv[1], '
-          'logging_level=40); print(sum(n["Alive"] for n in ray.nodes()))')
-  deadline = time.monotonic() + timeout_s
-  while time.monotonic() < deadline:
-    for process in processes:
-      assert process.poll() is None, f'ray start exited: {process.args}'
-    out = subprocess.run([sys.executable, '-c', code, address],
-                         capture_output=True, text=True, timeout=60,
-                         check=False)
-    if out.returncode == 0 and out.stdout.split()[-1:] == [str(count)]:
-      return
-    time.sleep(1)
-  raise AssertionError(f'{count} Ray nodes not alive at {address}')
-
-
 @pytest.fixture(scope='module')
 def ray_cluster(tmp_path_factory):
-  """A head and a second node on localhost; every process ends at teardown."""
-  # Short: Ray's sockets live under it (AF_UNIX paths are limited).
-  temp_dir = tempfile.mkdtemp(prefix='r12-', dir='/tmp')
-  logs = tmp_path_factory.mktemp('ray-logs')
-  env = {k: v for k, v in tt.child_env().items() if k != 'RAY_ADDRESS'}
-  port = portpicker.pick_unused_port()
-  address = f'127.0.0.1:{port}'
-  processes = []
-  try:
-    processes.append(_ray_start(
-        ['--head', f'--port={port}', '--node-ip-address=127.0.0.1',
-         '--num-cpus=1', '--include-dashboard=false',
-         f'--ray-client-server-port={portpicker.pick_unused_port()}',
-         f'--resources={json.dumps({NODE_RESOURCES[0]: 1})}'],
-        temp_dir, logs / 'head.log', env))
-    _wait_for_nodes(address, 1, processes)
-    processes.append(_ray_start(
-        [f'--address={address}', '--node-ip-address=127.0.0.1',
-         '--num-cpus=1', f'--resources={json.dumps({NODE_RESOURCES[1]: 1})}'],
-        temp_dir, logs / 'node.log', env))
-    _wait_for_nodes(address, 2, processes)
+  with ray_cluster_lib.local_ray_cluster(
+      str(tmp_path_factory.mktemp('ray-logs')), tt.child_env()) as address:
     yield address
-  finally:
-    for process in reversed(processes):
-      if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-          process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-          pass
-    for process in processes:
-      if process.poll() is None:
-        process.kill()
-        process.wait()
-    for pid in _session_pids(temp_dir):
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -273,13 +189,6 @@ def _run_on_ray(task, root):
       max_restarts=task.fault_tolerance['max_restarts'])
 
 
-def _node_of_resource():
-  """Ray node id -> our custom resource label of that node."""
-  import ray  # pylint: disable=g-import-not-at-top
-  return {node['NodeID']: label for node in ray.nodes() if node['Alive']
-          for label in NODE_RESOURCES if label in node['Resources']}
-
-
 def _tensors(task):
   return tt.latest_checkpoint_tensors(task.checkpoint_dir)
 
@@ -293,11 +202,11 @@ def test_mwms_over_two_ray_nodes_matches_the_local_launcher(
   launch = _run_on_ray(task, root)
 
   assert launch.attempts == 1 and not launch.restarts
-  labels = _node_of_resource()
+  labels = ray_cluster_lib.node_labels()
   nodes = {name: labels[where['node_id']]
            for name, where in launch.placement.items()}
   assert sorted(nodes) == ['worker-0', 'worker-1']
-  assert sorted(nodes.values()) == list(NODE_RESOURCES), nodes
+  assert sorted(nodes.values()) == list(NODES), nodes
   for name in nodes:
     with open(os.path.join(root, 'logs', 'attempt-0', f'{name}.log')) as f:
       text = f.read()
@@ -417,7 +326,7 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
   # The executor disconnected; look at the cluster as a driver again.
   ray_launcher.connect(ray_cluster)
   try:
-    labels = _node_of_resource()
+    labels = ray_cluster_lib.node_labels()
   finally:
     ray_launcher.disconnect()
   assert not ray.is_initialized()
@@ -437,7 +346,7 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
   assert props['num_replicas'].int_value == 2
   placement = json.loads(props['ray_placement'].string_value)
   assert sorted(labels[where['node_id']] for where in placement.values()) == (
-      list(NODE_RESOURCES)), placement
+      list(NODES)), placement
   with open(os.path.join(model_run.uri, 'distribution_decision.json')) as f:
     assert json.load(f)['placement'] == placement
   logs = os.path.join(model_run.uri, 'cluster_logs', 'attempt-0')
@@ -467,9 +376,9 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
   assert launch.attempts == 1
   assert sorted(launch.placement) == ['chief', 'ps-0', 'worker-0', 'worker-1']
   assert launch.placement['chief']['node_id'] == 'driver'
-  labels = _node_of_resource()
+  labels = ray_cluster_lib.node_labels()
   assert {labels[launch.placement[name]['node_id']]
-          for name in ('ps-0', 'worker-0', 'worker-1')} == set(NODE_RESOURCES)
+          for name in ('ps-0', 'worker-0', 'worker-1')} == set(NODES)
   result = tt.read_result(task)
   assert result['steps'] == 30 and result['exported'] is True
   tensors = _tensors(task)
