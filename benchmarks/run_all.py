@@ -14,7 +14,7 @@ import time
 from benchmarks import report
 
 BENCHMARKS = ['transform', 'trainer', 'throughput', 'resume',
-              'resume_position', 'partitioner', 'pipeline']
+              'resume_position', 'partitioner', 'pipeline', 'ray']
 
 
 def main() -> None:
