@@ -7,6 +7,7 @@ picked free, a private temp dir; every process is ended by its pid on exit
 """
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -72,9 +73,33 @@ def _wait_for_nodes(address, count, processes, env):
                      f'{START_TIMEOUT_S} s')
 
 
+@dataclasses.dataclass
+class LocalRayCluster:
+  address: str
+  temp_dir: str
+
+  def kill_raylet(self, label: str) -> int:
+    """SIGKILLs the raylet of the node with resource `label`; its pid."""
+    import ray  # pylint: disable=g-import-not-at-top
+    [port] = [node['NodeManagerPort'] for node in ray.nodes()
+              if node['Alive'] and label in node['Resources']]
+    flag = f'--node_manager_port={port}'.encode()
+    for pid in _session_pids(self.temp_dir):
+      try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+          argv = f.read().split(b'\0')
+      except OSError:
+        continue
+      if argv[0].endswith(b'raylet') and flag in argv:
+        os.kill(pid, signal.SIGKILL)
+        return pid
+    raise RuntimeError(f'No raylet with {flag!r} under {self.temp_dir}')
+
+
 @contextlib.contextmanager
-def local_ray_cluster(log_dir: str, env: Dict[str, str]) -> Iterator[str]:
-  """Yields the head's address; the nodes' processes get `env`."""
+def local_ray_cluster(log_dir: str,
+                      env: Dict[str, str]) -> Iterator[LocalRayCluster]:
+  """Yields the running cluster; the nodes' processes get `env`."""
   # Short: Ray's sockets live under it (AF_UNIX paths are limited).
   temp_dir = tempfile.mkdtemp(prefix='ray-', dir='/tmp')
   env = {k: v for k, v in env.items() if k != 'RAY_ADDRESS'}
@@ -93,7 +118,7 @@ def local_ray_cluster(log_dir: str, env: Dict[str, str]) -> Iterator[str]:
          f'--resources={json.dumps({NODE_RESOURCES[1]: 1})}'],
         temp_dir, os.path.join(log_dir, 'ray-node.log'), env))
     _wait_for_nodes(address, 2, processes, env)
-    yield address
+    yield LocalRayCluster(address, temp_dir)
   finally:
     for process in reversed(processes):
       if process.poll() is None:

@@ -150,8 +150,8 @@ def test_raycluster_manifest_runs_the_locked_ray_in_the_pipeline_image():
 @pytest.fixture(scope='module')
 def ray_cluster(tmp_path_factory):
   with ray_cluster_lib.local_ray_cluster(
-      str(tmp_path_factory.mktemp('ray-logs')), tt.child_env()) as address:
-    yield address
+      str(tmp_path_factory.mktemp('ray-logs')), tt.child_env()) as cluster:
+    yield cluster
 
 
 @pytest.fixture
@@ -159,7 +159,7 @@ def ray_driver(ray_cluster, monkeypatch):
   """This process connected as the driver, with the tasks' environment."""
   for key, value in tt.child_env().items():
     monkeypatch.setenv(key, value)
-  ray_launcher.connect(ray_cluster)
+  ray_launcher.connect(ray_cluster.address)
   yield ray_cluster
   ray_launcher.disconnect()
 
@@ -178,13 +178,13 @@ def _mwms_task(root, data):
                       hparams={'step_sleep_seconds': 0.1})
 
 
-def _run_on_ray(task, root):
+def _run_on_ray(task, root, cpus=1):
   argv = [ray_launcher.PYTHON, '-m', 'tests.trainer_testing',
           ray_launcher.TASK_FILE]
   return ray_launcher.run_on_ray(
       'multi_worker_mirrored', 2, 0, lambda role: argv, task.to_json(),
       os.path.join(root, 'logs'), placement_strategy='SPREAD',
-      resources={'cpus': 1, 'gpus': 0, 'memory_mb': 0}, local_paths={},
+      resources={'cpus': cpus, 'gpus': 0, 'memory_mb': 0}, local_paths={},
       timeout_s=CLUSTER_TIMEOUT_S,
       max_restarts=task.fault_tolerance['max_restarts'])
 
@@ -193,9 +193,34 @@ def _tensors(task):
   return tt.latest_checkpoint_tensors(task.checkpoint_dir)
 
 
+@pytest.fixture(scope='module')
+def local_baseline(tmp_path_factory, data):
+  """The final tensors of _mwms_task under the local launcher."""
+  root = str(tmp_path_factory.mktemp('local-baseline'))
+  task = _mwms_task(root, data)
+  task_path = os.path.join(root, 'task.json')
+  task.save(task_path)
+  argv = [sys.executable, '-m', 'tests.trainer_testing', task_path]
+  with pytest.MonkeyPatch.context() as env:
+    for key, value in tt.child_env().items():
+      env.setenv(key, value)
+    launcher.run_supervised(
+        lambda attempt: launcher.cluster_processes(
+            'multi_worker_mirrored', 2, 0, lambda role: argv),
+        os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S)
+  return _tensors(task)
+
+
+def _assert_equal_tensors(actual, expected):
+  assert actual[STEP] == 16 and actual[ITERATIONS] == 16
+  assert sorted(actual) == sorted(expected)
+  for name, value in expected.items():
+    np.testing.assert_array_equal(actual[name], value, err_msg=name)
+
+
 @pytest.mark.slow
 def test_mwms_over_two_ray_nodes_matches_the_local_launcher(
-    tmp_path, data, ray_driver):
+    tmp_path, data, ray_driver, local_baseline):
   del ray_driver
   root = str(tmp_path / 'ray')
   task = _mwms_task(root, data)
@@ -214,20 +239,7 @@ def test_mwms_over_two_ray_nodes_matches_the_local_launcher(
     assert 'Traceback' not in text and 'step' in text, text
   result = tt.read_result(task)
   assert result['steps'] == 16 and result['num_replicas'] == 2
-
-  local_root = str(tmp_path / 'local')
-  local = _mwms_task(local_root, data)
-  task_path = os.path.join(local_root, 'task.json')
-  local.save(task_path)
-  argv = [sys.executable, '-m', 'tests.trainer_testing', task_path]
-  launcher.run_supervised(
-      lambda attempt: launcher.cluster_processes(
-          'multi_worker_mirrored', 2, 0, lambda role: argv),
-      os.path.join(local_root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S)
-  expected, actual = _tensors(local), _tensors(task)
-  assert actual[STEP] == 16 and sorted(actual) == sorted(expected)
-  for name, value in expected.items():
-    np.testing.assert_array_equal(actual[name], value, err_msg=name)
+  _assert_equal_tensors(_tensors(task), local_baseline)
 
 
 def _proc_stat(pid):
@@ -242,7 +254,7 @@ def _proc_stat(pid):
 
 @pytest.mark.slow
 def test_killed_actor_is_seen_by_ray_and_the_cluster_resumes(
-    tmp_path, data, ray_driver):
+    tmp_path, data, ray_driver, local_baseline):
   del ray_driver
   root = str(tmp_path)
   task = _mwms_task(root, data)
@@ -276,8 +288,8 @@ def test_killed_actor_is_seen_by_ray_and_the_cluster_resumes(
   [event] = result['resume_events']
   assert event['event'] == 'resumed' and event['from_step'] % 4 == 0
   assert 0 < event['from_step'] <= kill_step + 1
-  tensors = _tensors(task)
-  assert tensors[STEP] == 16 and tensors[ITERATIONS] == 16
+  # Bit for bit what the uninterrupted cluster trained.
+  _assert_equal_tensors(_tensors(task), local_baseline)
   by_step = tt.ids_by_step(tt.read_id_log(task.hparams['id_log']))
   assert sorted(by_step) == [(s, r) for s in range(16) for r in (0, 1)]
   assert sorted(i for ids in by_step.values() for i in ids) == list(
@@ -306,7 +318,7 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
   for key, value in tt.child_env().items():
     monkeypatch.setenv(key, value)
   # The default ray_address.
-  monkeypatch.setenv('RAY_ADDRESS', ray_cluster)
+  monkeypatch.setenv('RAY_ADDRESS', ray_cluster.address)
   root = str(tmp_path)
 
   def make_trainer(inputs: taxi_pipeline.TrainerInputs):
@@ -324,7 +336,7 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
       make_trainer=make_trainer, accuracy_threshold=ACCURACY_BOUND,
       compare_to_baseline=False))
   # The executor disconnected; look at the cluster as a driver again.
-  ray_launcher.connect(ray_cluster)
+  ray_launcher.connect(ray_cluster.address)
   try:
     labels = ray_cluster_lib.node_labels()
   finally:
@@ -342,7 +354,7 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
   assert props['strategy'].string_value == 'multi_worker_mirrored'
   assert 'Ray cluster of 2 nodes' in props['strategy_reason'].string_value
   assert props['launcher'].string_value == 'ray'
-  assert props['ray_address'].string_value == ray_cluster
+  assert props['ray_address'].string_value == ray_cluster.address
   assert props['num_replicas'].int_value == 2
   placement = json.loads(props['ray_placement'].string_value)
   assert sorted(labels[where['node_id']] for where in placement.values()) == (
@@ -385,3 +397,41 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
   assert tensors[STEP] == 30 and tensors[ITERATIONS] == 30
   with open(os.path.join(root, 'logs', 'attempt-0', 'ps-0.log')) as f:
     assert 'ps-0 serving at' in f.read()
+
+
+@pytest.mark.slow
+def test_node_loss_relaunches_on_the_remaining_node_and_resumes_exactly(
+    tmp_path, data, ray_driver, local_baseline):
+  """SIGKILL of the second node's raylet mid-training (last: the cluster
+  keeps one node after it)."""
+  root = str(tmp_path)
+  task = _mwms_task(root, data)
+  kill_step = random.Random(SEED + 1).randrange(5, 11)
+  killed = {}
+
+  def kill_node_b():
+    deadline = time.monotonic() + CLUSTER_TIMEOUT_S
+    while time.monotonic() < deadline:
+      records = tt.read_id_log(task.hparams['id_log'])
+      if records and records[-1]['step'] >= kill_step:
+        killed['raylet'] = ray_driver.kill_raylet(NODES[1])
+        return
+      time.sleep(0.05)
+
+  thread = threading.Thread(target=kill_node_b, daemon=True)
+  thread.start()
+  # Half a CPU each: both tasks fit on the node that remains.
+  launch = _run_on_ray(task, root, cpus=0.5)
+  thread.join()
+
+  assert killed and launch.attempts == 2 and len(launch.restarts) == 1
+  labels = ray_cluster_lib.node_labels()
+  assert {labels[w['node_id']] for w in launch.placement.values()} == {
+      NODES[0]}
+  [event] = tt.read_result(task)['resume_events']
+  assert event['event'] == 'resumed' and 0 < event['from_step'] <= (
+      kill_step + 1)
+  _assert_equal_tensors(_tensors(task), local_baseline)
+  by_step = tt.ids_by_step(tt.read_id_log(task.hparams['id_log']))
+  assert sorted(i for ids in by_step.values() for i in ids) == list(
+      range(NUM_EXAMPLES))
