@@ -99,7 +99,9 @@ def test_run_fn_path_parameter():
     ({'gradient_accumulation_steps': 0},
      'gradient_accumulation_steps=0 must be an integer >= 1'),
     ({'launcher': 'ssh'}, "launcher='ssh' is not one of ('in_process', "
-     "'local')"),
+     "'local', 'ray')"),
+    ({'launcher': 'ray', 'ray_placement': 'RANDOM'},
+     "ray_placement='RANDOM' is not one of ('SPREAD', 'PACK')"),
     ({'num_gpus': 2}, "Unknown distribution option(s) ['num_gpus']"),
 ])
 def test_bad_distribution_fails_at_construction(distribution, expected):

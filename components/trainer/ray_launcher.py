@@ -194,7 +194,7 @@ _RemoteTaskActor = ray.remote(max_concurrency=4, max_restarts=0)(_TaskActor)
 
 def _bundle(resources: Dict[str, float]) -> Dict[str, float]:
   bundle = {'CPU': resources['cpus'], 'GPU': resources['gpus'],
-            'memory': resources['memory_mb'] * 2**20}
+            'memory': int(resources['memory_mb'] * 2**20)}
   return {key: value for key, value in bundle.items() if value}
 
 
@@ -226,7 +226,7 @@ class _Attempt:
     self.actors = {
         name: _RemoteTaskActor.options(
             num_cpus=resources['cpus'], num_gpus=resources['gpus'],
-            memory=resources['memory_mb'] * 2**20 or None,
+            memory=int(resources['memory_mb'] * 2**20) or None,
             scheduling_strategy=(
                 scheduling_strategies.PlacementGroupSchedulingStrategy(
                     self.group, placement_group_bundle_index=i))
