@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from absl import logging
 import portpicker
 import ray
+import ray.util.client
 from ray.util import scheduling_strategies
 
 from components.trainer import launcher
@@ -111,6 +112,23 @@ def alive_nodes() -> List[Dict[str, Any]]:
   return [node for node in ray.nodes() if node['Alive']]
 
 
+def node_ips() -> Dict[str, str]:
+  """Node id -> the address Ray reaches the node at.
+
+  Inside an actor, ray.util.get_node_ip_address() guesses from the default
+  route instead, which need not be the address the node was started with.
+  """
+  return {node['NodeID']: node['NodeManagerAddress'] for node in ray.nodes()}
+
+
+def _driver_ip() -> str:
+  """Where the nodes reach this process (the coordinator's host)."""
+  if ray.util.client.ray.is_connected():
+    # Ray Client: this process is on no node; the default route's address.
+    return ray.util.get_node_ip_address()
+  return node_ips()[ray.get_runtime_context().get_node_id()]
+
+
 def check_shared_storage(placement: Dict[str, Dict[str, Any]],
                          local_paths: Dict[str, str]) -> None:
   """Local paths are only shared by tasks that run on one host."""
@@ -140,7 +158,6 @@ class _TaskActor:
 
   def where(self) -> Dict[str, Any]:
     return {'node_id': ray.get_runtime_context().get_node_id(),
-            'node_ip': ray.util.get_node_ip_address(),
             'port': portpicker.pick_unused_port(), 'actor_pid': os.getpid()}
 
   def run(self, argv: List[str], env: Dict[str, Optional[str]],
@@ -238,8 +255,11 @@ class _Attempt:
     self.local: Dict[str, launcher._Running] = {}  # pylint: disable=protected-access
 
   def locate(self) -> Dict[str, Dict[str, Any]]:
+    """Each task's node and a free port there, with the node's IP."""
     wheres = ray.get([self.actors[n].where.remote() for n in self.names])
-    self.placement = dict(zip(self.names, wheres))
+    ips = node_ips()
+    self.placement = {name: {**where, 'node_ip': ips[where['node_id']]}
+                      for name, where in zip(self.names, wheres)}
     return self.placement
 
   def start(self, specs: List[launcher.ProcessSpec], task_json: str,
@@ -395,8 +415,7 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
         placement = dict(attempt.locate())
         if 'chief' in shape:
           # The coordinator runs and listens on this machine, off Ray.
-          placement['chief'] = {'node_id': 'driver',
-                                'node_ip': ray.util.get_node_ip_address(),
+          placement['chief'] = {'node_id': 'driver', 'node_ip': _driver_ip(),
                                 'port': portpicker.pick_unused_port()}
         logging.info('Ray attempt %d placement: %s', attempt_index, placement)
         check_shared_storage(placement, local_paths)
