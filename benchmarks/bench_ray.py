@@ -92,8 +92,9 @@ def main(results_dir: str = 'benchmarks/results') -> str:
   os.environ.update(env)
   with tempfile.TemporaryDirectory(prefix='bench-ray-') as work:
     data = bench_resume.write_taxi_data(os.path.join(work, 'taxi'))
-    with ray_cluster.local_ray_cluster(work, env) as address:
-      ray_launcher.connect(address)
+    with ray_cluster.local_ray_cluster(work, env) as cluster:
+      os.environ["no_proxy"] = os.environ["NO_PROXY"] = cluster.no_proxy()
+      ray_launcher.connect(cluster.address)
       try:
         runs = measure(work, data)
       finally:

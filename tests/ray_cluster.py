@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Iterator
+from typing import Dict, Iterator, List
 
 import portpicker
 
@@ -56,8 +56,9 @@ def _session_pids(temp_dir: str):
 
 def _wait_for_nodes(address, count, processes, env):
   """Waits until `count` nodes are alive (asked from a fresh process)."""
-  code = ('import ray, sys; ray.init(address=sys.argv[1], '
-          'logging_level=40); print(sum(n["Alive"] for n in ray.nodes()))')
+  code = ('import ray, sys; ray.init(address=sys.argv[1], logging_level=40); '
+          'print(",".join(n["NodeManagerAddress"] for n in ray.nodes() '
+          'if n["Alive"]))')
   deadline = time.monotonic() + START_TIMEOUT_S
   while time.monotonic() < deadline:
     for process in processes:
@@ -66,8 +67,9 @@ def _wait_for_nodes(address, count, processes, env):
     out = subprocess.run([sys.executable, '-c', code, address], env=env,
                          capture_output=True, text=True, timeout=60,
                          check=False)
-    if out.returncode == 0 and out.stdout.split()[-1:] == [str(count)]:
-      return
+    ips = out.stdout.split()[-1:]
+    if out.returncode == 0 and ips and len(ips[0].split(',')) == count:
+      return sorted(set(ips[0].split(',')))
     time.sleep(1)
   raise RuntimeError(f'{count} Ray nodes not alive at {address} after '
                      f'{START_TIMEOUT_S} s')
@@ -77,6 +79,11 @@ def _wait_for_nodes(address, count, processes, env):
 class LocalRayCluster:
   address: str
   temp_dir: str
+  # The nodes' addresses, which the tests' proxy settings must bypass.
+  node_ips: List[str]
+
+  def no_proxy(self) -> str:
+    return ','.join([os.environ.get('no_proxy', '')] + self.node_ips)
 
   def kill_raylet(self, label: str) -> int:
     """SIGKILLs the raylet of the node with resource `label`; its pid."""
@@ -102,7 +109,10 @@ def local_ray_cluster(log_dir: str,
   """Yields the running cluster; the nodes' processes get `env`."""
   # Short: Ray's sockets live under it (AF_UNIX paths are limited).
   temp_dir = tempfile.mkdtemp(prefix='ray-', dir='/tmp')
-  env = {k: v for k, v in env.items() if k != 'RAY_ADDRESS'}
+  # No proxy (the GCS emulator's) between the nodes' TF processes.
+  env = {k: v for k, v in env.items()
+         if k != 'RAY_ADDRESS' and k.lower() not in ('https_proxy',
+                                                     'http_proxy')}
   port = portpicker.pick_unused_port()
   address = f'127.0.0.1:{port}'
   processes = []
@@ -117,8 +127,8 @@ def local_ray_cluster(log_dir: str,
         [f'--address={address}',
          f'--resources={json.dumps({NODE_RESOURCES[1]: 1})}'],
         temp_dir, os.path.join(log_dir, 'ray-node.log'), env))
-    _wait_for_nodes(address, 2, processes, env)
-    yield LocalRayCluster(address, temp_dir)
+    node_ips = _wait_for_nodes(address, 2, processes, env)
+    yield LocalRayCluster(address, temp_dir, node_ips)
   finally:
     for process in reversed(processes):
       if process.poll() is None:

@@ -159,6 +159,8 @@ def ray_driver(ray_cluster, monkeypatch):
   """This process connected as the driver, with the tasks' environment."""
   for key, value in tt.child_env().items():
     monkeypatch.setenv(key, value)
+  for key in ('no_proxy', 'NO_PROXY'):
+    monkeypatch.setenv(key, ray_cluster.no_proxy())
   ray_launcher.connect(ray_cluster.address)
   yield ray_cluster
   ray_launcher.disconnect()
@@ -317,6 +319,8 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
   # pylint: enable=g-import-not-at-top
   for key, value in tt.child_env().items():
     monkeypatch.setenv(key, value)
+  for key in ('no_proxy', 'NO_PROXY'):
+    monkeypatch.setenv(key, ray_cluster.no_proxy())
   # The default ray_address.
   monkeypatch.setenv('RAY_ADDRESS', ray_cluster.address)
   root = str(tmp_path)
