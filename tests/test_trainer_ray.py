@@ -237,8 +237,10 @@ def test_mwms_over_two_ray_nodes_matches_the_local_launcher(
   for name in nodes:
     with open(os.path.join(root, 'logs', 'attempt-0', f'{name}.log')) as f:
       text = f.read()
-    # The worker's own output came back through Ray.
-    assert 'Traceback' not in text and 'step' in text, text
+    # The worker's own output (TensorFlow joining the cluster) came back
+    # through Ray.
+    assert 'Coordination agent has successfully connected' in text, text
+    assert 'Traceback' not in text, text
   result = tt.read_result(task)
   assert result['steps'] == 16 and result['num_replicas'] == 2
   _assert_equal_tensors(_tensors(task), local_baseline)
