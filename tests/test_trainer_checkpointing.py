@@ -1,14 +1,30 @@
-"""CheckpointConfig, the stable checkpoint location and CheckpointStore."""
+"""CheckpointConfig, the stable checkpoint location and CheckpointStore.
+
+Storage faults come from `tests.faulty_storage` (a tf.io.gfile wrapper);
+leases are contended by stores in this process and by real processes.
+"""
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
 import uuid
 
 import pytest
 import tensorflow as tf
 
+from components import storage
 from components.trainer import checkpointing
 from components.trainer.checkpointing import CheckpointConfig
 from components.trainer.checkpointing import CheckpointStore
+from tests.faulty_storage import Fault
+from tests.faulty_storage import FaultyStorage
+
+# Retries without waiting: the tests count them, they do not time them.
+NO_WAIT = storage.RetryPolicy(first_delay_s=0.0)
 
 
 # ----------------------------------------------------------------- config
@@ -35,6 +51,10 @@ def test_default_config_is_valid_and_round_trips():
     ({'delete_after_export': 'yes'}, "delete_after_export='yes'"),
     ({'backup_root': ''}, "backup_root=''"),
     ({'backup_root': 3}, 'backup_root=3'),
+    ({'lease': 'steal'}, "lease='steal'"),
+    ({'lease_timeout_seconds': 0}, 'lease_timeout_seconds=0'),
+    ({'lease_heartbeat_seconds': '10'}, "lease_heartbeat_seconds='10'"),
+    ({'lease_heartbeat_seconds': True}, 'lease_heartbeat_seconds=True'),
 ])
 def test_bad_config_names_value_and_allowed(values, message):
   with pytest.raises(ValueError) as error:
@@ -134,8 +154,22 @@ def test_save_restore_and_keep_last(root):
   assert int(state.step.numpy()) == 30
   assert float(state.weights.numpy()[0]) == 30.0
   manifest = store.verify(restored.path)
-  assert manifest['step'] == 30
-  assert all(len(f['sha256']) == 64 for f in manifest['files'].values())
+  assert manifest['step'] == 30 and manifest['version'] == 2
+  # Sizes of every file, the sha256 of the index (TF checksums the data).
+  files = manifest['files']
+  assert set(files) == {'ckpt.index', _data_file(restored.path)}
+  assert len(files['ckpt.index']['sha256']) == 64
+  assert all(tf.io.gfile.stat(restored.path + '/' + name).length == f['size']
+             for name, f in files.items())
+
+
+def test_save_reads_back_only_the_index(root):
+  state = _State()
+  store = CheckpointStore(root + '/fp', state.checkpoint)
+  with FaultyStorage(root, []) as faults:
+    _save_steps(store, state, [1, 2])
+  assert faults.opened_for_read
+  assert all(p.endswith('/ckpt.index') for p in faults.opened_for_read)
 
 
 def _data_file(path):
@@ -151,21 +185,37 @@ def _rewrite(path, transform):
     f.write(transform(content))
 
 
-@pytest.mark.parametrize('damage, reason', [
-    (lambda b: b[:len(b) // 2], 'truncated'),
-    (lambda b: b[:16] + bytes([b[16] ^ 0xFF]) + b[17:], 'sha256'),
+def _flip(position):
+  """Damage that flips one byte at `position` (a fraction of the file)."""
+  def flip(content):
+    at = min(len(content) - 1, int(len(content) * position))
+    return content[:at] + bytes([content[at] ^ 0xFF]) + content[at + 1:]
+  return flip
+
+
+@pytest.mark.parametrize('file, damage, reason', [
+    ('data', lambda b: b[:len(b) // 2], 'truncated'),
+    # The weights, the step counter and the object graph (TF's crc32c).
+    ('data', _flip(0.0), 'crc32c'),
+    ('data', _flip(0.5), 'crc32c'),
+    ('data', _flip(1.0), 'crc32c'),
+    ('index', _flip(0.5), 'sha256'),
 ])
-def test_corrupt_newest_falls_back_to_previous(root, damage, reason, caplog):
+def test_corrupt_newest_falls_back_to_previous(root, file, damage, reason,
+                                               caplog):
   state = _State()
   store = CheckpointStore(root + '/fp', state.checkpoint, keep_last=3)
   _save_steps(store, state, [5, 10])
   newest = store.checkpoint_dirs()[0]
-  _rewrite(newest + '/' + _data_file(newest), damage)
+  name = _data_file(newest) if file == 'data' else 'ckpt.index'
+  _rewrite(newest + '/' + name, damage)
   state.set(0)
   restored = store.restore_latest()
   assert restored.step == 5
   assert float(state.weights.numpy()[0]) == 5.0
-  assert restored.skipped[0]['path'] == newest
+  assert int(state.step.numpy()) == 5
+  assert restored.skipped == [{'path': newest, 'reason': restored.skipped[0][
+      'reason'], 'deleted': True}]
   assert reason in restored.skipped[0]['reason']
   assert 'falling back' in caplog.text
   # The unusable checkpoint is gone, so later pruning cannot keep it.
