@@ -221,17 +221,16 @@ def _sha256(path: str) -> str:
       digest.update(chunk)
 
 
-# How TF reports data that does not match the checksums in the index: a
-# DataLossError naming the tensor, the same text on a plain OpError (the
-# object graph is read by another path), and an IndexError or OutOfRange
-# for a data file shorter than the index says.
-_DAMAGE_MESSAGES = ('Checksum does not match', 'Read less bytes than requested')
+# How TF reports data that does not match its index: a DataLossError naming
+# the tensor whose crc32c differs, the same text on a plain OpError (the
+# object graph is read by another path), and OutOfRange (an IndexError from
+# that path) for a data file shorter than the index says.
+_CHECKSUM_MESSAGE = 'Checksum does not match'
 
 
 def _is_tf_damage(error: BaseException) -> bool:
-  return isinstance(error, (tf.errors.DataLossError,
-                            tf.errors.OutOfRangeError)) or any(
-                                m in str(error) for m in _DAMAGE_MESSAGES)
+  return isinstance(error, (tf.errors.DataLossError, tf.errors.OutOfRangeError,
+                            IndexError)) or _CHECKSUM_MESSAGE in str(error)
 
 
 def _pid_alive(pid: Any) -> bool:
@@ -629,8 +628,9 @@ class CheckpointStore:
           raise
         if attempt == 2:
           raise CorruptCheckpointError(
-              f'its data does not match the crc32c checksums in its index, '
-              f'on two reads: {e}') from e
+              'TF found its data damaged on two reads (the crc32c checksums '
+              'or lengths in its index do not match): '
+              f'{type(e).__name__}: {e}') from e
         logging.warning('Checkpoint %s read back damaged (%s); reading it '
                         'again to tell damage from a bad read.', path, e)
 
