@@ -500,9 +500,8 @@ def _dead_pid():
     (lambda: {'heartbeat': time.time() - 3600, 'host': 'elsewhere'},
      'heartbeat is 3600 s old'),
     (lambda: {'pid': _dead_pid()}, 'is gone'),
-    (lambda: {'run_id': 'model_run/1', 'host': 'elsewhere'},
-     'earlier attempt of this run'),
-], ids=['stale heartbeat', 'dead holder', 'same run'])
+    (lambda: {'token': ''}, 'unreadable'),
+], ids=['stale heartbeat', 'dead holder', 'unreadable'])
 def test_a_dead_or_stale_lease_is_taken_over_and_recorded(root, holder,
                                                           reason):
   previous = _write_lease(root, **holder())
@@ -510,6 +509,15 @@ def test_a_dead_or_stale_lease_is_taken_over_and_recorded(root, holder,
   event = store.acquire_lease('fail')
   assert event['event'] == 'lease_taken_over' and reason in event['reason']
   assert event['previous_holder'] == previous
+  assert store.lease.read()['token'] == store.lease.holder['token']
+  store.release_lease()
+
+
+def test_a_restarted_attempt_of_the_same_run_takes_its_lease_at_once(root):
+  """Launcher restarts and executor retries keep the model_run URI."""
+  _write_lease(root, run_id='model_run/1', host='elsewhere', pid=1)
+  store = _lease_store(root, 'model_run/1')
+  assert store.acquire_lease('fail') is None  # The 'resumed' event tells.
   assert store.lease.read()['token'] == store.lease.holder['token']
   store.release_lease()
 

@@ -245,6 +245,9 @@ def _pid_alive(pid: Any) -> bool:
   return True
 
 
+_SAME_RUN = 'held by an earlier attempt of this run'
+
+
 def _describe(holder: Dict[str, Any]) -> str:
   return (f"run {holder.get('run_id')!r} (pid {holder.get('pid')} on "
           f"{holder.get('host')})")
@@ -308,7 +311,7 @@ class CheckpointLease:
     if not lease.get('token'):
       return 'unreadable lease'
     if lease.get('run_id') == self.holder['run_id']:
-      return 'held by an earlier attempt of this run'
+      return _SAME_RUN
     if lease.get('host') == self.holder['host'] and not _pid_alive(
         lease.get('pid')):
       return f"its holder (pid {lease.get('pid')}) is gone"
@@ -365,6 +368,8 @@ class CheckpointLease:
                                       daemon=True)
       self._thread.start()
       logging.info('Holding the checkpoint lease %s (%s).', self.path, reason)
+      if reason == _SAME_RUN:
+        return None  # A restart of this run: its 'resumed' event says so.
       if reason != 'free':
         return {'event': 'lease_taken_over', 'reason': reason,
                 'previous_holder': current, 'waited_seconds': round(waited, 3),
