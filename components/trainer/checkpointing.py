@@ -271,8 +271,10 @@ class CheckpointLease:
   may both read back their own write before the other's lands. The object
   then names one of them; the other finds the other token at its next check,
   which comes before every prune or delete and at every heartbeat, and stops
-  there. So a deletion can only slip through in the moment between one such
-  check and the deletion it guards.
+  there. The same holds for a holder that stalled past the stale time and
+  comes back (its heartbeat reads before it writes). So a deletion can only
+  slip through in the moment between one such check and the deletion it
+  guards.
   """
 
   def __init__(self, directory: str, run_id: str, heartbeat_seconds: float,
@@ -282,6 +284,10 @@ class CheckpointLease:
                    'pid': os.getpid(), 'token': uuid.uuid4().hex}
     self._heartbeat_seconds = float(heartbeat_seconds)
     self._io = io
+    # The heartbeat and the checks run in two threads; on a store that
+    # replaces an object by delete + write (ram://) a check between the two
+    # would find no lease.
+    self._lock = threading.Lock()
     self._acquired = None
     self._stop = threading.Event()
     self._thread = None
@@ -300,9 +306,11 @@ class CheckpointLease:
     return lease if lease is None or isinstance(lease, dict) else {}
 
   def _write(self) -> None:
-    self._io('write lease', storage.write_json, self.path, {
-        **self.holder, 'acquired': self._acquired, 'heartbeat': time.time(),
-        'heartbeat_seconds': self._heartbeat_seconds}, True)
+    with self._lock:
+      self._io('write lease', storage.write_json, self.path, {
+          **self.holder, 'acquired': self._acquired,
+          'heartbeat': time.time(),
+          'heartbeat_seconds': self._heartbeat_seconds}, True)
 
   def _free_because(self, lease: Optional[Dict[str, Any]]) -> Optional[str]:
     """Why `lease` may be taken, or None where a live run holds it."""
@@ -352,12 +360,12 @@ class CheckpointLease:
       reason = self._free_because(current)
       waited = time.monotonic() - began
       if reason is None:
-        first_holder = first_holder or current
         if mode == 'fail' or waited >= timeout_seconds:
           raise LeaseHeldError(self._held_message(current, mode, waited))
-        logging.warning('Waiting for the checkpoint lease held by %s (%.0f '
-                        's of %.0f s).', _describe(current), waited,
-                        timeout_seconds)
+        if not first_holder:
+          logging.warning('Waiting for the checkpoint lease held by %s (up '
+                          'to %.0f s).', _describe(current), timeout_seconds)
+        first_holder = first_holder or current
         time.sleep(min(self._heartbeat_seconds, timeout_seconds - waited))
         continue
       self._acquired = time.time()
@@ -391,7 +399,8 @@ class CheckpointLease:
 
   def _check(self) -> bool:
     """Whether the lease still names us (else records who has it)."""
-    current = self.read()
+    with self._lock:
+      current = self.read()
     if current and current.get('token') == self.holder['token']:
       return True
     self.lost = ('the lease was taken over by ' + _describe(current)
