@@ -197,7 +197,7 @@ def test_flaky_storage_while_resuming_and_saving_loses_nothing(
   task = _task(root, data)
   _, code = tt.kill_at_step(task, root, 2 * SAVE_EVERY + 1, signal.SIGKILL)
   assert code == -signal.SIGKILL
-  kept = [s for s in _checkpoint_steps(task) if s]
+  kept = _checkpoint_steps(task)
   faults = FaultyStorage(task.checkpoint_dir, [
       Fault('checkpoint_read', 1, 'unavailable'),
       Fault('list', 1, 'reset'),
