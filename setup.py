@@ -21,6 +21,7 @@ setuptools.setup(
         'kfp>=2.5,<2.6',
         'portpicker>=1.6',
         'matplotlib>=3.9,<3.10',
+        'tenacity>=8.2',
     ],
     extras_require={
         'dev': ['pytest>=8.3', 'pytest-timeout>=2.3', 'nbformat>=5.10',

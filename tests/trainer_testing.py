@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from components.trainer.task import TrainingTask
+from tests import faulty_storage
 from tests import id_recording_module
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,19 +96,28 @@ def child_env() -> Dict[str, str]:
   return env
 
 
-def start_child(task: TrainingTask, root: str) -> subprocess.Popen:
-  """Starts `run_managed_training` for `task` in a fresh process."""
+def start_child(task: TrainingTask, root: str,
+                faults: Optional[str] = None) -> subprocess.Popen:
+  """Starts `run_managed_training` for `task` in a fresh process.
+
+  `faults`: a `tests.faulty_storage.FaultyStorage` as JSON, installed in the
+  child before training.
+  """
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
+  env = child_env()
+  if faults:
+    env[faulty_storage.ENV] = faults
   # The child owns the log file; it stays open as long as the child runs.
   log = open(os.path.join(root, 'child.log'), 'ab')  # pylint: disable=R1732
   return subprocess.Popen(
       [sys.executable, '-m', 'tests.trainer_testing', task_path],
-      cwd=REPO_ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT)
+      cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def run_child(task: TrainingTask, root: str) -> int:
-  process = start_child(task, root)
+def run_child(task: TrainingTask, root: str,
+              faults: Optional[str] = None) -> int:
+  process = start_child(task, root, faults)
   return process.wait(timeout=CHILD_TIMEOUT_SECONDS)
 
 
@@ -193,13 +203,17 @@ def read_result(task: TrainingTask) -> dict:
 
 def main(task_path: str) -> int:
   """Child entry: the production worker's `train`, with deterministic ops
-  (so resumed and uninterrupted runs can be compared bitwise) and the
-  preemption exit code."""
+  (so resumed and uninterrupted runs can be compared bitwise), storage
+  faults where the environment asks for them, and the preemption exit
+  code."""
   # pylint: disable=g-import-not-at-top
   from components.trainer import preemption
   from components.trainer import worker
   # pylint: enable=g-import-not-at-top
   tf.config.experimental.enable_op_determinism()
+  if os.environ.get(faulty_storage.ENV):
+    faulty_storage.FaultyStorage.from_json(
+        os.environ[faulty_storage.ENV]).install()
   return preemption.exit_code(worker.train(TrainingTask.load(task_path)))
 
 

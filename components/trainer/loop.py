@@ -189,7 +189,19 @@ class ManagedTraining:
         self.task.checkpoint_dir, self.checkpoint, self.fault_tolerance,
         self.is_chief, manifest_extra={
             'examples_per_step': self.examples_per_step,
-            'strategy': self.kind})
+            'strategy': self.kind},
+        # Every attempt of this execution (launcher restarts, executor
+        # retries) has this model_run; another execution has another.
+        run_id=self.task.model_run_dir,
+        collective_saves=self.kind == 'multi_worker_mirrored')
+
+  def restore(self) -> int:
+    """Takes the checkpoint folder's lease (chief), then restores."""
+    self.checkpointer.acquire_lease()
+    # No worker reads checkpoints before the chief holds the lease: until
+    # then another run may still be pruning them.
+    self.all_workers(True)
+    return self.checkpointer.restore()
 
   def _save_now(self) -> None:
     self.checkpointer.save(int(self.step.numpy()))
@@ -284,6 +296,7 @@ class ManagedTraining:
              exported: bool) -> Dict[str, Any]:
     if summary['preempted']:
       self.checkpointer.record_preempted(summary['steps'])
+    self.checkpointer.record_storage_retries()
     result = dict(summary)
     result['examples_per_sec'] = round(
         result.pop('steps_per_sec') * self.examples_per_step, 2)
@@ -326,13 +339,17 @@ def run_managed_training(task: TrainingTask,
   training = ManagedTraining(task, strategy)
   training.build_model()
   try:
-    summary = training.train(training.checkpointer.restore())
+    try:
+      summary = training.train(training.restore())
+    finally:
+      training.checkpointer.close()
+    if summary['preempted']:
+      return training.result(summary, {}, exported=False)
+    eval_metrics = training.evaluate_and_export()
+    result = training.result(summary, eval_metrics,
+                             exported=training.is_chief)
+    if training.fault_tolerance.delete_after_export:
+      training.checkpointer.delete_all()
+    return result
   finally:
-    training.checkpointer.close()
-  if summary['preempted']:
-    return training.result(summary, {}, exported=False)
-  eval_metrics = training.evaluate_and_export()
-  result = training.result(summary, eval_metrics, exported=training.is_chief)
-  if training.fault_tolerance.delete_after_export:
-    training.checkpointer.delete_all()
-  return result
+    training.checkpointer.release()
