@@ -319,17 +319,17 @@ class CheckpointStore:
     return events
 
   def read_progress(self) -> Optional[Dict[str, Any]]:
-    try:
-      return storage.read_json(_join(self.directory, PROGRESS_NAME))
-    except (ValueError, tf.errors.OpError):
-      return None
+    return read_progress(self.directory)
 
-  def write_progress(self, step: int) -> None:
-    """Records the last step reached, to count lost steps after a crash."""
+  def write_progress(self, step: int,
+                     details: Optional[Dict[str, Any]] = None) -> None:
+    """Records the last step reached, to count lost steps after a crash,
+    with `details` for people watching (components/trainer/progress.py)."""
     if self._is_chief:
       tf.io.gfile.makedirs(self.directory)
       storage.write_json(_join(self.directory, PROGRESS_NAME),
-                         {'step': int(step), 'time': time.time()}, atomic=True)
+                         {**(details or {}), 'step': int(step),
+                          'time': time.time()}, atomic=True)
 
   def delete_all(self) -> None:
     """Removes the whole checkpoint directory (after a successful export)."""
@@ -337,13 +337,22 @@ class CheckpointStore:
       tf.io.gfile.rmtree(self.directory)
 
 
+def read_progress(directory: str) -> Optional[Dict[str, Any]]:
+  """The progress marker of a checkpoint folder; None if absent or unreadable
+  (the launcher reads it while the chief may be writing it)."""
+  try:
+    return storage.read_json(_join(directory, PROGRESS_NAME))
+  except (ValueError, tf.errors.OpError):
+    return None
+
+
 class ProgressMarker:
   """Records the last step reached, in the background.
 
-  The loop only hands over a number, so it never waits for storage (a write
-  to an object store takes tens of milliseconds); a crash can leave the
-  marker up to `min_interval_seconds` plus one write behind, so the lost
-  steps computed from it are a lower bound.
+  The loop only hands over a number (and the latest details), so it never
+  waits for storage (a write to an object store takes tens of milliseconds);
+  a crash can leave the marker up to `min_interval_seconds` plus one write
+  behind, so the lost steps computed from it are a lower bound.
   """
 
   def __init__(self, store: CheckpointStore,
@@ -351,6 +360,7 @@ class ProgressMarker:
     self._store = store
     self._min_interval_seconds = min_interval_seconds
     self._step = None
+    self._details = None
     self._written = None
     self._wake = threading.Event()
     self._closing = False
@@ -358,7 +368,11 @@ class ProgressMarker:
                                     daemon=True)
     self._thread.start()
 
-  def update(self, step: int) -> None:
+  def update(self, step: int,
+             details: Optional[Dict[str, Any]] = None) -> None:
+    """The step reached; `details` replace the previous ones when given."""
+    if details is not None:
+      self._details = details
     self._step = step
     self._wake.set()
 
@@ -366,10 +380,10 @@ class ProgressMarker:
     while True:
       self._wake.wait()
       self._wake.clear()
-      step = self._step
+      step, details = self._step, self._details
       if step is not None and step != self._written:
         try:
-          self._store.write_progress(step)
+          self._store.write_progress(step, details)
           self._written = step
         except (OSError, tf.errors.OpError) as e:
           logging.warning('Could not record progress at step %d: %s', step, e)
