@@ -131,8 +131,13 @@ def log_at_info() -> None:
   """INFO lines (absl's and the progress lines) go to this process's log.
 
   A fresh process has no log handler and absl's level is WARNING, so the
-  training processes' progress went nowhere.
+  training processes' progress went nowhere. TensorFlow gave its logger a
+  handler of its own (the root had none as it started): without it, its
+  lines are not written twice.
   """
+  tf_logger = tf.get_logger()
+  for handler in list(tf_logger.handlers):
+    tf_logger.removeHandler(handler)
   std_logging.basicConfig(
       level=std_logging.INFO, force=True,
       format='%(asctime)s %(levelname).1s %(name)s %(filename)s:%(lineno)d] '
