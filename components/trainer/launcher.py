@@ -262,20 +262,31 @@ class _ProgressRelay:
 
   The training processes log to their own files; this puts their progress
   into the supervisor's log, the component's own. A record from before this
-  attempt started (a previous run's) or one already shown is skipped.
+  attempt started (a previous run's) or one already shown is skipped. It
+  reads in a thread of its own, so that a slow read from an object store
+  never holds up the supervision.
   """
 
   def __init__(self, read: Optional[Callable[[], Optional[Dict[str, Any]]]],
                every_s: float, restarts: int):
     self._read = read
-    self._due = progress.Every(every_s)
+    self._every_s = every_s
     self._restarts = restarts
     self._since = time.time()
     self._shown = None
+    self._stopping = threading.Event()
+    self._thread = None
+    if read is not None:
+      self._thread = threading.Thread(target=self._run, daemon=True,
+                                      name='hpm-progress-relay')
+      self._thread.start()
 
-  def relay(self, now: bool = False) -> None:
-    if self._read is None or not (self._due() or now):
-      return
+  def _run(self) -> None:
+    while not self._stopping.wait(self._every_s):
+      self._relay()
+    self._relay()  # Where the attempt ended.
+
+  def _relay(self) -> None:
     record = self._read()
     if (not record or 'train_steps' not in record or
         record.get('time', 0) < self._since or
@@ -283,6 +294,12 @@ class _ProgressRelay:
       return
     self._shown = record['step']
     progress.LOGGER.info('%s', progress.format_line(record, self._restarts))
+
+  def stop(self) -> None:
+    """Relays the last record; waits for that read at most one period."""
+    if self._thread is not None:
+      self._stopping.set()
+      self._thread.join(timeout=self._every_s)
 
 
 def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
@@ -339,9 +356,11 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
         logging.info('Attempt %d: started %s', attempt,
                      [(r.spec.name, r.popen.pid) for r in running])
         relay = _ProgressRelay(read_progress, progress_every_s, len(restarts))
-        outcome, failure = _watch(running, attempt, start, timeout_s,
-                                  poll_interval_s, forwarder, relay)
-        relay.relay(now=True)
+        try:
+          outcome, failure = _watch(running, attempt, start, timeout_s,
+                                    poll_interval_s, forwarder)
+        finally:
+          relay.stop()
         if outcome == _DONE:
           return LaunchResult(attempt + 1, restarts,
                               time.monotonic() - start, log_dir)
@@ -371,7 +390,7 @@ _DONE, _FAILED, _TIMEOUT, _PREEMPTED = 'done', 'failed', 'timeout', 'preempted'
 
 def _watch(running: List[_Running], attempt: int, start: float,
            timeout_s: float, poll_interval_s: float,
-           forwarder: _SigtermForwarder, relay: _ProgressRelay
+           forwarder: _SigtermForwarder
           ) -> Tuple[str, Optional[ProcessExit]]:
   """Polls until the cluster is done, fails, times out or was preempted.
 
@@ -394,7 +413,6 @@ def _watch(running: List[_Running], attempt: int, start: float,
     if timeout_s and time.monotonic() - start > timeout_s:
       stuck = next(r for r in trainers if r.popen.poll() is None)
       return _TIMEOUT, stuck.exit_record(attempt)
-    relay.relay()
     time.sleep(poll_interval_s)
 
 
