@@ -87,7 +87,7 @@ def configure(log_file: str, verbose: bool = False,
   root.setLevel(logging.INFO)
   absl_logging.set_verbosity(absl_logging.INFO)
   logging.captureWarnings(True)
-  file_handler = logging.FileHandler(log_file)
+  file_handler = logging.FileHandler(log_file, encoding='utf-8')
   file_handler.setFormatter(logging.Formatter(FILE_FORMAT))
   console = ConsoleHandler(stream, verbose=verbose)
   root.addHandler(file_handler)
