@@ -49,29 +49,24 @@ class ConsoleHandler(logging.StreamHandler):
   def format(self, record: logging.LogRecord) -> str:
     if self.verbose:
       return super().format(record)
+    node = self._node
     if record.msg in _STARTED:
-      self._node = str(record.args[0])
-      self._started[self._node] = record.created
+      node = self._node = str(record.args[0])
+      self._started[node] = record.created
       text = 'started'
     elif record.msg in _FINISHED:
-      node = str(record.args[0])
+      node, self._node = str(record.args[0]), None
       took = record.created - self._started.get(node, record.created)
       text = f'done in {took:.1f} s'
-      self._node = None
-      return self._line(record, text, node)
     elif record.levelno >= logging.WARNING:
       text = f'{record.levelname}: {record.getMessage()}'
     else:
       text = record.getMessage()
-    line = self._line(record, text, self._node)
+    stamp = time.strftime('%H:%M:%S', time.localtime(record.created))
+    line = f'{stamp} [{node}] {text}' if node else f'{stamp} {text}'
     if record.exc_info:
       line += '\n' + self.formatter.formatException(record.exc_info)
     return line
-
-  @staticmethod
-  def _line(record: logging.LogRecord, text: str, node: Optional[str]) -> str:
-    stamp = time.strftime('%H:%M:%S', time.localtime(record.created))
-    return f'{stamp} [{node}] {text}' if node else f'{stamp} {text}'
 
 
 def configure(log_file: str, verbose: bool = False,
