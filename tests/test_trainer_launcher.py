@@ -252,7 +252,7 @@ def _chief_writing_progress(progress_file: str, steps, exit_code: int):
       for step in {list(steps)!r}:
         record = progress.details(
             step=step, train_steps=4, loss=0.5 / step, steps_per_sec=2.0,
-            examples_per_step=32, elapsed_s=0.5 * step, checkpoints=step // 2,
+            steady=step > 1, examples_per_step=32, elapsed_s=0.5 * step, checkpoints=step // 2,
             last_checkpoint_step=step // 2 * 2 or None)
         record.update(step=step, time=time.time())
         with open({progress_file!r} + '.tmp', 'w') as f:
@@ -289,7 +289,7 @@ def test_progress_is_logged_through_the_component_logger(tmp_path, caplog):
   assert not any('step 99/100' in line for line in lines)
   assert lines == [
       'Training step 1/4 (25%), loss 0.5000, 64 examples/s, elapsed 0 s, '
-      'ETA 2 s, checkpoints 0, restarts 0',
+      'ETA ?, checkpoints 0, restarts 0',
       'Training step 2/4 (50%), loss 0.2500, 64 examples/s, elapsed 1 s, '
       'ETA 1 s, checkpoints 1 (last at step 2), restarts 0',
       'Training step 3/4 (75%), loss 0.1667, 64 examples/s, elapsed 2 s, '

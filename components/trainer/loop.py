@@ -216,10 +216,10 @@ class ManagedTraining:
     """Progress marker (at most once a second), TensorBoard loss (~100
     points, written at most once a second), a progress line every few
     seconds."""
-    steps_per_sec, _ = stats.rate()
+    steps_per_sec, whole_attempt = stats.rate()
     details = progress.details(
         step=current, train_steps=self.train_steps, loss=loss,
-        steps_per_sec=steps_per_sec,
+        steps_per_sec=steps_per_sec, steady=not whole_attempt,
         examples_per_step=self.examples_per_step, elapsed_s=stats.elapsed(),
         checkpoints=self.checkpointer.saves,
         last_checkpoint_step=self.checkpointer.last_save_step)

@@ -38,12 +38,18 @@ class Every:
     return True
 
 
-def details(*, train_steps: int, loss: float, steps_per_sec: float,
-            examples_per_step: int, elapsed_s: float, checkpoints: int,
-            last_checkpoint_step: Optional[int], step: int
-           ) -> Dict[str, Any]:
-  """What `progress.json` carries besides the step (JSON values only)."""
-  eta = ((train_steps - step) / steps_per_sec if steps_per_sec > 0 else None)
+def details(*, step: int, train_steps: int, loss: float,
+            steps_per_sec: float, steady: bool, examples_per_step: int,
+            elapsed_s: float, checkpoints: int,
+            last_checkpoint_step: Optional[int]) -> Dict[str, Any]:
+  """What `progress.json` carries besides the step (JSON values only).
+
+  The ETA needs a `steady` rate: one that leaves out the first call, which
+  traces the step function.
+  """
+  left = max(0, train_steps - step)
+  eta = (0.0 if not left else
+         left / steps_per_sec if steady and steps_per_sec > 0 else None)
   return {
       'train_steps': int(train_steps),
       'loss': None if math.isnan(loss) else float(loss),
