@@ -16,6 +16,8 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   # Before TensorFlow and TFX start (they log, and warn, as they import).
   log_file = cli.log_path(args)
+  if not args.verbose:
+    console.redirect_output(log_file)
   console.configure(log_file, verbose=args.verbose)
   # pylint: disable=g-import-not-at-top
   from tfx.orchestration.beam import beam_dag_runner

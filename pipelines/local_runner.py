@@ -26,7 +26,9 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   # Before TensorFlow and TFX start (they log, and warn, as they import).
   log_file = cli.log_path(args)
-  console.configure(log_file, verbose=args.verbose)
+  if not args.verbose:
+    console.redirect_output(log_file)
+  report, _ = console.configure(log_file, verbose=args.verbose)
   _LOGGER.info('Full log (TFX, Beam, TensorFlow): %s', log_file)
   # pylint: disable=g-import-not-at-top
   from tfx import v1 as tfx
@@ -45,7 +47,9 @@ def main(argv=None) -> int:
   tfx.orchestration.LocalDagRunner().run(pipeline)
   print(summary.read_run(cli.metadata_path(args)).format())
   print(f'wall time of the whole run: {time.time() - start:.1f} s')
-  print(f'full log: {log_file}')
+  print(f'full log: {log_file}' + (
+      f' ({report.warnings_in_file} warnings of TFX, Beam and TensorFlow '
+      'there)' if report.warnings_in_file else ''))
   return 0
 
 
