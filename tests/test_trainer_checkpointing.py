@@ -1,6 +1,7 @@
 """CheckpointConfig, the stable checkpoint location and CheckpointStore."""
 
 import json
+import time
 import uuid
 
 import pytest
@@ -242,3 +243,17 @@ def test_progress_marker_records_the_latest_step(root):
     marker.update(step)
   marker.close()
   assert store.read_progress()['step'] == 49
+
+
+def test_progress_marker_writes_new_details_of_the_same_step(root):
+  """A save records the step, then the loop the step with its details: the
+  second write is not skipped for having the same step."""
+  store = CheckpointStore(root + '/fp', _State().checkpoint)
+  marker = checkpointing.ProgressMarker(store, min_interval_seconds=0.01)
+  marker.update(150, {'checkpoints': 2})
+  deadline = time.monotonic() + 30
+  while store.read_progress() is None and time.monotonic() < deadline:
+    time.sleep(0.01)
+  marker.update(150, {'checkpoints': 3})
+  marker.close()
+  assert store.read_progress()['checkpoints'] == 3

@@ -381,10 +381,10 @@ class ProgressMarker:
       self._wake.wait()
       self._wake.clear()
       step, details = self._step, self._details
-      if step is not None and step != self._written:
+      if step is not None and (step, details) != self._written:
         try:
           self._store.write_progress(step, details)
-          self._written = step
+          self._written = (step, details)
         except (OSError, tf.errors.OpError) as e:
           logging.warning('Could not record progress at step %d: %s', step, e)
       if self._closing:
