@@ -349,7 +349,7 @@ def read_progress(directory: str) -> Optional[Dict[str, Any]]:
 class ProgressMarker:
   """Records the last step reached, in the background.
 
-  The loop only hands over a number (and the latest details), so it never
+  The loop only hands over a number and a small dict, so it never
   waits for storage (a write to an object store takes tens of milliseconds);
   a crash can leave the marker up to `min_interval_seconds` plus one write
   behind, so the lost steps computed from it are a lower bound.
@@ -359,8 +359,7 @@ class ProgressMarker:
                min_interval_seconds: float = 1.0):
     self._store = store
     self._min_interval_seconds = min_interval_seconds
-    self._step = None
-    self._details = None
+    self._latest = None  # (step, details), replaced as one.
     self._written = None
     self._wake = threading.Event()
     self._closing = False
@@ -370,21 +369,21 @@ class ProgressMarker:
 
   def update(self, step: int,
              details: Optional[Dict[str, Any]] = None) -> None:
-    """The step reached; `details` replace the previous ones when given."""
-    if details is not None:
-      self._details = details
-    self._step = step
+    """The step reached, with what `details` say about it (none: a save
+    records only the step; older details would not match it)."""
+    self._latest = (step, details)
     self._wake.set()
 
   def _run(self) -> None:
     while True:
       self._wake.wait()
       self._wake.clear()
-      step, details = self._step, self._details
-      if step is not None and (step, details) != self._written:
+      latest = self._latest
+      if latest is not None and latest != self._written:
+        step, details = latest
         try:
           self._store.write_progress(step, details)
-          self._written = (step, details)
+          self._written = latest
         except (OSError, tf.errors.OpError) as e:
           logging.warning('Could not record progress at step %d: %s', step, e)
       if self._closing:
