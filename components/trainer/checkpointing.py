@@ -13,7 +13,8 @@ Layout of one checkpoint directory (any `tf.io.gfile` filesystem):
     ckpt.index, ckpt.data-*   tf.train.Checkpoint.write output
     MANIFEST.json             step, every file's size and sha256
   events.json                 resume events of every attempt (chief only)
-  progress.json               last step reached, so a restart knows what it lost
+  progress.json               last step reached, so a restart knows what it lost,
+                              with the progress the launcher logs (progress.py)
 
 The manifest is the commit point: it is written last, atomically
 (`storage.write_json`: an object store publishes an object only when its
