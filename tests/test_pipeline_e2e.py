@@ -3,6 +3,7 @@ that serves raw tf.Examples."""
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -22,7 +23,25 @@ def _run_pipeline(tmp_path, data_root, *extra_flags):
          '--accuracy-threshold', '0.0', *extra_flags]
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-  return root, proc.stdout
+  return root, proc
+
+
+def _assert_console_is_a_progress_report(console, stdout, root, variant):
+  """Per component: started, done in N s; the trainer's progress lines;
+  TFX's INFO (node protos, artifact dicts) only in the log file."""
+  for node in ('CsvExampleGen', 'Transform', 'Trainer', 'Evaluator',
+               'Pusher'):
+    assert f'[{node}] started' in console, console
+    assert re.search(rf'\[{node}\] done in \d+\.\d s', console), console
+  if variant == 'hpm':
+    assert re.search(r'\[Trainer\] Training step 30/30 \(100%\), loss \d',
+                     console), console
+  assert 'Running launcher for' not in console
+  [log_file] = glob.glob(str(root / 'logs' / '*.log'))
+  assert f'full log: {log_file}' in stdout
+  with open(log_file) as f:
+    log = f.read()
+  assert 'Running launcher for' in log and '[Trainer] started' not in log
 
 
 def _raw_eval_examples(root, count=16):
@@ -37,7 +56,8 @@ def _raw_eval_examples(root, count=16):
 def test_pipeline_runs_and_pushed_model_serves_raw_examples(
     tmp_path, taxi_sample_dir, variant):
   flags = ['--stock'] if variant == 'stock' else []
-  root, stdout = _run_pipeline(tmp_path, taxi_sample_dir, *flags)
+  root, proc = _run_pipeline(tmp_path, taxi_sample_dir, *flags)
+  stdout = proc.stdout
 
   run = summary.read_run(str(root / 'metadata.db'))
   nodes = {e.node_id: e.state for e in run.executions}
@@ -48,6 +68,7 @@ def test_pipeline_runs_and_pushed_model_serves_raw_examples(
   assert run.blessed is True
   assert 'binary_accuracy' in run.metrics
   assert '=== tfx-hpm pipeline summary ===' in stdout
+  _assert_console_is_a_progress_report(proc.stderr, stdout, root, variant)
   assert run.pushed_model and os.path.isdir(run.pushed_model)
 
   model = tf.saved_model.load(run.pushed_model)

@@ -600,3 +600,16 @@ def test_checkpointer_events_say_what_storage_did(root):
   assert events[2]['operations'] == {'read checkpoint': 1,
                                      'write checkpoint': 1}
   assert CheckpointStore(root + '/fp', None).read_events() == events
+
+def test_progress_marker_writes_new_details_of_the_same_step(root):
+  """A save records the step, then the loop the step with its details: the
+  second write is not skipped for having the same step."""
+  store = CheckpointStore(root + '/fp', _State().checkpoint)
+  marker = checkpointing.ProgressMarker(store, min_interval_seconds=0.01)
+  marker.update(150, {'checkpoints': 2})
+  deadline = time.monotonic() + 30
+  while store.read_progress() is None and time.monotonic() < deadline:
+    time.sleep(0.01)
+  marker.update(150, {'checkpoints': 3})
+  marker.close()
+  assert store.read_progress()['checkpoints'] == 3

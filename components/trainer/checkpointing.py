@@ -14,7 +14,8 @@ Layout of one checkpoint directory (any `tf.io.gfile` filesystem):
     MANIFEST.json             step, every file's size, the index's sha256
   LEASE.json                  which run may write, prune and delete here
   events.json                 resume events of every attempt (chief only)
-  progress.json               last step reached, so a restart knows what it lost
+  progress.json               last step reached, so a restart knows what it lost,
+                              with the progress the launcher logs (progress.py)
 
 The manifest is the commit point: it is written last, atomically
 (`storage.write_json`: an object store publishes an object only when its
@@ -733,12 +734,16 @@ class CheckpointStore:
     except (ValueError, tf.errors.OpError):
       return None
 
-  def write_progress(self, step: int) -> None:
-    """Records the last step reached, to count lost steps after a crash."""
+  def write_progress(self, step: int,
+                     details: Optional[Dict[str, Any]] = None) -> None:
+    """Records the last step reached, to count lost steps after a crash,
+    with `details` for people watching (components/trainer/progress.py)."""
     if self._is_chief:
+      self._io('write progress', tf.io.gfile.makedirs, self.directory)
       self._io('write progress', storage.write_json,
                _join(self.directory, PROGRESS_NAME),
-               {'step': int(step), 'time': time.time()}, True)
+               {**(details or {}), 'step': int(step), 'time': time.time()},
+               True)
 
   def delete_all(self) -> None:
     """Removes the whole checkpoint directory (after a successful export)."""
@@ -751,20 +756,29 @@ class CheckpointStore:
       self._io('delete checkpoints', tf.io.gfile.rmtree, self.directory)
 
 
+def read_progress(directory: str) -> Optional[Dict[str, Any]]:
+  """The progress marker of a checkpoint folder; None if absent or unreadable
+  (the launcher reads it while the chief may be writing it)."""
+  try:
+    return storage.read_json(_join(directory, PROGRESS_NAME))
+  except (ValueError, tf.errors.OpError):
+    return None
+
+
 class ProgressMarker:
   """Records the last step reached, in the background.
 
-  The loop only hands over a number, so it never waits for storage (a write
-  to an object store takes tens of milliseconds); a crash can leave the
-  marker up to `min_interval_seconds` plus one write behind, so the lost
-  steps computed from it are a lower bound.
+  The loop only hands over a number and a small dict, so it never
+  waits for storage (a write to an object store takes tens of milliseconds);
+  a crash can leave the marker up to `min_interval_seconds` plus one write
+  behind, so the lost steps computed from it are a lower bound.
   """
 
   def __init__(self, store: CheckpointStore,
                min_interval_seconds: float = 1.0):
     self._store = store
     self._min_interval_seconds = min_interval_seconds
-    self._step = None
+    self._latest = None  # (step, details), replaced as one.
     self._written = None
     self._wake = threading.Event()
     self._closing = False
@@ -772,19 +786,23 @@ class ProgressMarker:
                                     daemon=True)
     self._thread.start()
 
-  def update(self, step: int) -> None:
-    self._step = step
+  def update(self, step: int,
+             details: Optional[Dict[str, Any]] = None) -> None:
+    """The step reached, with what `details` say about it (none: a save
+    records only the step; older details would not match it)."""
+    self._latest = (step, details)
     self._wake.set()
 
   def _run(self) -> None:
     while True:
       self._wake.wait()
       self._wake.clear()
-      step = self._step
-      if step is not None and step != self._written:
+      latest = self._latest
+      if latest is not None and latest != self._written:
+        step, details = latest
         try:
-          self._store.write_progress(step)
-          self._written = step
+          self._store.write_progress(step, details)
+          self._written = latest
         except (OSError, tf.errors.OpError) as e:
           logging.warning('Could not record progress at step %d: %s', step, e)
       if self._closing:

@@ -32,6 +32,7 @@ from components import user_wheels
 from components.trainer import checkpointing
 from components.trainer import config as config_lib
 from components.trainer import launcher
+from components.trainer import progress
 from components.trainer import strategy as strategy_lib
 from components.trainer import user_module
 from components.trainer import worker
@@ -123,7 +124,8 @@ class Executor(base_executor.BaseExecutor):
 
     env = strategy_lib.detect_environment(config)
     config, reason = strategy_lib.resolve(config, env)
-    logging.info('HighPerfTrainer strategy: %s (%s)', config.strategy, reason)
+    progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)', config.strategy,
+                         reason)
     self._record_decision(model_run, config, reason, env)
 
     # Before the wheel path is dropped below: it carries the content hash.
@@ -244,7 +246,11 @@ class Executor(base_executor.BaseExecutor):
               argv_for_role),
           local_logs,
           timeout_s=config.timeout_s,
-          max_restarts=fault_tolerance.max_restarts)
+          max_restarts=fault_tolerance.max_restarts,
+          # The chief's progress marker: the launcher logs it every few
+          # seconds, so this component's log shows training as it runs.
+          read_progress=lambda: checkpointing.read_progress(
+              task.checkpoint_dir))
     except launcher.ClusterFailedError as e:
       # The same error, naming the uploaded logs instead of the local ones.
       raise type(e)(str(e).replace(local_logs, logs), e.failure,

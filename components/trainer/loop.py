@@ -20,13 +20,13 @@ exact step count, while each worker streams its own shuffled pass over the
 data (no global data order exists to resume).
 """
 
+import contextlib
 import dataclasses
 import math
 import os
 import time
 from typing import Any, Callable, Dict, Tuple
 
-from absl import logging
 import tensorflow as tf
 
 from components import autograph
@@ -38,6 +38,7 @@ from components.trainer import driver
 from components.trainer import evaluation
 from components.trainer import export
 from components.trainer import preemption
+from components.trainer import progress
 from components.trainer import step_runners
 from components.trainer import user_module
 from components.trainer.config import DistributionConfig
@@ -51,6 +52,13 @@ from components.trainer.task import TrainingTask
 PS_STEPS_PER_CALL = 50
 # Batches each parameter-server worker shuffles over (its own order).
 PS_SHUFFLE_BATCHES = 16
+# The TensorBoard event file is flushed at most this often.
+EVENTS_FLUSH_SECONDS = 1.0
+# So that the writer never flushes by itself: record_progress adds at most
+# ~100 points in all, and training flushes within 10 minutes (TF keeps
+# flush_millis in a 32-bit int).
+_EVENTS_MAX_QUEUE = 1000
+_EVENTS_FLUSH_MILLIS = 600_000
 
 
 def _num_workers(strategy: tf.distribute.Strategy) -> int:
@@ -132,8 +140,15 @@ class ManagedTraining:
           'worker.resolve_lengths turns train_epochs into steps first.')
     self.train_steps = int(task.train_steps)
     self.any_worker, self.all_workers = _agreement(strategy, self.kind)
+    # Flushed by record_progress at most once a second (a flush to an object
+    # store uploads the file again), so the writer itself never flushes
+    # during training.
     self.writer = (tf.summary.create_file_writer(
-        os.path.join(task.model_run_dir, 'train')) if self.is_chief else None)
+        os.path.join(task.model_run_dir, 'train'),
+        max_queue=_EVENTS_MAX_QUEUE, flush_millis=_EVENTS_FLUSH_MILLIS)
+                   if self.is_chief else None)
+    self._events_due = progress.Every(EVENTS_FLUSH_SECONDS)
+    self._line_due = progress.Every(progress.LINE_EVERY_SECONDS)
     self.sizer = None
 
   def _check_plan_fits(self) -> None:
@@ -208,17 +223,28 @@ class ManagedTraining:
 
   # --- training
 
-  def record_progress(self, previous: int, current: int, loss: float) -> None:
-    """Progress marker, TensorBoard loss (~100 points), log (~10 lines)."""
-    self.checkpointer.progress.update(current)
+  def record_progress(self, previous: int, current: int, loss: float,
+                      stats: driver.StepStats) -> None:
+    """Progress marker (at most once a second), TensorBoard loss (~100
+    points, written at most once a second), a progress line every few
+    seconds."""
+    steps_per_sec, whole_attempt = stats.rate()
+    details = progress.details(
+        step=current, train_steps=self.train_steps, loss=loss,
+        steps_per_sec=steps_per_sec, steady=not whole_attempt,
+        examples_per_step=self.examples_per_step, elapsed_s=stats.elapsed(),
+        checkpoints=self.checkpointer.saves,
+        last_checkpoint_step=self.checkpointer.last_save_step)
+    self.checkpointer.progress.update(current, details)
     log_every = max(1, self.train_steps // 100)
-    if (self.writer and current // log_every > previous // log_every and
+    if self.writer and current // log_every > previous // log_every and (
         not math.isnan(loss)):
-      with self.writer.as_default():
-        tf.summary.scalar('loss', loss, step=current)
-    line_every = max(1, self.train_steps // 10)
-    if current // line_every > previous // line_every:
-      logging.info('Step %d/%d: loss %.5f', current, self.train_steps, loss)
+      tf.summary.scalar('loss', loss, step=current)  # Default: self.writer.
+    if self.writer and self._events_due():
+      self.writer.flush()
+    if self._line_due() or current == self.train_steps:
+      progress.LOGGER.info('%s', progress.format_line(
+          {**details, 'step': current}))
 
   def _runner_and_watcher(self, start: int):
     """The step runner for this kind of training, and its preemption
@@ -261,11 +287,15 @@ class ManagedTraining:
       setting = 1
     self.sizer = driver.CallSizer(setting, agree=self.all_workers)
     runner, watcher = self._runner_and_watcher(start)
-    return driver.drive(
-        runner, self.checkpointer, watcher, start=start,
-        train_steps=self.train_steps, sizer=self.sizer,
-        record_progress=self.record_progress, any_worker=self.any_worker,
-        read_step=lambda: int(self.step.numpy()))
+    # The writer is the default for all of training: leaving `as_default`
+    # flushes it, once here (per point, it flushed ~100 times a run).
+    with (self.writer.as_default() if self.writer else
+          contextlib.nullcontext()):
+      return driver.drive(
+          runner, self.checkpointer, watcher, start=start,
+          train_steps=self.train_steps, sizer=self.sizer,
+          record_progress=self.record_progress, any_worker=self.any_worker,
+          read_step=lambda: int(self.step.numpy()))
 
   # --- evaluation, export, result
 

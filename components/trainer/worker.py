@@ -13,6 +13,7 @@ the launcher stops it. No TFX import here: managed-mode processes start fast.
 
 import argparse
 import dataclasses
+import logging as std_logging
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from typing import Any, Dict, List
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging as absl_logging
 import tensorflow as tf
 
 from components import storage
@@ -125,11 +127,30 @@ def run_in_process(task: TrainingTask) -> Dict[str, Any]:
   return train(task)
 
 
+def log_at_info() -> None:
+  """INFO lines (absl's and the progress lines) go to this process's log.
+
+  A fresh process has no log handler and absl's level is WARNING, so the
+  training processes' progress went nowhere. TensorFlow gave its logger a
+  handler of its own (the root had none as it started): without it, its
+  lines are not written twice.
+  """
+  tf_logger = tf.get_logger()
+  for handler in list(tf_logger.handlers):
+    tf_logger.removeHandler(handler)
+  std_logging.basicConfig(
+      level=std_logging.INFO, force=True,
+      format='%(asctime)s %(levelname).1s %(name)s %(filename)s:%(lineno)d] '
+      '%(message)s')
+  absl_logging.set_verbosity(absl_logging.INFO)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--task', required=True, help='TrainingTask JSON file.')
   parser.add_argument('--role', choices=ROLES, default='trainer')
   args = parser.parse_args(argv)
+  log_at_info()
   if args.role == 'server':
     run_server()
   result = train(TrainingTask.load(args.task))
