@@ -252,7 +252,7 @@ def test_progress_is_written_at_most_once_a_second(tmp_path, data,
   monkeypatch.setattr(writer, 'flush', lambda: (flushes.append(1), flush()))
   caplog.set_level(logging.INFO, logger='tfx_hpm')
   began = time.monotonic()
-  summary = training.train(0)
+  summary = training.train(training.restore())
   training.checkpointer.close()
   elapsed = time.monotonic() - began
 
