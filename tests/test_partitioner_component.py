@@ -64,6 +64,8 @@ def small_module(tmp_path):
     ({'batch_size': 8, 'num_stages': 4},
      r"needs a divisor of batch_size 8 that is at least 4 x 4"),
     ({'memory_budget_bytes': -5}, r'memory_budget_bytes must be a positive'),
+    ({'schedule': 'pipedream'},
+     r"schedule must be one of \('gpipe', '1f1b'\), got 'pipedream'"),
     ({'profile_repeats': 0}, r'profile_repeats must be a positive int'),
     ({'stages': 2}, r"Unknown GPipePartitioner config option\(s\) \['stages'\]"),
 ])
@@ -250,6 +252,6 @@ def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
   with open(os.path.join(model_run.uri, 'training_result.json')) as f:
     result = json.load(f)
   assert result['pipeline_parallel'] == {
-      'num_stages': 2, 'num_microbatches': 8,
+      'num_stages': 2, 'num_microbatches': 8, 'schedule': plan['schedule'],
       'boundaries': plan['boundaries'], 'remat': plan['remat']}
   assert result['steps'] == 20

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from components.partitioner import partition
+from components.pipeline_parallel import schedules
 
 REL_TOL = 1e-9
 
@@ -186,25 +187,29 @@ def test_evaluate_rejects_bad_boundaries():
     partition.evaluate((0, 3), [1.0] * 4)
 
 
+@pytest.mark.parametrize('schedule', schedules.SCHEDULES)
 @pytest.mark.parametrize('num_stages,num_microbatches', [(1, 1), (2, 4),
-                                                         (4, 16), (5, 3)])
-def test_balanced_schedule_idles_exactly_the_gpipe_bubble(
-    num_stages, num_microbatches):
+                                                         (4, 16), (5, 3),
+                                                         (3, 1), (4, 8)])
+def test_balanced_schedule_idles_exactly_the_bubble(
+    num_stages, num_microbatches, schedule):
   forward, backward = 1.0, 2.0
-  schedule = partition.gpipe_schedule([forward] * num_stages,
-                                      [backward] * num_stages,
-                                      num_microbatches)
-  assert schedule.makespan == pytest.approx(
+  simulated = partition.simulate_schedule([forward] * num_stages,
+                                          [backward] * num_stages,
+                                          num_microbatches, schedule)
+  assert simulated.makespan == pytest.approx(
       (num_microbatches + num_stages - 1) * (forward + backward))
-  assert schedule.idle_fraction == pytest.approx(
+  assert simulated.idle_fraction == pytest.approx(
       partition.bubble_fraction(num_stages, num_microbatches))
-  assert len(schedule.tasks) == 2 * num_stages * num_microbatches
+  assert len(simulated.tasks) == 2 * num_stages * num_microbatches
 
 
-def test_schedule_respects_dependencies_and_one_task_per_stage():
-  schedule = partition.gpipe_schedule([1.0, 3.0, 2.0], [2.0, 5.0, 1.0], 4)
-  end = {(t.stage, t.microbatch, t.phase): t.end for t in schedule.tasks}
-  for task in schedule.tasks:
+@pytest.mark.parametrize('schedule', schedules.SCHEDULES)
+def test_schedule_respects_dependencies_and_one_task_per_stage(schedule):
+  simulated = partition.simulate_schedule([1.0, 3.0, 2.0], [2.0, 5.0, 1.0],
+                                          4, schedule)
+  end = {(t.stage, t.microbatch, t.phase): t.end for t in simulated.tasks}
+  for task in simulated.tasks:
     if task.phase == 'forward' and task.stage > 0:
       assert task.start >= end[(task.stage - 1, task.microbatch, 'forward')]
     if task.phase == 'backward':
@@ -213,9 +218,38 @@ def test_schedule_respects_dependencies_and_one_task_per_stage():
         assert task.start >= end[(task.stage + 1, task.microbatch,
                                   'backward')]
   for stage in range(3):
-    spans = sorted((t.start, t.end) for t in schedule.tasks
-                   if t.stage == stage)
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in
-               zip(spans, spans[1:]))
+    tasks = sorted((t for t in simulated.tasks if t.stage == stage),
+                   key=lambda t: t.start)
+    assert all(a.end <= b.start for a, b in zip(tasks, tasks[1:]))
+    # Each stage runs its tasks in the schedule's order.
+    assert [(t.phase, t.microbatch) for t in tasks] == schedules.stage_order(
+        schedule, 3, 4, stage)
   # The slow middle stage makes the real idle time exceed the formula.
-  assert schedule.idle_fraction > partition.bubble_fraction(3, 4)
+  assert simulated.idle_fraction > partition.bubble_fraction(3, 4)
+
+
+def test_1f1b_orders_warm_up_alternate_and_cool_down():
+  f, b = schedules.FORWARD, schedules.BACKWARD
+  # K=3, M=4: stage 0 warms up with 2 forwards, stage 2 with none.
+  assert schedules.stage_order('1f1b', 3, 4, 0) == [
+      (f, 0), (f, 1), (f, 2), (b, 0), (f, 3), (b, 1), (b, 2), (b, 3)]
+  assert schedules.stage_order('1f1b', 3, 4, 2) == [
+      (f, 0), (b, 0), (f, 1), (b, 1), (f, 2), (b, 2), (f, 3), (b, 3)]
+  # Fewer micro-batches than the warm-up: all forwards, then backwards.
+  assert schedules.stage_order('1f1b', 4, 2, 0) == [(f, 0), (f, 1), (b, 0),
+                                                    (b, 1)]
+  assert schedules.stage_order('gpipe', 2, 3, 1) == [
+      (f, 0), (f, 1), (f, 2), (b, 2), (b, 1), (b, 0)]
+  for k in (1, 2, 3, 5):
+    for m in (1, 2, 4, 8):
+      for s in range(k):
+        assert schedules.in_flight(schedules.stage_order('1f1b', k, m, s)) == (
+            min(k - s, m))
+        assert schedules.in_flight(schedules.stage_order('gpipe', k, m,
+                                                         s)) == m
+
+
+def test_unknown_schedule_is_named():
+  with pytest.raises(ValueError, match=r"schedule must be one of \('gpipe', "
+                     r"'1f1b'\), got 'pipedream'"):
+    partition.simulate_schedule([1.0], [1.0], 2, 'pipedream')

@@ -80,9 +80,10 @@ def test_make_plan_is_optimal_and_complete():
                                      'Dense']
   assert plan['batch_size'] == MICROBATCH * 4
   assert plan['predicted']['bubble_fraction'] == pytest.approx(1 / 5)
+  assert plan['schedule'] == 'gpipe'
   # Step time is the simulated GPipe makespan of the planned stages.
   stages = plan['stages']
-  schedule = partition.gpipe_schedule(
+  schedule = partition.simulate_schedule(
       [s['forward_seconds'] for s in stages],
       [s['backward_seconds'] for s in stages], 4)
   assert plan['predicted']['step_seconds'] == pytest.approx(schedule.makespan)

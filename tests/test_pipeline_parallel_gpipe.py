@@ -37,8 +37,9 @@ ATOL = 1e-6
 
 # Boundaries for the 6-call skip model a, b, c, d, add(a, d), out: the skip
 # tensor a:0 crosses every cut before `add`, through whole stages for K=4.
-SKIP_BOUNDARIES = {2: [0, 3, 6], 4: [0, 2, 3, 5, 6]}
+SKIP_BOUNDARIES = {2: [0, 3, 6], 3: [0, 2, 4, 6], 4: [0, 2, 3, 5, 6]}
 CORE_CASE = 'skip_k4_except_last'
+CORE_1F1B_CASE = '1f1b_skip_k3_m4_except_last'
 GRADIENT_CASES = ([f'skip_k{k}_{mode}' for k in (2, 4) for mode in REMAT_MODES]
                   + ['skip_k4_always_offload', 'sequential_k4_except_last',
                      'taxi_k2_profiled_plan'])
@@ -105,10 +106,14 @@ def _reference(model, features, labels):
 
 
 def _plan(graph, num_stages, boundaries, remat, offload=False,
-          num_microbatches=4):
-  return {'num_stages': num_stages, 'num_microbatches': num_microbatches,
+          num_microbatches=4, schedule=None):
+  """A plan as the runtime reads it; without `schedule`, an old GPipe plan."""
+  plan = {'num_stages': num_stages, 'num_microbatches': num_microbatches,
           'remat': remat, 'offload_activations': offload,
           'boundaries': boundaries, 'layer_signature': graph.class_names()}
+  if schedule is not None:
+    plan['schedule'] = schedule
+  return plan
 
 
 def _compare(build, plan, features, labels, devices):
@@ -203,6 +208,10 @@ def run_worker(output_path: str, scratch_dir: str, suite: str) -> None:
     plan = _plan(skip_graph, 4, SKIP_BOUNDARIES[4], 'except_last')
     results[CORE_CASE] = _compare(_skip_model, plan, features, labels,
                                   all_devices)
+    plan = _plan(skip_graph, 3, SKIP_BOUNDARIES[3], 'except_last',
+                 schedule='1f1b')
+    results[CORE_1F1B_CASE] = _compare(_skip_model, plan, features, labels,
+                                       all_devices[:3])
     with open(output_path, 'w') as f:
       json.dump(results, f, indent=1)
     return
@@ -277,6 +286,19 @@ def test_four_stages_with_a_skip_match_one_device(core_results):
   """The fast check: 4 logical CPUs, remat except_last, skip across stages."""
   assert len(set(core_results['devices'])) == NUM_DEVICES
   _assert_matches_one_device(core_results[CORE_CASE])
+
+
+def test_1f1b_three_stages_with_a_skip_match_one_device(core_results):
+  _assert_matches_one_device(core_results[CORE_1F1B_CASE])
+
+
+def test_unknown_schedule_fails_at_runner_construction():
+  model = _skip_model()
+  plan = _plan(graph_lib.LayerGraph(model), 2, SKIP_BOUNDARIES[2], 'never',
+               schedule='interleaved')
+  with pytest.raises(ValueError, match=r"schedule 'interleaved'; this "
+                     r"runtime runs \('gpipe', '1f1b'\)"):
+    gpipe.GPipeRunner(model, plan, ['/device:CPU:0'] * 2)
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Dict, Optional, Union
 
 from components.json_config import JsonConfig, is_int
+from components.pipeline_parallel import schedules
 
 AUTO = 'auto'
 REMAT_MODES = ('always', 'except_last', 'never')
@@ -27,6 +28,10 @@ class PartitionerConfig(JsonConfig):
     num_stages: pipeline stages, or 'auto' for one per available device.
     num_microbatches: micro-batches per mini-batch, or 'auto' for the
       smallest divisor of `batch_size` that is at least 4 x stages.
+    schedule: the pipeline schedule, one of `schedules.SCHEDULES`: 'gpipe'
+      (all forwards, then all backwards; M micro-batches in flight per
+      stage) or '1f1b' (PipeDream-Flush; at most K-s in flight on stage s,
+      the same bubble and gradients).
     memory_budget_bytes: per-device memory budget; None means unlimited.
     remat: 'always' recomputes every micro-batch's stage activations in the
       backward pass, 'except_last' all but the last micro-batch (whose
@@ -42,6 +47,7 @@ class PartitionerConfig(JsonConfig):
   batch_size: int
   num_stages: Union[int, str] = AUTO
   num_microbatches: Union[int, str] = AUTO
+  schedule: str = schedules.GPIPE
   memory_budget_bytes: Optional[int] = None
   remat: str = 'except_last'
   offload_activations: bool = False
@@ -68,6 +74,7 @@ class PartitionerConfig(JsonConfig):
         self.memory_budget_bytes <= 0):
       raise ValueError('memory_budget_bytes must be a positive int or None, '
                        f'got {self.memory_budget_bytes!r}.')
+    schedules.check_schedule(self.schedule)
     if self.remat not in REMAT_MODES:
       raise ValueError(
           f'remat must be one of {REMAT_MODES}, got {self.remat!r}.')

@@ -87,7 +87,7 @@ class Executor(base_executor.BaseExecutor):
     profile = profiling.profile_model(model, features, config.profile_repeats)
     plan = plan_lib.make_plan(profile, num_stages, num_microbatches,
                               config.remat, config.offload_activations,
-                              config.memory_budget_bytes)
+                              config.memory_budget_bytes, config.schedule)
     plan['config'] = json.loads(config.to_json())
 
     output = artifact_utils.get_single_instance(
@@ -96,6 +96,7 @@ class Executor(base_executor.BaseExecutor):
     predicted = plan['predicted']
     output.set_int_custom_property('num_stages', num_stages)
     output.set_int_custom_property('num_microbatches', num_microbatches)
+    output.set_string_custom_property('schedule', plan['schedule'])
     output.set_string_custom_property('boundaries',
                                       json.dumps(plan['boundaries']))
     output.set_float_custom_property('predicted_step_seconds',
@@ -106,8 +107,9 @@ class Executor(base_executor.BaseExecutor):
                                      predicted['bubble_fraction'])
     output.set_int_custom_property('peak_memory_bytes',
                                    predicted['peak_memory_bytes'])
-    logging.info('GPipe plan: boundaries %s, predicted step %.6f s.',
-                 plan['boundaries'], predicted['step_seconds'])
+    logging.info('Pipeline plan: %s, boundaries %s, predicted step %.6f s.',
+                 plan['schedule'], plan['boundaries'],
+                 predicted['step_seconds'])
 
 
 def write_plan(plan: Dict[str, Any], profile: plan_lib.ModelProfile,

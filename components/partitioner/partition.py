@@ -29,6 +29,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from components.pipeline_parallel import schedules
+
 
 class InfeasibleBudgetError(ValueError):
   """No partition fits the memory budget; carries the smallest that works."""
@@ -238,7 +240,7 @@ def block_boundaries(costs: Sequence[float],
 
 
 def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
-  """GPipe's idle fraction (K-1)/(M+K-1) for balanced stages."""
+  """Idle fraction (K-1)/(M+K-1) of GPipe and 1F1B for balanced stages."""
   return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 
@@ -258,37 +260,33 @@ class Schedule:
   idle_fraction: float  # Of all stage-time in [0, makespan].
 
 
-def gpipe_schedule(forward_times: Sequence[float],
-                   backward_times: Sequence[float],
-                   num_microbatches: int) -> Schedule:
-  """Simulates GPipe: all forwards in micro-batch order, then all backwards.
+def simulate_schedule(forward_times: Sequence[float],
+                      backward_times: Sequence[float],
+                      num_microbatches: int,
+                      schedule: str = schedules.GPIPE) -> Schedule:
+  """Simulates `schedule` ('gpipe' or '1f1b', see `schedules`).
 
-  Each stage runs one task at a time; forward (m, s) needs forward (m, s-1),
-  backward (m, s) needs backward (m, s+1), and a stage's backwards run in
-  reverse micro-batch order after its last forward. Times are per
-  micro-batch (backward includes any recomputation).
+  Each stage runs its tasks one at a time in the schedule's order; forward
+  (m, s) also waits for forward (m, s-1), backward (m, s) for backward
+  (m, s+1). Times are per micro-batch (backward includes any
+  recomputation).
   """
   num_stages = len(forward_times)
   if len(backward_times) != num_stages or num_stages == 0:
     raise ValueError('need one forward and one backward time per stage.')
   if num_microbatches < 1:
     raise ValueError('num_microbatches must be at least 1.')
+  orders = schedules.stage_orders(schedule, num_stages, num_microbatches)
   free_at = [0.0] * num_stages
-  forward_end = {}
+  end_of = {}
   tasks = []
-  for m in range(num_microbatches):
-    for s in range(num_stages):
-      start = max(free_at[s], forward_end.get((m, s - 1), 0.0))
-      end = start + forward_times[s]
-      forward_end[(m, s)] = free_at[s] = end
-      tasks.append(ScheduledTask(s, m, 'forward', start, end))
-  backward_end = {}
-  for m in reversed(range(num_microbatches)):
-    for s in reversed(range(num_stages)):
-      start = max(free_at[s], backward_end.get((m, s + 1), 0.0))
-      end = start + backward_times[s]
-      backward_end[(m, s)] = free_at[s] = end
-      tasks.append(ScheduledTask(s, m, 'backward', start, end))
+  for s, phase, m in schedules.execution_order(orders):
+    forward = phase == schedules.FORWARD
+    start = max(free_at[s],
+                end_of.get((s - 1 if forward else s + 1, phase, m), 0.0))
+    end = start + (forward_times[s] if forward else backward_times[s])
+    end_of[(s, phase, m)] = free_at[s] = end
+    tasks.append(ScheduledTask(s, m, phase, start, end))
   makespan = max(free_at)
   busy = num_microbatches * (math.fsum(forward_times) +
                              math.fsum(backward_times))

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from components.partitioner import partition
+from components.pipeline_parallel import schedules
 # The plan's file and its model check belong to the plan format that the
 # trainer's pipeline-parallel runtime reads.
 from components.pipeline_parallel.plan_format import PLAN_FILE, check_layer_signature  # pylint: disable=unused-import
@@ -123,7 +124,8 @@ def memory_terms(profile: ModelProfile, num_microbatches: int, remat: str,
 
 def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
               remat: str, offload_activations: bool,
-              memory_budget_bytes=None) -> Dict[str, Any]:
+              memory_budget_bytes=None,
+              schedule: str = schedules.GPIPE) -> Dict[str, Any]:
   """Optimal partition of `profile` and everything the runner and report use.
 
   Raises:
@@ -135,9 +137,10 @@ def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
   best = partition.optimal_partition(costs, num_stages, layer_memory,
                                      cut_memory, memory_budget_bytes)
   stages = _stage_details(profile, best, num_microbatches, remat)
-  schedule = partition.gpipe_schedule(
+  simulated = partition.simulate_schedule(
       [stage['forward_seconds'] for stage in stages],
-      [stage['backward_seconds'] for stage in stages], num_microbatches)
+      [stage['backward_seconds'] for stage in stages], num_microbatches,
+      schedules.check_schedule(schedule))
 
   def baseline(boundaries):
     other = partition.evaluate(boundaries, costs, layer_memory, cut_memory)
@@ -156,6 +159,7 @@ def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
       'num_layers': profile.num_layers,
       'num_stages': num_stages,
       'num_microbatches': num_microbatches,
+      'schedule': schedule,
       'microbatch_size': profile.microbatch_size,
       'batch_size': profile.microbatch_size * num_microbatches,
       'remat': remat,
@@ -166,11 +170,11 @@ def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
       'stages': stages,
       'cuts': [_cut_details(profile, c) for c in best.boundaries[1:-1]],
       'predicted': {
-          'step_seconds': schedule.makespan,
+          'step_seconds': simulated.makespan,
           'slowest_stage_seconds': best.bottleneck,
           'bubble_fraction': partition.bubble_fraction(
               num_stages, num_microbatches),
-          'simulated_idle_fraction': schedule.idle_fraction,
+          'simulated_idle_fraction': simulated.idle_fraction,
           'peak_memory_bytes': int(best.peak_memory),
       },
       'baselines': {

@@ -1,8 +1,8 @@
 """Partition plan report: markdown plus PNG charts.
 
 Charts use matplotlib's object API with the Agg canvas (no pyplot, no
-display): stage costs against the perfectly balanced cost, and the GPipe
-micro-batch schedule with its bubble.
+display): stage costs against the perfectly balanced cost, and the plan's
+micro-batch schedule (GPipe or 1F1B) with its bubble.
 """
 
 import os
@@ -18,6 +18,7 @@ from components.partitioner import plan as plan_lib
 STAGE_COSTS_PNG = 'stage_costs.png'
 SCHEDULE_PNG = 'schedule.png'
 REPORT_MD = 'report.md'
+_SCHEDULE_NAMES = {'gpipe': 'GPipe', '1f1b': '1F1B'}
 _COLORS = {'forward': 'tab:blue', 'backward': 'tab:orange',
            'idle': 'lightgrey'}
 
@@ -50,11 +51,12 @@ def stage_costs_chart(plan: Mapping[str, Any], path: str) -> None:
 
 
 def schedule_chart(plan: Mapping[str, Any], path: str) -> None:
-  """Gantt chart of the simulated GPipe schedule; gaps are the bubble."""
+  """Gantt chart of the plan's simulated schedule; gaps are the bubble."""
   stages = plan['stages']
-  schedule = partition.gpipe_schedule(
+  schedule = partition.simulate_schedule(
       [s['forward_seconds'] for s in stages],
-      [s['backward_seconds'] for s in stages], plan['num_microbatches'])
+      [s['backward_seconds'] for s in stages], plan['num_microbatches'],
+      plan['schedule'])
   figure = Figure(figsize=(10, 0.5 * len(stages) + 1.8))
   axes = figure.subplots()
   scale = 1e3
@@ -72,7 +74,8 @@ def schedule_chart(plan: Mapping[str, Any], path: str) -> None:
   axes.set_yticklabels([f"stage {s['index']}" for s in stages])
   axes.set_xlabel('ms')
   axes.set_title(
-      f"GPipe schedule, M={plan['num_microbatches']}: idle "
+      f"{_SCHEDULE_NAMES[plan['schedule']]} schedule, "
+      f"M={plan['num_microbatches']}: idle "
       f'{schedule.idle_fraction:.1%} (balanced-stage bubble '
       f"(K-1)/(M+K-1) = {plan['predicted']['bubble_fraction']:.1%})")
   axes.legend(
@@ -93,10 +96,11 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
   predicted = plan['predicted']
   budget = plan['memory_budget_bytes']
   lines = [
-      '# GPipe partition plan', '',
+      '# Pipeline partition plan', '',
       f"- stages K = {plan['num_stages']}, micro-batches M = "
       f"{plan['num_microbatches']} of {plan['microbatch_size']} examples "
-      f"(mini-batch {plan['batch_size']})",
+      f"(mini-batch {plan['batch_size']}), schedule "
+      f"{_SCHEDULE_NAMES[plan['schedule']]}",
       f"- re-materialization: {plan['remat']}; activations offloaded to "
       f"host: {plan['offload_activations']}",
       f'- memory budget per device: '

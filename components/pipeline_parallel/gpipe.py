@@ -1,4 +1,4 @@
-"""GPipe pipeline-parallel training of a Keras model from a partition plan.
+"""Pipeline-parallel training (GPipe or 1F1B) of a Keras model from a plan.
 
 Integration API (what a training loop such as HighPerfTrainer's calls):
 
@@ -21,15 +21,19 @@ Integration API (what a training loop such as HighPerfTrainer's calls):
 with `model.trainable_variables`) without updating, for checks against
 single-device training.
 
-One training step is one tf.function holding the whole GPipe schedule:
-the mini-batch is split into M micro-batches; stage s runs on device s the
-forwards of micro-batches 0..M-1 and then their backwards in reverse order
-(control dependencies fix that order per device, the dataflow between stages
-lets different stages work on different micro-batches at the same time).
-Gradients are summed across micro-batches in accumulator variables on each
-stage's device and applied in one optimizer update per mini-batch. Re-materialized micro-batches keep
-only the stage's input tensors (optionally in host memory) and rerun the
-stage's forward pass inside its backward pass.
+One training step is one tf.function holding the whole schedule of the
+plan (`schedules`: 'gpipe', or '1f1b' for plans that have the field): the
+mini-batch is split into M micro-batches and stage s runs on device s its
+forwards and backwards in the schedule's order (control dependencies fix
+that order per device, so a 1F1B stage frees a micro-batch's activations
+before it starts the next forward past its K-s in flight; the dataflow
+between stages lets different stages work on different micro-batches at the
+same time). Gradients are summed across micro-batches in accumulator
+variables on each stage's device and applied in one optimizer update per
+mini-batch. Re-materialized micro-batches keep only the stage's input
+tensors (optionally in host memory) and rerun the stage's forward pass
+inside its backward pass; 'except_last' skips that for a micro-batch whose
+backward directly follows its forward on the stage.
 
 Limitations: random layers (Dropout) draw new randomness when recomputed;
 BatchNormalization normalizes per micro-batch; Keras masks do not cross
@@ -50,6 +54,7 @@ import tensorflow as tf
 from components.devices import configure_logical_cpus  # pylint: disable=unused-import
 from components.pipeline_parallel import graph as graph_lib
 from components.pipeline_parallel import plan_format
+from components.pipeline_parallel import schedules
 
 HOST_DEVICE = '/device:CPU:0'
 
@@ -157,7 +162,7 @@ class _Saved:
 
 
 class GPipeRunner:
-  """Runs the GPipe schedule of `plan` for `model` on `devices`."""
+  """Runs the schedule of `plan` (GPipe or 1F1B) for `model` on `devices`."""
 
   def __init__(self, model: tf.keras.Model, plan: Mapping[str, Any],
                devices: Sequence[str], host_device: str = HOST_DEVICE):
@@ -173,7 +178,19 @@ class GPipeRunner:
     self._graph = graph_lib.LayerGraph(model)
     plan_format.check_layer_signature(plan, self._graph.class_names())
     self._num_microbatches = plan['num_microbatches']
+    self._schedule = plan_format.plan_schedule(plan)
     self._remat = plan['remat']
+    self._orders = schedules.stage_orders(self._schedule, num_stages,
+                                          self._num_microbatches)
+    # (stage, micro-batch) whose forward keeps its activations for the
+    # backward instead of re-materializing them.
+    self._kept = {
+        (s, m) for s, order in enumerate(self._orders)
+        for (phase, m), follows in zip(order,
+                                       schedules.backward_follows(order))
+        if phase == schedules.FORWARD and (
+            self._remat == 'never' or
+            (self._remat == 'except_last' and follows))}
     self._offload = plan['offload_activations']
     self._host = host_device
     produced = {name for call in self._graph.calls for name in call.outputs}
@@ -218,12 +235,16 @@ class GPipeRunner:
   def num_microbatches(self) -> int:
     return self._num_microbatches
 
+  @property
+  def schedule(self) -> str:
+    return self._schedule
+
   def gradients(self, features, labels):
     """(mean loss, gradients aligned with model.trainable_variables)."""
     return self._gradients_fn(features, labels)
 
   def train_step(self, features, labels) -> tf.Tensor:
-    """One GPipe step: M micro-batches, one optimizer update; the loss."""
+    """One step: M micro-batches, one optimizer update; the loss."""
     return self._train_fn(features, labels)
 
   def _train_step(self, features, labels):
@@ -231,12 +252,6 @@ class GPipeRunner:
     self.model.optimizer.apply_gradients(
         zip(grads, self.model.trainable_variables))
     return loss
-
-  def _keeps_activations(self, microbatch: int) -> bool:
-    if self._remat == 'never':
-      return True
-    return (self._remat == 'except_last' and
-            microbatch == self._num_microbatches - 1)
 
   def _split(self, features, labels):
     """Model inputs and labels cut into M equal micro-batches on the host."""
@@ -274,49 +289,47 @@ class GPipeRunner:
 
   def _loss_and_gradients(self, features, labels):
     micro_inputs, micro_labels = self._split(features, labels)
-    num_micro = self._num_microbatches
     # Each device's latest task results: orders its next task after them.
     last_task = [[] for _ in self.stages]
+    sent = {}  # (stage, m) -> forward outputs.
+    sent_grads = {}  # (stage, m) -> gradients for its received tensors.
     saved = {}
     local_losses = []
-    for m in range(num_micro):
-      received = micro_inputs[m]
-      for stage in self.stages:
-        with tf.name_scope(f'gpipe/stage{stage.index}/microbatch{m}/forward'), \
-            tf.device(stage.device), \
-            tf.control_dependencies(last_task[stage.index]):
+    first_backward = [True] * len(self.stages)
+    for s, phase, m in schedules.execution_order(self._orders):
+      stage = self.stages[s]
+      with tf.name_scope(f'pipeline/stage{s}/microbatch{m}/{phase}'), \
+          tf.device(stage.device), \
+          tf.control_dependencies(last_task[s]):
+        if phase == schedules.FORWARD:
+          received = micro_inputs[m] if s == 0 else sent.pop((s - 1, m))
           inputs = {n: tf.identity(received[n]) for n in stage.inputs}
-          if self._keeps_activations(m):
+          if (s, m) in self._kept:
             with tf.GradientTape() as tape:
               tape.watch([inputs[n] for n in stage.grad_inputs])
               outputs, local = self._stage_forward(stage, inputs,
                                                    micro_labels[m], True)
-            saved[(m, stage.index)] = _Saved(inputs, tape, outputs, local)
+            saved[(m, s)] = _Saved(inputs, tape, outputs, local)
           else:
             outputs, _ = self._stage_forward(stage, inputs, micro_labels[m],
                                              False)
-            saved[(m, stage.index)] = _Saved(self._checkpoint(inputs))
-          last_task[stage.index] = list(outputs.values())
-        received = outputs
-
-    for m in reversed(range(num_micro)):
-      upstream = {}
-      for stage in reversed(self.stages):
-        with tf.name_scope(
-            f'gpipe/stage{stage.index}/microbatch{m}/backward'), \
-            tf.device(stage.device), \
-            tf.control_dependencies(last_task[stage.index]):
-          upstream, stage_grads, loss_share = self._stage_backward(
-              stage, saved.pop((m, stage.index)), upstream, micro_labels[m])
-          for accumulator, grad in zip(
-              self._accumulators[stage.index], stage_grads):
-            if m == num_micro - 1:  # The first backward pass: reset.
-              accumulator.assign(grad)
-            else:
-              accumulator.assign_add(grad)
-          if loss_share is not None:
-            local_losses.append(loss_share)
-          last_task[stage.index] = [*stage_grads, *upstream.values()]
+            saved[(m, s)] = _Saved(self._checkpoint(inputs))
+          sent[(s, m)] = outputs
+          last_task[s] = list(outputs.values())
+          continue
+        upstream = sent_grads.pop((s + 1, m), {})
+        input_grads, stage_grads, loss_share = self._stage_backward(
+            stage, saved.pop((m, s)), upstream, micro_labels[m])
+        for accumulator, grad in zip(self._accumulators[s], stage_grads):
+          if first_backward[s]:
+            accumulator.assign(grad)
+          else:
+            accumulator.assign_add(grad)
+        first_backward[s] = False
+        if loss_share is not None:
+          local_losses.append(loss_share)
+        sent_grads[(s, m)] = input_grads
+        last_task[s] = [*stage_grads, *input_grads.values()]
 
     with tf.device(self._host):
       loss = tf.add_n(local_losses)

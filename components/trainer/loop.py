@@ -306,6 +306,7 @@ class ManagedTraining:
         'pipeline_parallel': None if self.plan is None else {
             'num_stages': self.plan['num_stages'],
             'num_microbatches': self.gpipe_runner.num_microbatches,
+            'schedule': self.gpipe_runner.schedule,
             'boundaries': self.plan['boundaries'],
             'remat': self.plan['remat'],
         },
