@@ -142,7 +142,7 @@ def test_executor_writes_plan_profile_and_report(small_module, tmp_path):
   assert plan['config']['hparams'] == {'width': 16}
   assert profile.layers[0].parameter_bytes == 4 * (6 * 16 + 16)
   # The plan is the optimum for the profile it ships with.
-  costs = plan_lib.layer_costs(profile, 8, 'except_last')
+  costs = plan_lib.layer_costs(profile, 2, 8, 'except_last', 'gpipe')
   assert plan['predicted']['slowest_stage_seconds'] == pytest.approx(
       partition.optimal_partition(costs, 2).bottleneck)
   assert artifact.get_int_custom_property('num_stages') == 2

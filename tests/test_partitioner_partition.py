@@ -135,6 +135,44 @@ def test_bad_costs_are_rejected(costs):
     partition.optimal_partition(costs, 1)
 
 
+def test_per_stage_costs_and_memory_match_brute_force():
+  """Rows per stage (1F1B's memory depends on the stage's position)."""
+  rng = np.random.default_rng(23)
+  for _ in range(150):
+    costs, k, layer_memory, cut_memory = _random_case(rng, True)
+    n = len(costs)
+    scale = rng.uniform(0.5, 3.0, (k, 1))
+    stage_costs, stage_layers = costs[None] * scale, layer_memory[None] * scale
+    stage_cuts = cut_memory[None] * scale[::-1]
+    best, min_budget = math.inf, math.inf
+    budget = float(rng.uniform(500, 6000))
+    for cuts in itertools.combinations(range(1, n), k - 1):
+      spans = list(enumerate(zip((0, *cuts), (*cuts, n))))
+      memory = max(stage_layers[s, a:c].sum() + stage_cuts[s, a]
+                   for s, (a, c) in spans)
+      min_budget = min(min_budget, memory)
+      if memory <= budget:
+        best = min(best, max(stage_costs[s, a:c].sum() for s, (a, c) in spans))
+    if math.isinf(best):
+      with pytest.raises(partition.InfeasibleBudgetError) as error:
+        partition.optimal_partition(stage_costs, k, stage_layers, stage_cuts,
+                                    budget)
+      assert error.value.min_budget == pytest.approx(min_budget)
+      continue
+    result = partition.optimal_partition(stage_costs, k, stage_layers,
+                                         stage_cuts, budget)
+    _assert_valid(result, n, k)
+    assert result.bottleneck == pytest.approx(best, rel=REL_TOL)
+    assert result.peak_memory <= budget
+
+
+def test_per_stage_rows_need_one_row_per_stage():
+  with pytest.raises(ValueError, match=r'costs needs 4 entries, one per '
+                     r'layer, or a row of them per stage \(3 rows\); got '
+                     r'shape \(2, 4\)'):
+    partition.optimal_partition(np.ones((2, 4)), 3)
+
+
 def test_thousand_layers_sixty_four_stages():
   rng = np.random.default_rng(5)
   costs = rng.uniform(1.0, 2.0, 1000)

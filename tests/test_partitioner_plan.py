@@ -5,6 +5,7 @@ No TensorFlow: the profile is written by hand, so every number is checkable.
 
 import json
 
+import numpy as np
 import pytest
 
 from components.partitioner import partition
@@ -44,12 +45,17 @@ def test_profile_json_round_trip():
 
 def test_costs_include_recomputation_per_remat_mode():
   profile = _profile()
-  never = plan_lib.layer_costs(profile, 4, 'never')
-  always = plan_lib.layer_costs(profile, 4, 'always')
-  except_last = plan_lib.layer_costs(profile, 4, 'except_last')
-  assert list(never) == [3.0, 9.0, 3.0, 1.0, 2.0]
-  assert list(always) == [4.0, 12.0, 4.0, 1.5, 3.0]
-  assert except_last[1] == pytest.approx(9.0 + 3.0 * 3 / 4)
+  never = plan_lib.layer_costs(profile, 2, 4, 'never', 'gpipe')
+  always = plan_lib.layer_costs(profile, 2, 4, 'always', 'gpipe')
+  except_last = plan_lib.layer_costs(profile, 2, 4, 'except_last', 'gpipe')
+  assert never.tolist() == [[3.0, 9.0, 3.0, 1.0, 2.0]] * 2
+  assert always.tolist() == [[4.0, 12.0, 4.0, 1.5, 3.0]] * 2
+  assert except_last[0, 1] == pytest.approx(9.0 + 3.0 * 3 / 4)
+  # 1F1B's last stage runs each backward right after its forward: nothing
+  # to recompute there; the first stage recomputes every micro-batch.
+  one_f_one_b = plan_lib.layer_costs(profile, 2, 4, 'except_last', '1f1b')
+  assert one_f_one_b[0].tolist() == always[0].tolist()
+  assert one_f_one_b[1].tolist() == never[1].tolist()
 
 
 @pytest.mark.parametrize('remat,offload,stored,received', [
@@ -57,14 +63,88 @@ def test_costs_include_recomputation_per_remat_mode():
     ('always', False, 1, 8),
     ('except_last', True, 1, 1),
 ])
-def test_memory_terms(remat, offload, stored, received):
+def test_gpipe_memory_terms(remat, offload, stored, received):
   profile = _profile()
-  layer_memory, cut_memory = plan_lib.memory_terms(profile, 8, remat, offload)
-  # Layer b: weights + gradient accumulator + two optimizer slots.
-  assert layer_memory[1] == 400 * 4 + stored * 64
-  # Cut 3 carries the skip tensor a:0 and c:0.
-  assert cut_memory[3] == received * (64 + 64)
-  assert cut_memory[0] == received * 32
+  layer_memory, cut_memory = plan_lib.memory_terms(profile, 3, 8, remat,
+                                                   offload, 'gpipe')
+  assert layer_memory.shape == (3, 5) and cut_memory.shape == (3, 6)
+  for s in range(3):  # GPipe holds all M micro-batches on every stage.
+    # Layer b: weights + gradient accumulator + two optimizer slots.
+    assert layer_memory[s, 1] == 400 * 4 + stored * 64
+    # Cut 3 carries the skip tensor a:0 and c:0.
+    assert cut_memory[s, 3] == received * (64 + 64)
+    assert cut_memory[s, 0] == received * 32
+
+
+def test_1f1b_memory_terms_hold_k_minus_s_in_flight():
+  profile = _profile()
+  never, never_cuts = plan_lib.memory_terms(profile, 3, 8, 'never', False,
+                                            '1f1b')
+  always, always_cuts = plan_lib.memory_terms(profile, 3, 8, 'always', False,
+                                              '1f1b')
+  for s, flight in enumerate((3, 2, 1)):
+    assert never[s, 1] == 400 * 4 + flight * 64
+    assert never_cuts[s, 3] == flight * (64 + 64)
+    assert always[s, 1] == 400 * 4 + 64  # One micro-batch recomputed.
+    assert always_cuts[s, 3] == flight * (64 + 64)
+
+
+@pytest.mark.parametrize('num_stages,num_microbatches',
+                         [(2, 2), (2, 8), (3, 4), (3, 12), (4, 16), (5, 5)])
+def test_1f1b_activation_memory_is_at_most_k_over_m_of_gpipe(
+    num_stages, num_microbatches):
+  """Schedule math: stored activations + received tensors, remat 'never'."""
+  profile = _profile()
+  state = plan_lib.state_bytes(profile)
+
+  def activation_memory(schedule):
+    layer_memory, cut_memory = plan_lib.memory_terms(
+        profile, num_stages, num_microbatches, 'never', False, schedule)
+    return layer_memory - state[None, :], cut_memory
+
+  gpipe_layers, gpipe_cuts = activation_memory('gpipe')
+  layers, cuts = activation_memory('1f1b')
+  bound = num_stages / num_microbatches
+  assert np.all(layers <= bound * gpipe_layers + 1e-9)
+  assert np.all(cuts <= bound * gpipe_cuts + 1e-9)
+  # And for the whole stage with any boundaries: per-stage peaks.
+  for boundaries in ([0, 1, 3, 5], [0, 2, 4, 5], [0, 1, 2, 3, 4, 5]):
+    if len(boundaries) - 1 != num_stages:
+      continue
+    costs = np.zeros(5)
+    ours = partition.evaluate(boundaries, costs, layers, cuts)
+    theirs = partition.evaluate(boundaries, costs, gpipe_layers, gpipe_cuts)
+    for mine, other in zip(ours.stage_memory, theirs.stage_memory):
+      assert mine <= bound * other + 1e-9
+
+
+def test_a_budget_too_small_for_gpipe_fits_1f1b():
+  profile = _profile()
+
+  def smallest_budget(schedule):
+    with pytest.raises(partition.InfeasibleBudgetError) as error:
+      plan_lib.make_plan(profile, 2, 16, 'never', False,
+                         memory_budget_bytes=1, schedule=schedule)
+    return error.value.min_budget
+
+  gpipe_budget = smallest_budget('gpipe')
+  assert smallest_budget('1f1b') < gpipe_budget
+  with pytest.raises(partition.InfeasibleBudgetError):
+    plan_lib.make_plan(profile, 2, 16, 'never', False,
+                       memory_budget_bytes=int(gpipe_budget) - 1)
+  plan = plan_lib.make_plan(profile, 2, 16, 'never', False,
+                            memory_budget_bytes=int(gpipe_budget) - 1,
+                            schedule='1f1b')
+  assert plan['schedule'] == '1f1b'
+  assert plan['predicted']['peak_memory_bytes'] <= gpipe_budget - 1
+  by_schedule = plan['memory_by_schedule']
+  assert by_schedule['1f1b']['peak_memory_bytes'] == (
+      plan['predicted']['peak_memory_bytes'])
+  assert by_schedule['gpipe']['peak_memory_bytes'] > gpipe_budget - 1
+  assert by_schedule['1f1b']['in_flight_microbatches'] == [2, 1]
+  assert by_schedule['gpipe']['in_flight_microbatches'] == [16, 16]
+  assert [s['memory_bytes'] for s in plan['stages']] == (
+      by_schedule['1f1b']['stage_memory_bytes'])
 
 
 def test_make_plan_is_optimal_and_complete():
@@ -72,7 +152,7 @@ def test_make_plan_is_optimal_and_complete():
   plan = plan_lib.make_plan(profile, num_stages=2, num_microbatches=4,
                             remat='never', offload_activations=False)
   json.dumps(plan)  # Must be plain JSON.
-  costs = plan_lib.layer_costs(profile, 4, 'never')
+  costs = plan_lib.layer_costs(profile, 2, 4, 'never', 'gpipe')
   optimum = partition.optimal_partition(costs, 2).bottleneck
   assert plan['predicted']['slowest_stage_seconds'] == pytest.approx(optimum)
   assert plan['boundaries'][0] == 0 and plan['boundaries'][-1] == 5
@@ -139,4 +219,10 @@ def test_report_writes_markdown_and_pngs(tmp_path):
                 '..' in line]
   assert len(stage_rows) == 3
   assert f'![schedule]({report.SCHEDULE_PNG})' in text
+  assert '## Predicted peak memory per stage, by schedule' in text
+  peak_row = next(line for line in text.splitlines()
+                  if line.startswith('| peak |'))
+  assert peak_row == '| peak | ' + ' | '.join(
+      report._mib(plan['memory_by_schedule'][name]['peak_memory_bytes'])  # pylint: disable=protected-access
+      for name in ('gpipe', '1f1b')) + ' |'
   assert 'a:0, c:0' in text or 'a:0, b:0' in text  # The skip crosses a cut.

@@ -1,16 +1,19 @@
-"""From a per-layer profile to a GPipe partition plan (plan.json).
+"""From a per-layer profile to a pipeline partition plan (plan.json).
 
 Pure Python + numpy (no TensorFlow, no TFX): the profile is produced by
 `profiling.py`, the plan is consumed by `gpipe.GPipeRunner`.
 
-Cost and memory model, per micro-batch of the profiled size:
+Cost and memory model, per micro-batch of the profiled size, for stage s of
+a schedule (`schedules`) that keeps F_s micro-batches in flight on it
+(GPipe: M; 1F1B: min(K-s, M)):
 - stage cost = sum over its layers of forward + backward time, plus one more
-  forward for every re-materialized micro-batch (all of them for 'always',
-  M-1 of M for 'except_last');
+  forward for every re-materialized micro-batch (all of them for 'always';
+  for 'except_last' those whose backward does not directly follow their
+  forward on the stage: M-1 of M under GPipe, none on 1F1B's last stage);
 - stage memory = training state (weights, gradient accumulators, optimizer
-  slots) + layer activations (of all M micro-batches with remat 'never', of
+  slots) + layer activations (of F_s micro-batches with remat 'never', of
   the one being recomputed otherwise) + the tensors the stage receives (of
-  all M micro-batches, or of one when they are offloaded to host memory).
+  F_s micro-batches, or of one when they are offloaded to host memory).
 """
 
 import dataclasses
@@ -81,23 +84,34 @@ class ModelProfile:
         live_tensors=tuple(tuple(live) for live in values['live_tensors']))
 
 
-def recompute_fraction(remat: str, num_microbatches: int) -> float:
-  """Share of micro-batches whose stage forward pass runs twice."""
-  return {
-      'always': 1.0,
-      'except_last': (num_microbatches - 1) / num_microbatches,
-      'never': 0.0,
-  }[remat]
-
-
-def layer_costs(profile: ModelProfile, num_microbatches: int,
-                remat: str) -> np.ndarray:
-  """Seconds per micro-batch and layer, recomputation included."""
-  extra = recompute_fraction(remat, num_microbatches)
+def recompute_fractions(remat: str, schedule: str, num_stages: int,
+                        num_microbatches: int) -> np.ndarray:
+  """Per stage: share of micro-batches whose forward pass runs twice."""
+  if remat == 'always':
+    return np.ones(num_stages)
+  if remat == 'never':
+    return np.zeros(num_stages)
   return np.array([
-      layer.forward_seconds * (1.0 + extra) + layer.backward_seconds
-      for layer in profile.layers
-  ])
+      1.0 - sum(schedules.backward_follows(order)) / num_microbatches
+      for order in schedules.stage_orders(schedule, num_stages,
+                                          num_microbatches)])
+
+
+def in_flight(schedule: str, num_stages: int,
+              num_microbatches: int) -> List[int]:
+  """Per stage: most micro-batches between their forward and backward."""
+  return [schedules.in_flight(order) for order in schedules.stage_orders(
+      schedule, num_stages, num_microbatches)]
+
+
+def layer_costs(profile: ModelProfile, num_stages: int, num_microbatches: int,
+                remat: str, schedule: str) -> np.ndarray:
+  """(K, n) seconds per micro-batch of layer i on stage k, recomputation
+  included."""
+  extra = recompute_fractions(remat, schedule, num_stages, num_microbatches)
+  forward = np.array([layer.forward_seconds for layer in profile.layers])
+  backward = np.array([layer.backward_seconds for layer in profile.layers])
+  return forward[None, :] * (1.0 + extra[:, None]) + backward[None, :]
 
 
 def state_bytes(profile: ModelProfile) -> np.ndarray:
@@ -108,18 +122,20 @@ def state_bytes(profile: ModelProfile) -> np.ndarray:
   ])
 
 
-def memory_terms(profile: ModelProfile, num_microbatches: int, remat: str,
-                 offload_activations: bool) -> Tuple[np.ndarray, np.ndarray]:
-  """(layer_memory, cut_memory) for `partition.optimal_partition`."""
-  stored_copies = num_microbatches if remat == 'never' else 1
-  received_copies = 1 if offload_activations else num_microbatches
+def memory_terms(profile: ModelProfile, num_stages: int,
+                 num_microbatches: int, remat: str, offload_activations: bool,
+                 schedule: str) -> Tuple[np.ndarray, np.ndarray]:
+  """(layer_memory, cut_memory) rows per stage for `optimal_partition`."""
   activations = np.array([layer.activation_bytes for layer in profile.layers])
-  layer_memory = state_bytes(profile) + stored_copies * activations
-  cut_memory = np.array([
-      received_copies * profile.cut_bytes(c)
-      for c in range(profile.num_layers + 1)
-  ])
-  return layer_memory, cut_memory
+  cuts = np.array([profile.cut_bytes(c)
+                   for c in range(profile.num_layers + 1)], dtype=np.float64)
+  layer_memory, cut_memory = [], []
+  for flight in in_flight(schedule, num_stages, num_microbatches):
+    stored_copies = flight if remat == 'never' else 1
+    received_copies = 1 if offload_activations else flight
+    layer_memory.append(state_bytes(profile) + stored_copies * activations)
+    cut_memory.append(received_copies * cuts)
+  return np.array(layer_memory), np.array(cut_memory)
 
 
 def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
@@ -128,19 +144,24 @@ def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
               schedule: str = schedules.GPIPE) -> Dict[str, Any]:
   """Optimal partition of `profile` and everything the runner and report use.
 
+  The memory budget applies to `schedule`'s memory (1F1B fits where GPipe
+  may not); the plan also records each stage's memory under every schedule.
+
   Raises:
     partition.InfeasibleBudgetError: nothing fits the memory budget.
   """
-  costs = layer_costs(profile, num_microbatches, remat)
-  layer_memory, cut_memory = memory_terms(profile, num_microbatches, remat,
-                                          offload_activations)
+  schedules.check_schedule(schedule)
+  costs = layer_costs(profile, num_stages, num_microbatches, remat, schedule)
+  layer_memory, cut_memory = memory_terms(profile, num_stages,
+                                          num_microbatches, remat,
+                                          offload_activations, schedule)
   best = partition.optimal_partition(costs, num_stages, layer_memory,
                                      cut_memory, memory_budget_bytes)
-  stages = _stage_details(profile, best, num_microbatches, remat)
+  stages = _stage_details(profile, best, num_microbatches, remat, schedule)
   simulated = partition.simulate_schedule(
       [stage['forward_seconds'] for stage in stages],
       [stage['backward_seconds'] for stage in stages], num_microbatches,
-      schedules.check_schedule(schedule))
+      schedule)
 
   def baseline(boundaries):
     other = partition.evaluate(boundaries, costs, layer_memory, cut_memory)
@@ -177,18 +198,45 @@ def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
           'simulated_idle_fraction': simulated.idle_fraction,
           'peak_memory_bytes': int(best.peak_memory),
       },
+      'memory_by_schedule': memory_by_schedule(
+          profile, best.boundaries, num_microbatches, remat,
+          offload_activations),
       'baselines': {
           'uniform': baseline(partition.uniform_boundaries(
               profile.num_layers, num_stages)),
+          # The heuristic balances one cost per layer: the first stage's.
           'block_partition': baseline(partition.block_boundaries(
-              costs, num_stages)),
+              costs[0], num_stages)),
       },
   }
 
 
+def memory_by_schedule(profile: ModelProfile, boundaries: Sequence[int],
+                       num_microbatches: int, remat: str,
+                       offload_activations: bool) -> Dict[str, Any]:
+  """Per schedule: each stage's predicted peak bytes with these boundaries."""
+  num_stages = len(boundaries) - 1
+  result = {}
+  for schedule in schedules.SCHEDULES:
+    memory = partition.evaluate(boundaries, np.zeros(profile.num_layers),
+                                *memory_terms(profile, num_stages,
+                                              num_microbatches, remat,
+                                              offload_activations, schedule))
+    result[schedule] = {
+        'stage_memory_bytes': [int(m) for m in memory.stage_memory],
+        'peak_memory_bytes': int(memory.peak_memory),
+        'in_flight_microbatches': in_flight(schedule, num_stages,
+                                            num_microbatches),
+    }
+  return result
+
+
 def _stage_details(profile: ModelProfile, best: partition.Partition,
-                   num_microbatches: int, remat: str) -> List[Dict[str, Any]]:
-  extra = recompute_fraction(remat, num_microbatches)
+                   num_microbatches: int, remat: str,
+                   schedule: str) -> List[Dict[str, Any]]:
+  num_stages = best.num_stages
+  extra = recompute_fractions(remat, schedule, num_stages, num_microbatches)
+  flights = in_flight(schedule, num_stages, num_microbatches)
   states = state_bytes(profile)
   stages = []
   for s, (a, c) in enumerate(zip(best.boundaries, best.boundaries[1:])):
@@ -202,12 +250,13 @@ def _stage_details(profile: ModelProfile, best: partition.Partition,
         'end_layer': c,
         'layers': [layer.name for layer in layers],
         'forward_seconds': forward,
-        'backward_seconds': backward + extra * forward,
+        'backward_seconds': backward + float(extra[s]) * forward,
         'cost_seconds': best.stage_costs[s],
         'parameter_bytes': sum(layer.parameter_bytes for layer in layers),
         'state_bytes': int(state),
         'activation_bytes': int(best.stage_memory[s] - state),
         'memory_bytes': int(best.stage_memory[s]),
+        'in_flight_microbatches': flights[s],
         'input_bytes_per_microbatch': profile.cut_bytes(a),
     })
   return stages

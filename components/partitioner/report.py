@@ -123,6 +123,23 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
         f"{s['forward_seconds'] * 1e3:.3f} | "
         f"{s['backward_seconds'] * 1e3:.3f} | "
         f"{_mib(s['parameter_bytes'])} | {_mib(s['memory_bytes'])} |")
+  by_schedule = plan['memory_by_schedule']
+  lines += ['', '## Predicted peak memory per stage, by schedule', '',
+            'Training state + activations + received tensors, with these '
+            'boundaries, M and remat; in flight: micro-batches between their '
+            'forward and backward on the stage.', '',
+            '| stage | ' + ' | '.join(
+                f'{_SCHEDULE_NAMES[name]} MiB (in flight)'
+                for name in by_schedule) + ' |',
+            '|---|' + '---|' * len(by_schedule)]
+  for s in plan['stages']:
+    lines.append(f"| {s['index']} | " + ' | '.join(
+        f"{_mib(entry['stage_memory_bytes'][s['index']])} "
+        f"({entry['in_flight_microbatches'][s['index']]})"
+        for entry in by_schedule.values()) + ' |')
+  lines.append('| peak | ' + ' | '.join(
+      _mib(entry['peak_memory_bytes']) for entry in by_schedule.values()) +
+               ' |')
   lines += ['', '## Tensors crossing each boundary (per micro-batch)', '',
             '| before layer | tensors | bytes |', '|---|---|---|']
   for cut in plan['cuts']:
