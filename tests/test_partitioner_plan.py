@@ -3,6 +3,7 @@
 No TensorFlow: the profile is written by hand, so every number is checkable.
 """
 
+import dataclasses
 import json
 
 import numpy as np
@@ -207,7 +208,8 @@ def test_layer_signature_mismatch_is_explained():
 
 def test_report_writes_markdown_and_pngs(tmp_path):
   profile = _profile()
-  plan = plan_lib.make_plan(profile, 3, 6, 'except_last', False)
+  plan, _ = plan_lib.choose_plan([profile], 3, 6 * MICROBATCH, [6],
+                                 ['gpipe'], 'except_last', False)
   report.write_report(plan, profile, str(tmp_path))
   for name in (report.STAGE_COSTS_PNG, report.SCHEDULE_PNG):
     data = (tmp_path / name).read_bytes()
@@ -220,9 +222,94 @@ def test_report_writes_markdown_and_pngs(tmp_path):
   assert len(stage_rows) == 3
   assert f'![schedule]({report.SCHEDULE_PNG})' in text
   assert '## Predicted peak memory per stage, by schedule' in text
+  assert 'M=6, gpipe: both were set in the config.' in text
   peak_row = next(line for line in text.splitlines()
                   if line.startswith('| peak |'))
   assert peak_row == '| peak | ' + ' | '.join(
       report._mib(plan['memory_by_schedule'][name]['peak_memory_bytes'])  # pylint: disable=protected-access
       for name in ('gpipe', '1f1b')) + ' |'
   assert 'a:0, c:0' in text or 'a:0, b:0' in text  # The skip crosses a cut.
+
+
+def _scaled_profile(microbatch_size, overhead, per_example):
+  """_profile() with every time = overhead + per_example x size."""
+  base = _profile()
+  seconds = overhead + per_example * microbatch_size
+  return plan_lib.ModelProfile(
+      microbatch_size=microbatch_size,
+      optimizer_slot_ratio=base.optimizer_slot_ratio,
+      layers=tuple(
+          plan_lib.LayerProfile(**{
+              **dataclasses.asdict(layer), 'forward_seconds': seconds,
+              'backward_seconds': 2 * seconds,
+              'activation_bytes': layer.activation_bytes *
+                                  microbatch_size // MICROBATCH})
+          for layer in base.layers),
+      tensor_bytes={k: v * microbatch_size // MICROBATCH
+                    for k, v in base.tensor_bytes.items()},
+      live_tensors=base.live_tensors)
+
+
+def test_profile_at_interpolates_times_and_scales_bytes():
+  small, large = _scaled_profile(1, 0.5, 0.25), _scaled_profile(16, 0.5, 0.25)
+  between = plan_lib.profile_at([small, large], 8)
+  expected = _scaled_profile(8, 0.5, 0.25)
+  assert between.microbatch_size == 8
+  for got, want in zip(between.layers, expected.layers):
+    assert got.forward_seconds == pytest.approx(want.forward_seconds)
+    assert got.backward_seconds == pytest.approx(want.backward_seconds)
+    assert got.activation_bytes == want.activation_bytes
+    assert got.parameter_bytes == want.parameter_bytes
+  assert between.tensor_bytes == expected.tensor_bytes
+  assert plan_lib.profile_at([small, large], 16) is large
+  # One measured size: proportional.
+  assert plan_lib.profile_at([small], 4).layers[0].forward_seconds == (
+      pytest.approx(4 * 0.75))
+
+
+def test_auto_picks_the_fastest_pair_and_says_why():
+  # A fixed cost per micro-batch and layer makes many micro-batches slow;
+  # few leave a large bubble: the optimum is in between.
+  measured = [_scaled_profile(1, 1.0, 0.125), _scaled_profile(64, 1.0, 0.125)]
+  plan, profile = plan_lib.choose_plan(
+      measured, 2, 64, [1, 2, 4, 8, 16, 32, 64], ['gpipe', '1f1b'], 'never',
+      False)
+  rows = plan['choice']['candidates']
+  assert len(rows) == 14 and all(r['fits_budget'] for r in rows)
+  steps = {(r['num_microbatches'], r['schedule']): r['step_seconds']
+           for r in rows}
+  assert min(steps.values()) == pytest.approx(
+      plan['predicted']['step_seconds'])
+  assert 1 < plan['num_microbatches'] < 64
+  assert profile.microbatch_size == plan['microbatch_size'] == (
+      64 // plan['num_microbatches'])
+  # Balanced stages, remat never: both schedules predict the same step, so
+  # the lower peak memory decides.
+  assert steps[(8, 'gpipe')] == pytest.approx(steps[(8, '1f1b')])
+  assert plan['schedule'] == '1f1b'
+  reason = plan['choice']['reason']
+  assert reason.startswith(f"M={plan['num_microbatches']}, 1f1b: the "
+                           'shortest predicted step')
+  assert 'of the 14 candidates that fit the memory budget' in reason
+  assert 'lowest peak memory' in reason
+
+
+def test_auto_within_a_budget_only_1f1b_fits():
+  measured = [_scaled_profile(1, 1.0, 0.125), _scaled_profile(64, 1.0, 0.125)]
+  gpipe_needs = min(
+      plan_lib.make_plan(plan_lib.profile_at(measured, 64 // m), 2, m,
+                         'never', False)['predicted']['peak_memory_bytes']
+      for m in (16, 32, 64))
+  plan, _ = plan_lib.choose_plan(measured, 2, 64, [16, 32, 64],
+                                 ['gpipe', '1f1b'], 'never', False,
+                                 memory_budget_bytes=gpipe_needs - 1)
+  assert plan['schedule'] == '1f1b'
+  rows = {(r['num_microbatches'], r['schedule']): r
+          for r in plan['choice']['candidates']}
+  assert not any(rows[(m, 'gpipe')]['fits_budget'] for m in (16, 32, 64))
+  assert rows[(16, 'gpipe')]['smallest_budget_bytes'] >= gpipe_needs
+  assert 'of the 3 candidates that fit' in plan['choice']['reason']
+  with pytest.raises(partition.InfeasibleBudgetError,
+                     match='smallest budget that works is'):
+    plan_lib.choose_plan(measured, 2, 64, [16], ['gpipe', '1f1b'], 'never',
+                         False, memory_budget_bytes=1)

@@ -13,9 +13,7 @@ from components.pipeline_parallel import schedules
 
 AUTO = 'auto'
 REMAT_MODES = ('always', 'except_last', 'never')
-# GPipe keeps the bubble (K-1)/(M+K-1) small by using many micro-batches;
-# `num_microbatches='auto'` picks at least this many per stage.
-AUTO_MICROBATCHES_PER_STAGE = 4
+SCHEDULE_OPTIONS = (*schedules.SCHEDULES, AUTO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,12 +24,14 @@ class PartitionerConfig(JsonConfig):
     batch_size: training mini-batch size; the sample batch is split into
       `num_microbatches` micro-batches of equal size, so it must divide.
     num_stages: pipeline stages, or 'auto' for one per available device.
-    num_microbatches: micro-batches per mini-batch, or 'auto' for the
-      smallest divisor of `batch_size` that is at least 4 x stages.
-    schedule: the pipeline schedule, one of `schedules.SCHEDULES`: 'gpipe'
-      (all forwards, then all backwards; M micro-batches in flight per
-      stage) or '1f1b' (PipeDream-Flush; at most K-s in flight on stage s,
-      the same bubble and gradients).
+    num_microbatches: micro-batches per mini-batch, or 'auto': the divisor
+      of `batch_size` that, with the schedule, gives the shortest predicted
+      step (compute + bubble, from the profile) within the memory budget.
+    schedule: the pipeline schedule: 'gpipe' (all forwards, then all
+      backwards; M micro-batches in flight per stage), '1f1b'
+      (PipeDream-Flush; at most K-s in flight on stage s, the same bubble
+      and gradients) or 'auto' (chosen with num_microbatches; equal
+      predicted steps go to the lower peak memory).
     memory_budget_bytes: per-device memory budget; None means unlimited.
     remat: 'always' recomputes every micro-batch's stage activations in the
       backward pass, 'except_last' all but the last micro-batch (whose
@@ -47,7 +47,7 @@ class PartitionerConfig(JsonConfig):
   batch_size: int
   num_stages: Union[int, str] = AUTO
   num_microbatches: Union[int, str] = AUTO
-  schedule: str = schedules.GPIPE
+  schedule: str = AUTO
   memory_budget_bytes: Optional[int] = None
   remat: str = 'except_last'
   offload_activations: bool = False
@@ -74,7 +74,9 @@ class PartitionerConfig(JsonConfig):
         self.memory_budget_bytes <= 0):
       raise ValueError('memory_budget_bytes must be a positive int or None, '
                        f'got {self.memory_budget_bytes!r}.')
-    schedules.check_schedule(self.schedule)
+    if self.schedule not in SCHEDULE_OPTIONS:
+      raise ValueError(f'schedule must be one of {SCHEDULE_OPTIONS}, got '
+                       f'{self.schedule!r}.')
     if self.remat not in REMAT_MODES:
       raise ValueError(
           f'remat must be one of {REMAT_MODES}, got {self.remat!r}.')
@@ -93,8 +95,6 @@ class PartitionerConfig(JsonConfig):
     if not isinstance(self.sample_split, str) or not self.sample_split:
       raise ValueError('sample_split must be a split name, got '
                        f'{self.sample_split!r}.')
-    if is_int(self.num_stages):
-      self.resolve_num_microbatches(self.num_stages)
     return self
 
   def validate_for_model(self, num_layers: int) -> None:
@@ -112,19 +112,17 @@ class PartitionerConfig(JsonConfig):
       return self.num_stages
     return max(1, min(available_devices, num_layers))
 
-  def resolve_num_microbatches(self, num_stages: int) -> int:
-    """Micro-batch count for `num_stages` stages."""
+  def microbatch_counts(self):
+    """The micro-batch counts to plan for: the configured one, or every
+    divisor of batch_size ('auto')."""
     if is_int(self.num_microbatches):
-      return self.num_microbatches
-    wanted = AUTO_MICROBATCHES_PER_STAGE * num_stages
-    for divisor in _divisors(self.batch_size):
-      if divisor >= wanted:
-        return divisor
-    raise ValueError(
-        f"num_microbatches='auto' needs a divisor of batch_size "
-        f'{self.batch_size} that is at least {AUTO_MICROBATCHES_PER_STAGE} x '
-        f'{num_stages} stages = {wanted}; none exists. Raise batch_size or '
-        f'set num_microbatches to one of {_divisors(self.batch_size)}.')
+      return [self.num_microbatches]
+    return _divisors(self.batch_size)
+
+  def schedule_names(self):
+    """The schedules to plan for: the configured one, or both ('auto')."""
+    return (list(schedules.SCHEDULES) if self.schedule == AUTO else
+            [self.schedule])
 
   @classmethod
   def from_dict(cls, values) -> 'PartitionerConfig':

@@ -18,6 +18,7 @@ a schedule (`schedules`) that keeps F_s micro-batches in flight on it
 
 import dataclasses
 import json
+import math
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -272,3 +273,114 @@ def _cut_details(profile: ModelProfile, cut: int) -> Dict[str, Any]:
   }
 
 
+
+
+def profile_at(measured: Sequence[ModelProfile],
+               microbatch_size: int) -> ModelProfile:
+  """The profile of another micro-batch size, from one or two measured.
+
+  Times are affine in the micro-batch size through the two measured sizes
+  (with one, proportional to it), never negative; activation and tensor
+  bytes are proportional (they carry the batch dimension); weights do not
+  change. A measured size is returned as measured.
+  """
+  by_size = {p.microbatch_size: p for p in measured}
+  if microbatch_size in by_size:
+    return by_size[microbatch_size]
+  small, large = min(by_size), max(by_size)
+  low, high = by_size[small], by_size[large]
+
+  def seconds(t_small, t_large):
+    if small == large:
+      return t_small * microbatch_size / small
+    slope = (t_large - t_small) / (large - small)
+    return max(t_small + slope * (microbatch_size - small), 0.0)
+
+  def scaled(num_bytes):
+    return int(round(num_bytes * microbatch_size / small))
+
+  return dataclasses.replace(
+      low,
+      microbatch_size=microbatch_size,
+      layers=tuple(
+          dataclasses.replace(
+              a, forward_seconds=seconds(a.forward_seconds,
+                                         b.forward_seconds),
+              backward_seconds=seconds(a.backward_seconds,
+                                       b.backward_seconds),
+              activation_bytes=scaled(a.activation_bytes))
+          for a, b in zip(low.layers, high.layers)),
+      tensor_bytes={name: scaled(n) for name, n in low.tensor_bytes.items()})
+
+
+# Predicted steps closer than this (relative) count as equal.
+_STEP_TIE = 1e-9
+
+
+def choose_plan(measured: Sequence[ModelProfile], num_stages: int,
+                batch_size: int, microbatch_counts: Sequence[int],
+                schedule_names: Sequence[str], remat: str,
+                offload_activations: bool, memory_budget_bytes=None
+               ) -> Tuple[Dict[str, Any], ModelProfile]:
+  """The fastest predicted plan over micro-batch counts and schedules.
+
+  Each (M, schedule) gets its optimal partition within the budget; the
+  shortest simulated step wins, equal steps go to the lower peak memory,
+  then to fewer micro-batches. The plan's `choice` records every candidate
+  and why this one. Returns (plan, the profile it was made from).
+
+  Raises:
+    partition.InfeasibleBudgetError: no candidate fits the budget; names the
+      smallest budget that fits one.
+  """
+  rows, feasible, min_budget = [], [], float('inf')
+  for m in microbatch_counts:
+    profile = profile_at(measured, batch_size // m)
+    for schedule in schedule_names:
+      row = {'num_microbatches': m, 'schedule': schedule}
+      try:
+        plan = make_plan(profile, num_stages, m, remat, offload_activations,
+                         memory_budget_bytes, schedule)
+      except partition.InfeasibleBudgetError as error:
+        min_budget = min(min_budget, error.min_budget)
+        rows.append({**row, 'fits_budget': False,
+                     'smallest_budget_bytes': int(math.ceil(
+                         error.min_budget))})
+        continue
+      predicted = plan['predicted']
+      rows.append({**row, 'fits_budget': True,
+                   'step_seconds': predicted['step_seconds'],
+                   'bubble_fraction': predicted['bubble_fraction'],
+                   'peak_memory_bytes': predicted['peak_memory_bytes']})
+      feasible.append((plan, profile))
+  if not feasible:
+    raise partition.InfeasibleBudgetError(memory_budget_bytes, min_budget,
+                                          num_stages)
+  fastest = min(p['predicted']['step_seconds'] for p, _ in feasible)
+  tied = [(p, prof) for p, prof in feasible
+          if p['predicted']['step_seconds'] <= fastest * (1 + _STEP_TIE)]
+  plan, profile = min(tied, key=lambda entry: (
+      entry[0]['predicted']['peak_memory_bytes'],
+      entry[0]['num_microbatches']))
+  plan['choice'] = {
+      'candidates': rows,
+      'measured_microbatch_sizes': sorted(p.microbatch_size
+                                          for p in measured),
+      'reason': _reason(plan, rows, len(feasible), len(tied)),
+  }
+  return plan, profile
+
+
+def _reason(plan, rows, num_feasible: int, num_tied: int) -> str:
+  chosen = f"M={plan['num_microbatches']}, {plan['schedule']}"
+  if len(rows) == 1:
+    return f'{chosen}: both were set in the config.'
+  text = (f"{chosen}: the shortest predicted step "
+          f"({plan['predicted']['step_seconds'] * 1e3:.3f} ms, compute + "
+          f'bubble, simulated from the profile) of the {num_feasible} '
+          f'candidates that fit the memory budget, out of {len(rows)}')
+  if num_tied > 1:
+    text += (f'; {num_tied} candidates predict the same step, and this one '
+             'has the lowest peak memory '
+             f"({plan['predicted']['peak_memory_bytes']:,} bytes)")
+  return text + '.'

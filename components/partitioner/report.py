@@ -123,6 +123,23 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
         f"{s['forward_seconds'] * 1e3:.3f} | "
         f"{s['backward_seconds'] * 1e3:.3f} | "
         f"{_mib(s['parameter_bytes'])} | {_mib(s['memory_bytes'])} |")
+  choice = plan['choice']
+  lines += ['', '## Choice of M and schedule', '', choice['reason'], '',
+            'Profile measured at micro-batch sizes '
+            f"{choice['measured_microbatch_sizes']}; other sizes interpolate "
+            'the times (affine in the size) and scale the activation bytes.',
+            '', '| M | schedule | predicted step ms | bubble | peak MiB | '
+            'fits budget |', '|---|---|---|---|---|---|']
+  for row in choice['candidates']:
+    if row['fits_budget']:
+      lines.append(
+          f"| {row['num_microbatches']} | {row['schedule']} | "
+          f"{row['step_seconds'] * 1e3:.3f} | {row['bubble_fraction']:.3f} | "
+          f"{_mib(row['peak_memory_bytes'])} | yes |")
+    else:
+      lines.append(
+          f"| {row['num_microbatches']} | {row['schedule']} | - | - | - | no "
+          f"(needs {_mib(row['smallest_budget_bytes'])} MiB) |")
   by_schedule = plan['memory_by_schedule']
   lines += ['', '## Predicted peak memory per stage, by schedule', '',
             'Training state + activations + received tensors, with these '
