@@ -62,6 +62,13 @@ def small_module(tmp_path):
     ({'remat': 'never', 'offload_activations': True},
      r'offload_activations .* needs remat'),
     ({'memory_budget_bytes': -5}, r'memory_budget_bytes must be a positive'),
+    ({'data_parallel_replicas': 0},
+     r'data_parallel_replicas must be a positive int, got 0'),
+    ({'batch_size': 30, 'data_parallel_replicas': 4},
+     r'batch_size 30 is not divisible by data_parallel_replicas 4'),
+    ({'data_parallel_replicas': 2, 'num_microbatches': 64},
+     r'batch_size 64 is not divisible by num_microbatches 64 x '
+     r'data_parallel_replicas 2; .* Divisors of 32: '),
     ({'schedule': 'pipedream'},
      r"schedule must be one of \('gpipe', '1f1b', 'auto'\), got "
      r"'pipedream'"),
@@ -185,6 +192,19 @@ def test_executor_auto_stages_use_the_visible_devices(small_module, tmp_path):
                            profile_repeats=1)
   expected = min(executor.available_devices(), 5)
   assert artifact.get_int_custom_property('num_stages') == expected
+
+
+def test_executor_plans_data_parallel_copies(small_module, tmp_path):
+  artifact = _run_executor(small_module, tmp_path / 'plan', batch_size=32,
+                           num_stages=2, num_microbatches=4,
+                           data_parallel_replicas=2, profile_repeats=1)
+  with open(os.path.join(artifact.uri, plan_lib.PLAN_FILE)) as f:
+    plan = json.load(f)
+  # Each of the 2 copies: 16 examples in 4 micro-batches of 4.
+  assert plan['data_parallel_replicas'] == 2
+  assert plan['batch_size'] == 32 and plan['microbatch_size'] == 4
+  assert plan['choice']['measured_microbatch_sizes'] == [4]
+  assert artifact.get_int_custom_property('data_parallel_replicas') == 2
 
 
 def test_executor_infeasible_budget_names_the_smallest(small_module,

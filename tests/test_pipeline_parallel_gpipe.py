@@ -41,6 +41,8 @@ ATOL = 1e-6
 SKIP_BOUNDARIES = {2: [0, 3, 6], 3: [0, 2, 4, 6], 4: [0, 2, 3, 5, 6]}
 CORE_CASE = 'skip_k4_except_last'
 CORE_1F1B_CASE = '1f1b_skip_k3_m4_except_last'
+CORE_HYBRID_CASE = 'hybrid_r2_k2_1f1b_except_last'
+HYBRID_CASES = ('hybrid_r2_k2_gpipe_always', 'hybrid_r2_k2_1f1b_never')
 GRADIENT_CASES = ([f'skip_k{k}_{mode}' for k in (2, 4) for mode in REMAT_MODES]
                   + ['skip_k4_always_offload', 'sequential_k4_except_last',
                      'taxi_k2_profiled_plan'])
@@ -116,13 +118,16 @@ def _reference(model, features, labels):
 
 
 def _plan(graph, num_stages, boundaries, remat, offload=False,
-          num_microbatches=4, schedule=None):
-  """A plan as the runtime reads it; without `schedule`, an old GPipe plan."""
+          num_microbatches=4, schedule=None, replicas=None):
+  """A plan as the runtime reads it; without `schedule` (and replicas), an
+  old GPipe plan."""
   plan = {'num_stages': num_stages, 'num_microbatches': num_microbatches,
           'remat': remat, 'offload_activations': offload,
           'boundaries': boundaries, 'layer_signature': graph.class_names()}
   if schedule is not None:
     plan['schedule'] = schedule
+  if replicas is not None:
+    plan['data_parallel_replicas'] = replicas
   return plan
 
 
@@ -145,6 +150,8 @@ def _compare(build, plan, features, labels, devices):
       'num_gradients': len(grads),
       'num_reference_gradients': len(ref_grads),
       'stage_devices': [stage.device for stage in runner.stages],
+      'all_devices': [stage.device for replica in runner.replica_stages
+                      for stage in replica],
       'placement_ok': placement_ok,
       'boundaries': plan['boundaries'],
   }
@@ -219,6 +226,13 @@ def _run_1f1b_suite(all_devices):
     plan = _plan(graph_lib.LayerGraph(build()), k, boundaries[k], mode,
                  num_microbatches=m, schedule='1f1b')
     results[case] = _compare(build, plan, features, labels, all_devices[:k])
+  skip_graph = graph_lib.LayerGraph(_skip_model())
+  for case in HYBRID_CASES:
+    _, _, _, schedule, mode = case.split('_')
+    plan = _plan(skip_graph, 2, SKIP_BOUNDARIES[2], mode, schedule=schedule,
+                 replicas=2)
+    results[case] = _compare(_skip_model, plan, features, labels,
+                             all_devices)
   results['transient_peak_bytes'] = {
       schedule: _transient_peak_bytes('never', all_devices[:2], schedule)
       for schedule in ('gpipe', '1f1b')}
@@ -246,6 +260,10 @@ def run_worker(output_path: str, scratch_dir: str, suite: str) -> None:
                  schedule='1f1b')
     results[CORE_1F1B_CASE] = _compare(_skip_model, plan, features, labels,
                                        all_devices[:3])
+    plan = _plan(skip_graph, 2, SKIP_BOUNDARIES[2], 'except_last',
+                 schedule='1f1b', replicas=2)
+    results[CORE_HYBRID_CASE] = _compare(_skip_model, plan, features, labels,
+                                         all_devices)
     with open(output_path, 'w') as f:
       json.dump(results, f, indent=1)
     return
@@ -331,6 +349,13 @@ def test_1f1b_three_stages_with_a_skip_match_one_device(core_results):
   _assert_matches_one_device(core_results[CORE_1F1B_CASE])
 
 
+def test_two_pipeline_copies_on_four_devices_match_one_device(core_results):
+  """Data x pipeline: R=2 copies of K=2 stages, each on half the batch."""
+  result = core_results[CORE_HYBRID_CASE]
+  _assert_matches_one_device(result)
+  assert sorted(result['all_devices']) == sorted(core_results['devices'])
+
+
 def test_unknown_schedule_fails_at_runner_construction():
   model = _skip_model()
   plan = _plan(graph_lib.LayerGraph(model), 2, SKIP_BOUNDARIES[2], 'never',
@@ -377,6 +402,13 @@ def test_remat_lowers_peak_memory(worker_results):
 def test_1f1b_same_loss_gradients_and_placement_as_one_device(
     one_f_one_b_results, case):
   _assert_matches_one_device(one_f_one_b_results[case])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('case', HYBRID_CASES)
+def test_data_x_pipeline_matches_one_device(one_f_one_b_results, case):
+  _assert_matches_one_device(one_f_one_b_results[case])
+  assert len(set(one_f_one_b_results[case]['all_devices'])) == NUM_DEVICES
 
 
 @pytest.mark.slow

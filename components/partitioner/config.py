@@ -21,9 +21,11 @@ class PartitionerConfig(JsonConfig):
   """What to plan: stage and micro-batch counts, memory budget, remat.
 
   Attributes:
-    batch_size: training mini-batch size; the sample batch is split into
-      `num_microbatches` micro-batches of equal size, so it must divide.
-    num_stages: pipeline stages, or 'auto' for one per available device.
+    batch_size: training mini-batch size; it is split into
+      `data_parallel_replicas` x `num_microbatches` micro-batches of equal
+      size, so they must divide it.
+    num_stages: pipeline stages, or 'auto' for one per available device
+      (divided among the data_parallel_replicas copies).
     num_microbatches: micro-batches per mini-batch, or 'auto': the divisor
       of `batch_size` that, with the schedule, gives the shortest predicted
       step (compute + bubble, from the profile) within the memory budget.
@@ -32,6 +34,9 @@ class PartitionerConfig(JsonConfig):
       (PipeDream-Flush; at most K-s in flight on stage s, the same bubble
       and gradients) or 'auto' (chosen with num_microbatches; equal
       predicted steps go to the lower peak memory).
+    data_parallel_replicas: copies R of the K-stage pipeline, on R x K
+      devices, each on its own 1/R of the mini-batch, gradients summed
+      across the copies before the one update.
     memory_budget_bytes: per-device memory budget; None means unlimited.
     remat: 'always' recomputes every micro-batch's stage activations in the
       backward pass, 'except_last' all but the last micro-batch (whose
@@ -48,6 +53,7 @@ class PartitionerConfig(JsonConfig):
   num_stages: Union[int, str] = AUTO
   num_microbatches: Union[int, str] = AUTO
   schedule: str = AUTO
+  data_parallel_replicas: int = 1
   memory_budget_bytes: Optional[int] = None
   remat: str = 'except_last'
   offload_activations: bool = False
@@ -63,12 +69,24 @@ class PartitionerConfig(JsonConfig):
     if not is_int(self.batch_size) or self.batch_size < 1:
       raise ValueError(
           f'batch_size must be a positive int, got {self.batch_size!r}.')
-    if is_int(self.num_microbatches) and (
-        self.batch_size % self.num_microbatches):
+    if (not is_int(self.data_parallel_replicas) or
+        self.data_parallel_replicas < 1):
+      raise ValueError('data_parallel_replicas must be a positive int, got '
+                       f'{self.data_parallel_replicas!r}.')
+    if self.batch_size % self.data_parallel_replicas:
+      raise ValueError(
+          f'batch_size {self.batch_size} is not divisible by '
+          f'data_parallel_replicas {self.data_parallel_replicas}; every copy '
+          'of the pipeline gets an equal share.')
+    share = self.replica_batch_size
+    if is_int(self.num_microbatches) and share % self.num_microbatches:
       raise ValueError(
           f'batch_size {self.batch_size} is not divisible by num_microbatches '
-          f'{self.num_microbatches}; micro-batches must have equal size. '
-          f'Divisors of {self.batch_size}: {_divisors(self.batch_size)}.')
+          f'{self.num_microbatches}'
+          + (f' x data_parallel_replicas {self.data_parallel_replicas}'
+             if self.data_parallel_replicas > 1 else '') +
+          '; micro-batches must have equal size. Divisors of '
+          f'{share}: {_divisors(share)}.')
     if self.memory_budget_bytes is not None and (
         not is_int(self.memory_budget_bytes) or
         self.memory_budget_bytes <= 0):
@@ -105,19 +123,26 @@ class PartitionerConfig(JsonConfig):
           'partitionable layers of the model; every stage needs at least one '
           f'layer, so use num_stages <= {num_layers}.')
 
+  @property
+  def replica_batch_size(self) -> int:
+    """Examples per copy of the pipeline and mini-batch."""
+    return self.batch_size // self.data_parallel_replicas
+
   def resolve_num_stages(self, available_devices: int, num_layers: int) -> int:
-    """Stage count: the configured one, or one per device (at most layers)."""
+    """Stage count: the configured one, or one per device of a pipeline copy
+    (at most one per layer)."""
     self.validate_for_model(num_layers)
     if is_int(self.num_stages):
       return self.num_stages
-    return max(1, min(available_devices, num_layers))
+    return max(1, min(available_devices // self.data_parallel_replicas,
+                      num_layers))
 
   def microbatch_counts(self):
     """The micro-batch counts to plan for: the configured one, or every
-    divisor of batch_size ('auto')."""
+    divisor of a pipeline copy's batch ('auto')."""
     if is_int(self.num_microbatches):
       return [self.num_microbatches]
-    return _divisors(self.batch_size)
+    return _divisors(self.replica_batch_size)
 
   def schedule_names(self):
     """The schedules to plan for: the configured one, or both ('auto')."""

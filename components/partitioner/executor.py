@@ -82,8 +82,8 @@ class Executor(base_executor.BaseExecutor):
     counts = config.microbatch_counts()
     # One measured size for a fixed M; for 'auto' the smallest and the
     # largest micro-batch, between which times are interpolated.
-    sizes = sorted({config.batch_size // max(counts),
-                    config.batch_size // min(counts)})
+    sizes = sorted({config.replica_batch_size // max(counts),
+                    config.replica_batch_size // min(counts)})
 
     examples = input_dict.get(EXAMPLES_KEY) or []
     transform_graph = input_dict.get(TRANSFORM_GRAPH_KEY) or []
@@ -96,7 +96,7 @@ class Executor(base_executor.BaseExecutor):
     plan, profile = plan_lib.choose_plan(
         measured, num_stages, config.batch_size, counts,
         config.schedule_names(), config.remat, config.offload_activations,
-        config.memory_budget_bytes)
+        config.memory_budget_bytes, config.data_parallel_replicas)
     num_microbatches = plan['num_microbatches']
     plan['config'] = json.loads(config.to_json())
 
@@ -107,6 +107,8 @@ class Executor(base_executor.BaseExecutor):
     output.set_int_custom_property('num_stages', num_stages)
     output.set_int_custom_property('num_microbatches', num_microbatches)
     output.set_string_custom_property('schedule', plan['schedule'])
+    output.set_int_custom_property('data_parallel_replicas',
+                                   config.data_parallel_replicas)
     output.set_string_custom_property('boundaries',
                                       json.dumps(plan['boundaries']))
     output.set_float_custom_property('predicted_step_seconds',

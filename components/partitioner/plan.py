@@ -142,11 +142,15 @@ def memory_terms(profile: ModelProfile, num_stages: int,
 def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
               remat: str, offload_activations: bool,
               memory_budget_bytes=None,
-              schedule: str = schedules.GPIPE) -> Dict[str, Any]:
+              schedule: str = schedules.GPIPE,
+              data_parallel_replicas: int = 1) -> Dict[str, Any]:
   """Optimal partition of `profile` and everything the runner and report use.
 
   The memory budget applies to `schedule`'s memory (1F1B fits where GPipe
   may not); the plan also records each stage's memory under every schedule.
+  With R data-parallel replicas every copy of the pipeline runs the same
+  plan on its own devices and 1/R of the batch; the predicted step leaves
+  out the gradient sum across copies.
 
   Raises:
     partition.InfeasibleBudgetError: nothing fits the memory budget.
@@ -183,7 +187,9 @@ def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
       'num_microbatches': num_microbatches,
       'schedule': schedule,
       'microbatch_size': profile.microbatch_size,
-      'batch_size': profile.microbatch_size * num_microbatches,
+      'data_parallel_replicas': data_parallel_replicas,
+      'batch_size': (profile.microbatch_size * num_microbatches *
+                     data_parallel_replicas),
       'remat': remat,
       'offload_activations': offload_activations,
       'memory_budget_bytes': memory_budget_bytes,
@@ -320,7 +326,8 @@ _STEP_TIE = 1e-9
 def choose_plan(measured: Sequence[ModelProfile], num_stages: int,
                 batch_size: int, microbatch_counts: Sequence[int],
                 schedule_names: Sequence[str], remat: str,
-                offload_activations: bool, memory_budget_bytes=None
+                offload_activations: bool, memory_budget_bytes=None,
+                data_parallel_replicas: int = 1
                ) -> Tuple[Dict[str, Any], ModelProfile]:
   """The fastest predicted plan over micro-batch counts and schedules.
 
@@ -335,12 +342,13 @@ def choose_plan(measured: Sequence[ModelProfile], num_stages: int,
   """
   rows, feasible, min_budget = [], [], float('inf')
   for m in microbatch_counts:
-    profile = profile_at(measured, batch_size // m)
+    profile = profile_at(measured, batch_size // data_parallel_replicas // m)
     for schedule in schedule_names:
       row = {'num_microbatches': m, 'schedule': schedule}
       try:
         plan = make_plan(profile, num_stages, m, remat, offload_activations,
-                         memory_budget_bytes, schedule)
+                         memory_budget_bytes, schedule,
+                         data_parallel_replicas)
       except partition.InfeasibleBudgetError as error:
         min_budget = min(min_budget, error.min_budget)
         rows.append({**row, 'fits_budget': False,

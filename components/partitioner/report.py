@@ -101,6 +101,10 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
       f"{plan['num_microbatches']} of {plan['microbatch_size']} examples "
       f"(mini-batch {plan['batch_size']}), schedule "
       f"{_SCHEDULE_NAMES[plan['schedule']]}",
+      f"- data-parallel copies of the pipeline R = "
+      f"{plan['data_parallel_replicas']} on R x K = "
+      f"{plan['data_parallel_replicas'] * plan['num_stages']} devices, each "
+      f"on {plan['batch_size'] // plan['data_parallel_replicas']} examples",
       f"- re-materialization: {plan['remat']}; activations offloaded to "
       f"host: {plan['offload_activations']}",
       f'- memory budget per device: '

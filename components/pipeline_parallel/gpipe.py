@@ -2,20 +2,23 @@
 
 Integration API (what a training loop such as HighPerfTrainer's calls):
 
-    from components.pipeline_parallel import gpipe
+    from components.pipeline_parallel import gpipe, plan_format
 
     plan = gpipe.load_plan(partition_plan_artifact.uri)
+    # A device per stage of each data-parallel copy of the pipeline:
+    num_devices = plan_format.num_devices(plan)
     # CPU only, at process start, before TensorFlow initializes its devices:
-    gpipe.configure_logical_cpus(plan['num_stages'])
-    devices = gpipe.stage_devices(plan['num_stages'])
+    gpipe.configure_logical_cpus(num_devices)
+    devices = gpipe.stage_devices(num_devices)
     model = gpipe.build_model_on_devices(
         lambda: module.build_model(hparams), plan, devices)
     runner = gpipe.GPipeRunner(model, plan, devices)
     for features, labels in dataset:  # mini-batches of plan['batch_size']
       loss = runner.train_step(features, labels)
     # `model` is the ordinary Keras model (its variables merely live on the
-    # stage devices), so it exports as a normal SavedModel. GPipe replaces
-    # data parallelism: use the default strategy, not Mirrored/MultiWorker.
+    # stage devices), so it exports as a normal SavedModel. The runner does
+    # its own data parallelism (the plan's data_parallel_replicas): use the
+    # default strategy, not Mirrored/MultiWorker.
 
 `GPipeRunner.gradients(features, labels)` returns (loss, gradients aligned
 with `model.trainable_variables`) without updating, for checks against
@@ -34,6 +37,14 @@ mini-batch. Re-materialized micro-batches keep only the stage's input
 tensors (optionally in host memory) and rerun the stage's forward pass
 inside its backward pass; 'except_last' skips that for a micro-batch whose
 backward directly follows its forward on the stage.
+
+Data x pipeline: with `data_parallel_replicas` R in the plan, R copies of
+the pipeline run on R x K devices (replica r's stage s on device r*K + s),
+each on its own 1/R of the mini-batch. The variables live once, on replica
+0's stage devices, and every copy reads them from there (the broadcast);
+each copy sums its gradients in accumulators on its own devices, and the R
+sums are added on the variable's device before the one update (the
+all-reduce), so the step equals one device on the whole mini-batch.
 
 Limitations: random layers (Dropout) draw new randomness when recomputed;
 BatchNormalization normalizes per micro-batch; Keras masks do not cross
@@ -171,9 +182,11 @@ class GPipeRunner:
       raise ValueError('GPipeRunner needs a model compiled with a loss and '
                        'an optimizer.')
     num_stages = plan['num_stages']
-    if len(devices) != num_stages:
-      raise ValueError(f'the plan has {num_stages} stages but {len(devices)} '
-                       f'devices were given: {list(devices)}.')
+    self._replicas = plan_format.plan_replicas(plan)
+    if len(devices) != plan_format.num_devices(plan):
+      raise ValueError(
+          f'the plan has {num_stages} stages x {self._replicas} data-parallel '
+          f'replicas but {len(devices)} devices were given: {list(devices)}.')
     self.model = model
     self._graph = graph_lib.LayerGraph(model)
     plan_format.check_layer_signature(plan, self._graph.class_names())
@@ -214,17 +227,26 @@ class GPipeRunner:
           loss_layers=tuple(l for l in layers if id(l) not in seen_layers),
           is_last=s == num_stages - 1))
       seen_layers.update(id(l) for l in layers)
-    self.stages = tuple(stages)
+    # Replica r runs stage s on devices[r * K + s]; the variables live on
+    # replica 0's stage devices, and every replica reads them from there.
+    self.replica_stages = tuple(
+        tuple(dataclasses.replace(stage, device=devices[r * num_stages + s])
+              for s, stage in enumerate(stages))
+        for r in range(self._replicas))
+    self.stages = self.replica_stages[0]
     # Gradients are summed across micro-batches in variables on each stage's
     # device: grappler would turn a chain of tensor adds into one AddN that
     # keeps every micro-batch's gradients alive at the same time.
     self._accumulators = []
-    for stage in self.stages:
-      with tf.device(stage.device):
-        self._accumulators.append([
-            tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                        name=f'gpipe_stage{stage.index}_gradient_sum')
-            for v in stage.variables])
+    for r, replica in enumerate(self.replica_stages):
+      self._accumulators.append([])
+      for stage in replica:
+        with tf.device(stage.device):
+          self._accumulators[r].append([
+              tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                          name=f'pipeline_replica{r}_stage{stage.index}_'
+                          'gradient_sum')
+              for v in stage.variables])
     # The schedule is plain Python loops over stages and micro-batches;
     # AutoGraph would only add tracing time (16 of 17 s for a small model).
     self._gradients_fn = tf.function(self._loss_and_gradients,
@@ -238,6 +260,10 @@ class GPipeRunner:
   @property
   def schedule(self) -> str:
     return self._schedule
+
+  @property
+  def data_parallel_replicas(self) -> int:
+    return self._replicas
 
   def gradients(self, features, labels):
     """(mean loss, gradients aligned with model.trainable_variables)."""
@@ -254,14 +280,17 @@ class GPipeRunner:
     return loss
 
   def _split(self, features, labels):
-    """Model inputs and labels cut into M equal micro-batches on the host."""
-    m = self._num_microbatches
+    """Model inputs and labels cut into R x M equal micro-batches on the
+    host: replica r gets pieces r*M .. r*M + M-1."""
+    m = self._num_microbatches * self._replicas
     with tf.device(self._host):
       inputs = self._graph.feed(features)
       batch = next(iter(inputs.values())).shape[0]
       if batch is not None and batch % m:
-        raise ValueError(f'batch size {batch} is not divisible by the '
-                         f'{m} micro-batches of the partition plan.')
+        raise ValueError(
+            f'batch size {batch} is not divisible by the '
+            f'{self._num_microbatches} micro-batches x {self._replicas} '
+            'data-parallel replicas of the partition plan.')
       pieces = {name: tf.split(value, m) for name, value in inputs.items()}
       label_pieces = [tf.split(y, m) for y in tf.nest.flatten(labels)]
     micro_inputs = [{name: parts[i] for name, parts in pieces.items()}
@@ -284,21 +313,52 @@ class GPipeRunner:
           labels, self._graph.pack_outputs(outputs)))
     if not losses:
       return outputs, None
-    # Scaled so that summing over micro-batches gives the mini-batch mean.
-    return outputs, tf.add_n(losses) / self._num_microbatches
+    # Scaled so that summing over micro-batches and replicas gives the
+    # mini-batch mean.
+    return outputs, tf.add_n(losses) / (self._num_microbatches *
+                                        self._replicas)
 
   def _loss_and_gradients(self, features, labels):
     micro_inputs, micro_labels = self._split(features, labels)
+    local_losses = []
+    for r, replica in enumerate(self.replica_stages):
+      first = r * self._num_microbatches
+      local_losses += self._run_schedule(
+          replica, self._accumulators[r],
+          micro_inputs[first:first + self._num_microbatches],
+          micro_labels[first:first + self._num_microbatches], r)
+    with tf.device(self._host):
+      loss = tf.add_n(local_losses)
+    # The all-reduce: each variable's gradient is the sum of its stages'
+    # (shared layers) and replicas' accumulators, on the variable's device.
+    # Automatic control dependencies read each sum after its last update.
+    sums = {}
+    for replica, replica_accumulators in zip(self.replica_stages,
+                                             self._accumulators):
+      for stage, accumulators in zip(replica, replica_accumulators):
+        for variable, accumulator in zip(stage.variables, accumulators):
+          sums.setdefault(id(variable), []).append(accumulator.read_value())
+    grads = []
+    for v in self.model.trainable_variables:
+      with tf.device(v.device):
+        grads.append(tf.add_n(sums[id(v)]) if id(v) in sums else
+                     tf.zeros_like(v))
+    return loss, grads
+
+  def _run_schedule(self, stages, accumulators, micro_inputs, micro_labels,
+                    replica: int) -> List[tf.Tensor]:
+    """One pipeline copy's schedule; returns its loss shares."""
     # Each device's latest task results: orders its next task after them.
-    last_task = [[] for _ in self.stages]
+    last_task = [[] for _ in stages]
     sent = {}  # (stage, m) -> forward outputs.
     sent_grads = {}  # (stage, m) -> gradients for its received tensors.
     saved = {}
     local_losses = []
-    first_backward = [True] * len(self.stages)
+    first_backward = [True] * len(stages)
     for s, phase, m in schedules.execution_order(self._orders):
-      stage = self.stages[s]
-      with tf.name_scope(f'pipeline/stage{s}/microbatch{m}/{phase}'), \
+      stage = stages[s]
+      with tf.name_scope(
+          f'pipeline/replica{replica}/stage{s}/microbatch{m}/{phase}'), \
           tf.device(stage.device), \
           tf.control_dependencies(last_task[s]):
         if phase == schedules.FORWARD:
@@ -320,7 +380,7 @@ class GPipeRunner:
         upstream = sent_grads.pop((s + 1, m), {})
         input_grads, stage_grads, loss_share = self._stage_backward(
             stage, saved.pop((m, s)), upstream, micro_labels[m])
-        for accumulator, grad in zip(self._accumulators[s], stage_grads):
+        for accumulator, grad in zip(accumulators[s], stage_grads):
           if first_backward[s]:
             accumulator.assign(grad)
           else:
@@ -330,16 +390,7 @@ class GPipeRunner:
           local_losses.append(loss_share)
         sent_grads[(s, m)] = input_grads
         last_task[s] = [*stage_grads, *input_grads.values()]
-
-    with tf.device(self._host):
-      loss = tf.add_n(local_losses)
-    # Automatic control dependencies read each sum after its last update.
-    sums = {}
-    for stage, accumulators in zip(self.stages, self._accumulators):
-      for variable, accumulator in zip(stage.variables, accumulators):
-        sums.setdefault(id(variable), []).append(accumulator.read_value())
-    return loss, [tf.add_n(sums[id(v)]) if id(v) in sums else tf.zeros_like(v)
-                  for v in self.model.trainable_variables]
+    return local_losses
 
   def _checkpoint(self, inputs):
     if not self._offload:

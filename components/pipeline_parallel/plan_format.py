@@ -31,3 +31,18 @@ def plan_schedule(plan: Dict[str, Any]) -> str:
     raise ValueError(f'the partition plan has schedule {schedule!r}; this '
                      f'runtime runs {schedules.SCHEDULES}.')
   return schedule
+
+
+def plan_replicas(plan: Dict[str, Any]) -> int:
+  """Copies of the pipeline that split each mini-batch (data x pipeline)."""
+  replicas = plan.get('data_parallel_replicas', 1)
+  if not isinstance(replicas, int) or isinstance(replicas, bool) or (
+      replicas < 1):
+    raise ValueError('the partition plan has data_parallel_replicas '
+                     f'{replicas!r}; it must be a positive int.')
+  return replicas
+
+
+def num_devices(plan: Dict[str, Any]) -> int:
+  """Devices the plan runs on: a device per stage of each pipeline copy."""
+  return plan['num_stages'] * plan_replicas(plan)
