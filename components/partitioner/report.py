@@ -18,7 +18,7 @@ from components.partitioner import plan as plan_lib
 STAGE_COSTS_PNG = 'stage_costs.png'
 SCHEDULE_PNG = 'schedule.png'
 REPORT_MD = 'report.md'
-_SCHEDULE_NAMES = {'gpipe': 'GPipe', '1f1b': '1F1B'}
+SCHEDULE_NAMES = {'gpipe': 'GPipe', '1f1b': '1F1B'}
 _COLORS = {'forward': 'tab:blue', 'backward': 'tab:orange',
            'idle': 'lightgrey'}
 
@@ -50,6 +50,43 @@ def stage_costs_chart(plan: Mapping[str, Any], path: str) -> None:
   _save(figure, path)
 
 
+def _draw_schedule(axes, tasks, num_stages: int, makespan: float,
+                   title: str, label_microbatches: bool) -> None:
+  scale = 1e3
+  axes.barh([-s for s in range(num_stages)], makespan * scale, left=0,
+            color=_COLORS['idle'])
+  for task in tasks:
+    axes.barh(-task.stage, (task.end - task.start) * scale,
+              left=task.start * scale, color=_COLORS[task.phase],
+              edgecolor='white')
+    if label_microbatches:
+      axes.text((task.start + task.end) / 2 * scale, -task.stage,
+                str(task.microbatch), ha='center', va='center',
+                fontsize=7, color='white')
+  axes.set_yticks([-s for s in range(num_stages)])
+  axes.set_yticklabels([f'stage {s}' for s in range(num_stages)])
+  axes.set_xlabel('ms')
+  axes.set_title(title, fontsize='medium')
+
+
+def schedule_charts(panels, num_stages: int, num_microbatches: int,
+                    path: str) -> None:
+  """Gantt charts stacked: `panels` is [(title, tasks, makespan)], tasks
+  with stage, microbatch, phase, start and end (seconds); gaps are idle."""
+  figure = Figure(figsize=(10, len(panels) * (0.5 * num_stages + 1.2) + 0.6))
+  axes_list = figure.subplots(len(panels), 1, squeeze=False)[:, 0]
+  for axes, (title, tasks, makespan) in zip(axes_list, panels):
+    _draw_schedule(axes, tasks, num_stages, makespan, title,
+                   num_microbatches <= 16)
+  axes_list[-1].legend(
+      handles=[Patch(color=color, label=label) for label, color in (
+          ('forward', _COLORS['forward']), ('backward', _COLORS['backward']),
+          ('idle (bubble)', _COLORS['idle']))],
+      loc='upper center', bbox_to_anchor=(0.5, -0.35), ncol=3,
+      fontsize='small')
+  _save(figure, path)
+
+
 def schedule_chart(plan: Mapping[str, Any], path: str) -> None:
   """Gantt chart of the plan's simulated schedule; gaps are the bubble."""
   stages = plan['stages']
@@ -57,34 +94,12 @@ def schedule_chart(plan: Mapping[str, Any], path: str) -> None:
       [s['forward_seconds'] for s in stages],
       [s['backward_seconds'] for s in stages], plan['num_microbatches'],
       plan['schedule'])
-  figure = Figure(figsize=(10, 0.5 * len(stages) + 1.8))
-  axes = figure.subplots()
-  scale = 1e3
-  axes.barh([-s['index'] for s in stages], schedule.makespan * scale,
-            left=0, color=_COLORS['idle'])
-  for task in schedule.tasks:
-    color = _COLORS[task.phase]
-    axes.barh(-task.stage, (task.end - task.start) * scale,
-              left=task.start * scale, color=color, edgecolor='white')
-    if plan['num_microbatches'] <= 16:
-      axes.text((task.start + task.end) / 2 * scale, -task.stage,
-                str(task.microbatch), ha='center', va='center',
-                fontsize=7, color='white')
-  axes.set_yticks([-s['index'] for s in stages])
-  axes.set_yticklabels([f"stage {s['index']}" for s in stages])
-  axes.set_xlabel('ms')
-  axes.set_title(
-      f"{_SCHEDULE_NAMES[plan['schedule']]} schedule, "
-      f"M={plan['num_microbatches']}: idle "
-      f'{schedule.idle_fraction:.1%} (balanced-stage bubble '
-      f"(K-1)/(M+K-1) = {plan['predicted']['bubble_fraction']:.1%})")
-  axes.legend(
-      handles=[Patch(color=color, label=label) for label, color in (
-          ('forward', _COLORS['forward']), ('backward', _COLORS['backward']),
-          ('idle (bubble)', _COLORS['idle']))],
-      loc='upper center', bbox_to_anchor=(0.5, -0.3), ncol=3,
-      fontsize='small')
-  _save(figure, path)
+  title = (f"{SCHEDULE_NAMES[plan['schedule']]} schedule, "
+           f"M={plan['num_microbatches']}: idle "
+           f'{schedule.idle_fraction:.1%} (balanced-stage bubble '
+           f"(K-1)/(M+K-1) = {plan['predicted']['bubble_fraction']:.1%})")
+  schedule_charts([(title, schedule.tasks, schedule.makespan)], len(stages),
+                  plan['num_microbatches'], path)
 
 
 def _mib(num_bytes) -> str:
@@ -100,7 +115,7 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
       f"- stages K = {plan['num_stages']}, micro-batches M = "
       f"{plan['num_microbatches']} of {plan['microbatch_size']} examples "
       f"(mini-batch {plan['batch_size']}), schedule "
-      f"{_SCHEDULE_NAMES[plan['schedule']]}",
+      f"{SCHEDULE_NAMES[plan['schedule']]}",
       f"- data-parallel copies of the pipeline R = "
       f"{plan['data_parallel_replicas']} on R x K = "
       f"{plan['data_parallel_replicas'] * plan['num_stages']} devices, each "
@@ -150,7 +165,7 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
             'boundaries, M and remat; in flight: micro-batches between their '
             'forward and backward on the stage.', '',
             '| stage | ' + ' | '.join(
-                f'{_SCHEDULE_NAMES[name]} MiB (in flight)'
+                f'{SCHEDULE_NAMES[name]} MiB (in flight)'
                 for name in by_schedule) + ' |',
             '|---|' + '---|' * len(by_schedule)]
   for s in plan['stages']:
