@@ -138,7 +138,10 @@ class ManagedTraining:
     self.sizer = None
 
   def _check_plan_fits(self) -> None:
-    """GPipe replaces data parallelism and accumulates micro-batches itself."""
+    """The plan's pipeline does its own data parallelism (its copies) and
+    accumulates micro-batches itself; also checked at construction when the
+    plan's GPipePartitioner is in the pipeline (trainer config
+    `check_partition_plan`)."""
     if self.replicas != 1 or self.kind == 'parameter_server':
       raise ValueError(
           f'A partition plan runs the model across devices itself; it needs a '
