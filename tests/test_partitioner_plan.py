@@ -12,6 +12,7 @@ import pytest
 from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import report
+from components.pipeline_parallel import plan_format
 
 MICROBATCH = 4
 
@@ -313,3 +314,27 @@ def test_auto_within_a_budget_only_1f1b_fits():
                      match='smallest budget that works is'):
     plan_lib.choose_plan(measured, 2, 64, [16], ['gpipe', '1f1b'], 'never',
                          False, memory_budget_bytes=1)
+
+
+def test_old_plans_read_as_one_gpipe_pipeline():
+  plan = plan_lib.make_plan(_profile(), 2, 4, 'never', False)
+  assert plan['schedule'] == 'gpipe' and plan['data_parallel_replicas'] == 1
+  old = {k: v for k, v in plan.items()
+         if k not in ('schedule', 'data_parallel_replicas')}
+  assert plan_format.plan_schedule(old) == 'gpipe'
+  assert plan_format.plan_replicas(old) == 1
+  assert plan_format.num_devices({**old, 'data_parallel_replicas': 3}) == 6
+  with pytest.raises(ValueError, match=r"schedule 'zb-h1'; this runtime "
+                     r"runs \('gpipe', '1f1b'\)"):
+    plan_format.plan_schedule({**old, 'schedule': 'zb-h1'})
+  with pytest.raises(ValueError, match='data_parallel_replicas 0; it must be'):
+    plan_format.plan_replicas({**old, 'data_parallel_replicas': 0})
+
+
+def test_data_parallel_copies_multiply_the_batch():
+  plan, profile = plan_lib.choose_plan(
+      [_profile()], 2, 64, [4], ['1f1b'], 'never', False,
+      data_parallel_replicas=2)
+  # 64 examples: 2 copies x 4 micro-batches of 8.
+  assert plan['data_parallel_replicas'] == 2 and plan['batch_size'] == 64
+  assert plan['microbatch_size'] == profile.microbatch_size == 8
