@@ -18,7 +18,8 @@ SCHEDULE_OPTIONS = (*schedules.SCHEDULES, AUTO)
 
 @dataclasses.dataclass(frozen=True)
 class PartitionerConfig(JsonConfig):
-  """What to plan: stage and micro-batch counts, memory budget, remat.
+  """What to plan: stage and micro-batch counts, schedule, pipeline copies,
+  memory budget, remat.
 
   Attributes:
     batch_size: training mini-batch size; it is split into
@@ -39,9 +40,10 @@ class PartitionerConfig(JsonConfig):
       across the copies before the one update.
     memory_budget_bytes: per-device memory budget; None means unlimited.
     remat: 'always' recomputes every micro-batch's stage activations in the
-      backward pass, 'except_last' all but the last micro-batch (whose
-      backward pass follows its forward pass immediately), 'never' stores
-      all of them.
+      backward pass, 'except_last' all but those whose backward directly
+      follows their forward on the stage (GPipe: the last micro-batch;
+      1F1B: every micro-batch of the last stage), 'never' stores all of
+      them.
     offload_activations: keep the stored stage inputs (remat checkpoints) in
       host memory between the forward and the backward pass.
     profile_repeats: timed repeats per layer; the profile keeps the median.
