@@ -21,11 +21,8 @@ before TensorFlow starts.
 """
 
 import argparse
-import dataclasses
-import glob
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -36,7 +33,6 @@ import numpy as np
 # Importing TensorFlow does not start its devices; each worker configures
 # them before its first op.
 import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from benchmarks import report
 from components.pipeline_parallel import gpipe
@@ -46,6 +42,7 @@ from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from components.partitioner import report as partition_report
 from components.pipeline_parallel import schedules
+from components.pipeline_parallel import timeline
 from pipelines import taxi_module
 
 LOGICAL_DEVICES = 4
@@ -155,73 +152,6 @@ def _worker_profiles(out_path, unused_argument):
     json.dump(profiles, f)
 
 
-def _trace_ops(trace_dir):
-  """(stage, micro-batch, phase, start s, end s, op type) of each op in the
-  trace.
-
-  Ops carry the runner's
-  'pipeline/replica<r>/stage<s>/microbatch<m>/<phase>' name scope;
-  gradient ops of activations kept from the forward carry the forward's
-  scope under 'gradient_tape/', so they count as backward. Transfers
-  (_Send/_Recv) are left out: they wait on the other device.
-  """
-  pattern = re.compile(
-      r'pipeline/replica\d+/stage(\d+)/microbatch(\d+)/(forward|backward)')
-  (path,) = glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'),
-                      recursive=True)
-  space = xplane_pb2.XSpace()
-  with open(path, 'rb') as f:
-    space.ParseFromString(f.read())
-  ops = []
-  for plane in space.planes:
-    for line in plane.lines:
-      for event in line.events:
-        name = plane.event_metadata[event.metadata_id].name
-        match = pattern.search(name)
-        if match and not name.endswith(('_Send', '_Recv')):
-          start = line.timestamp_ns * 1e-9 + event.offset_ps * 1e-12
-          phase = ('backward' if 'gradient_tape/' in name else
-                   match.group(3))
-          ops.append((int(match.group(1)), int(match.group(2)), phase, start,
-                      start + event.duration_ps * 1e-12,
-                      name.rpartition(':')[2]))
-  return ops
-
-
-# Variable reads and the loss metric's updates run whenever their control
-# inputs allow; they would stretch a task's span without being its work.
-_BOOKKEEPING_OPS = ('ReadVariableOp', 'AssignVariableOp', 'AssignAddVariableOp')
-
-
-def _measured_idle(ops, num_stages):
-  """1 - (time each stage had an op running) / (K x span of the step)."""
-  begin = min(op[3] for op in ops)
-  finish = max(op[4] for op in ops)
-  busy = 0.0
-  for stage in range(num_stages):  # Length of the union of its op intervals.
-    covered_to = begin
-    for start, end in sorted(op[3:5] for op in ops if op[0] == stage):
-      busy += max(0.0, end - max(start, covered_to))
-      covered_to = max(covered_to, end)
-  return 1.0 - busy / (num_stages * (finish - begin))
-
-
-def _measured_tasks(ops):
-  """Each (stage, micro-batch, phase) task from its first op's start to its
-  last op's end (bookkeeping ops left out), in seconds from the step's
-  first op."""
-  begin = min(op[3] for op in ops)
-  spans = {}
-  for stage, micro, phase, start, end, op_type in ops:
-    if op_type in _BOOKKEEPING_OPS:
-      continue
-    first, last = spans.get((stage, micro, phase), (start, end))
-    spans[(stage, micro, phase)] = (min(first, start), max(last, end))
-  return [partition.ScheduledTask(stage, micro, phase, first - begin,
-                                  last - begin)
-          for (stage, micro, phase), (first, last) in sorted(spans.items())]
-
-
 def _worker_pipeline(out_path, unused_argument):
   gpipe.configure_logical_cpus(LOGICAL_DEVICES)
   # One core per op, like a device that computes one op at a time; stages
@@ -257,7 +187,8 @@ def _worker_pipeline(out_path, unused_argument):
       tf.profiler.experimental.start(trace_dir)
       runner.train_step(features, labels).numpy()
       tf.profiler.experimental.stop()
-      idle = _measured_idle(_trace_ops(trace_dir), num_stages)
+      idle = timeline.idle_fraction(timeline.trace_ops(trace_dir),
+                                    num_stages)
     rows.append({
         'stages': num_stages, 'microbatches': num_micro, 'remat': remat,
         'step_seconds': statistics.median(samples), 'measured_idle': idle,
@@ -307,13 +238,12 @@ def _worker_schedules(out_path, unused_argument):
       tf.profiler.experimental.start(trace_dir)
       runner.train_step(features, labels).numpy()
       tf.profiler.experimental.stop()
-      ops = _trace_ops(trace_dir)
+      ops = timeline.trace_ops(trace_dir)
     rows.append({
         'stages': num_stages, 'microbatches': num_micro,
         'schedule': schedule, 'step_seconds': statistics.median(samples),
-        'measured_idle': _measured_idle(ops, num_stages),
-        'transient_bytes': transient,
-        'tasks': [dataclasses.asdict(t) for t in _measured_tasks(ops)],
+        'measured_idle': timeline.idle_fraction(ops, num_stages),
+        'transient_bytes': transient, 'tasks': timeline.tasks(ops),
     })
   with open(out_path, 'w') as f:
     json.dump({'rows': rows, 'load': [load_before, load_after]}, f)

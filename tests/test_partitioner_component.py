@@ -69,6 +69,8 @@ def small_module(tmp_path):
     ({'data_parallel_replicas': 2, 'num_microbatches': 64},
      r'batch_size 64 is not divisible by num_microbatches 64 x '
      r'data_parallel_replicas 2; .* Divisors of 32: '),
+    ({'measure_schedule': 'yes'}, r"measure_schedule must be a bool, got "
+                                  r"'yes'"),
     ({'schedule': 'pipedream'},
      r"schedule must be one of \('gpipe', '1f1b', 'auto'\), got "
      r"'pipedream'"),
@@ -205,6 +207,33 @@ def test_executor_plans_data_parallel_copies(small_module, tmp_path):
   assert plan['batch_size'] == 32 and plan['microbatch_size'] == 4
   assert plan['choice']['measured_microbatch_sizes'] == [4]
   assert artifact.get_int_custom_property('data_parallel_replicas') == 2
+
+
+def test_executor_measures_the_schedule_in_a_real_step(small_module,
+                                                      tmp_path):
+  artifact = _run_executor(small_module, tmp_path / 'plan', batch_size=16,
+                           num_stages=2, num_microbatches=4, schedule='1f1b',
+                           profile_repeats=1, measure_schedule=True)
+  with open(os.path.join(artifact.uri, plan_lib.PLAN_FILE)) as f:
+    plan = json.load(f)
+  measured = plan['measured']
+  assert len(set(measured['devices'])) == 2
+  # Every stage ran every micro-batch's forward and backward, each backward
+  # starting after its forward did (control dependencies order them).
+  spans = {(t['stage'], t['microbatch'], t['phase']): (t['start'], t['end'])
+           for t in measured['tasks']}
+  assert set(spans) == {(s, m, p) for s in (0, 1) for m in range(4)
+                        for p in ('forward', 'backward')}
+  for s in (0, 1):
+    for m in range(4):
+      assert spans[(s, m, 'forward')][0] < spans[(s, m, 'backward')][0]
+  assert 0.0 < measured['idle_fraction'] < 1.0
+  assert artifact.get_float_custom_property('measured_idle_fraction') == (
+      pytest.approx(measured['idle_fraction']))
+  text = open(os.path.join(artifact.uri, report.REPORT_MD)).read()
+  assert f"![measured schedule]({report.MEASURED_SCHEDULE_PNG})" in text
+  assert os.path.getsize(os.path.join(artifact.uri,
+                                      report.MEASURED_SCHEDULE_PNG)) > 5000
 
 
 def test_executor_infeasible_budget_names_the_smallest(small_module,

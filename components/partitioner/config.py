@@ -46,6 +46,10 @@ class PartitionerConfig(JsonConfig):
       them.
     offload_activations: keep the stored stage inputs (remat checkpoints) in
       host memory between the forward and the backward pass.
+    measure_schedule: after planning, run one traced step of the plan on
+      R x K devices in a fresh process (`measure`) and put the measured
+      schedule and idle fraction beside the simulated ones in the plan and
+      its report.
     profile_repeats: timed repeats per layer; the profile keeps the median.
     hparams: passed to the module's `build_model(hparams)`; must match the
       trainer's, since the plan is checked against the built model.
@@ -59,6 +63,7 @@ class PartitionerConfig(JsonConfig):
   memory_budget_bytes: Optional[int] = None
   remat: str = 'except_last'
   offload_activations: bool = False
+  measure_schedule: bool = False
   profile_repeats: int = 5
   hparams: Dict[str, Any] = dataclasses.field(default_factory=dict)
   sample_split: str = 'train'
@@ -107,6 +112,9 @@ class PartitionerConfig(JsonConfig):
       raise ValueError(
           "offload_activations moves the remat checkpoints to host memory, "
           "so it needs remat 'always' or 'except_last', got remat='never'.")
+    if not isinstance(self.measure_schedule, bool):
+      raise ValueError('measure_schedule must be a bool, got '
+                       f'{self.measure_schedule!r}.')
     if not is_int(self.profile_repeats) or self.profile_repeats < 1:
       raise ValueError('profile_repeats must be a positive int, got '
                        f'{self.profile_repeats!r}.')

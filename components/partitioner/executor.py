@@ -6,7 +6,8 @@ on a micro-batch of transformed examples (or of zeros shaped like the model
 inputs when no examples are wired in), at two micro-batch sizes when the
 micro-batch count is 'auto'; solve the partition for every candidate
 micro-batch count and schedule and keep the fastest predicted one that fits
-the budget; write plan.json, profile.json (the profile the plan was made
+the budget; with measure_schedule, run one traced step of the plan in a
+fresh process; write plan.json, profile.json (the profile the plan was made
 from), report.md and the charts into the PartitionPlan artifact, with the key
 numbers as custom properties.
 """
@@ -27,6 +28,7 @@ from tfx.types import artifact_utils
 
 from components.partitioner import config as config_lib
 from components.pipeline_parallel import graph as graph_lib
+from components.partitioner import measure
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from components.partitioner import report
@@ -99,6 +101,8 @@ class Executor(base_executor.BaseExecutor):
         config.memory_budget_bytes, config.data_parallel_replicas)
     num_microbatches = plan['num_microbatches']
     plan['config'] = json.loads(config.to_json())
+    if config.measure_schedule:
+      plan['measured'] = measure.run(model, plan)
 
     output = artifact_utils.get_single_instance(
         output_dict[PARTITION_PLAN_KEY])
@@ -119,6 +123,9 @@ class Executor(base_executor.BaseExecutor):
                                      predicted['bubble_fraction'])
     output.set_int_custom_property('peak_memory_bytes',
                                    predicted['peak_memory_bytes'])
+    if 'measured' in plan:
+      output.set_float_custom_property('measured_idle_fraction',
+                                       plan['measured']['idle_fraction'])
     logging.info('Pipeline plan: %s, boundaries %s, predicted step %.6f s.',
                  plan['schedule'], plan['boundaries'],
                  predicted['step_seconds'])

@@ -17,6 +17,7 @@ from components.partitioner import plan as plan_lib
 
 STAGE_COSTS_PNG = 'stage_costs.png'
 SCHEDULE_PNG = 'schedule.png'
+MEASURED_SCHEDULE_PNG = 'schedule_measured.png'
 REPORT_MD = 'report.md'
 SCHEDULE_NAMES = {'gpipe': 'GPipe', '1f1b': '1F1B'}
 _COLORS = {'forward': 'tab:blue', 'backward': 'tab:orange',
@@ -55,7 +56,9 @@ def _draw_schedule(axes, tasks, num_stages: int, makespan: float,
   scale = 1e3
   axes.barh([-s for s in range(num_stages)], makespan * scale, left=0,
             color=_COLORS['idle'])
-  for task in tasks:
+  # Backwards on top: in a measured step a forward's span can reach past
+  # later tasks (ops such as the loss metric's update run late).
+  for task in sorted(tasks, key=lambda t: t.phase == 'backward'):
     axes.barh(-task.stage, (task.end - task.start) * scale,
               left=task.start * scale, color=_COLORS[task.phase],
               edgecolor='white')
@@ -102,6 +105,25 @@ def schedule_chart(plan: Mapping[str, Any], path: str) -> None:
                   plan['num_microbatches'], path)
 
 
+def measured_schedule_chart(plan: Mapping[str, Any], path: str) -> None:
+  """The simulated schedule above the one measured in a real step."""
+  stages = plan['stages']
+  simulated = partition.simulate_schedule(
+      [s['forward_seconds'] for s in stages],
+      [s['backward_seconds'] for s in stages], plan['num_microbatches'],
+      plan['schedule'])
+  measured = [partition.ScheduledTask(**t) for t in plan['measured']['tasks']]
+  name = SCHEDULE_NAMES[plan['schedule']]
+  schedule_charts(
+      [(f'{name}, simulated from the profile: idle '
+        f'{simulated.idle_fraction:.1%}', simulated.tasks,
+        simulated.makespan),
+       (f"{name}, measured (one traced step): idle "
+        f"{plan['measured']['idle_fraction']:.1%}", measured,
+        max(t.end for t in measured))],
+      len(stages), plan['num_microbatches'], path)
+
+
 def _mib(num_bytes) -> str:
   return f'{num_bytes / 2**20:.2f}'
 
@@ -132,7 +154,8 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
       'simulated idle fraction with the planned stage costs = '
       f"{predicted['simulated_idle_fraction']:.3f}", '',
       f'![stage costs]({STAGE_COSTS_PNG})', '',
-      f'![schedule]({SCHEDULE_PNG})', '', '## Stages', '',
+      f'![schedule]({SCHEDULE_PNG})', '', *_measured_lines(plan),
+      '## Stages', '',
       '| stage | layers | forward ms | backward ms | parameters MiB | '
       'memory MiB |', '|---|---|---|---|---|---|'
   ]
@@ -200,10 +223,25 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _measured_lines(plan: Mapping[str, Any]):
+  if 'measured' not in plan:
+    return []
+  return [
+      f"Measured in one traced step on {len(plan['measured']['devices'])} "
+      f"devices: idle fraction {plan['measured']['idle_fraction']:.3f} "
+      '(time each stage had an op running, over K x the step), against '
+      f"{plan['predicted']['simulated_idle_fraction']:.3f} simulated and "
+      f"{plan['predicted']['bubble_fraction']:.3f} = (K-1)/(M+K-1).", '',
+      f'![measured schedule]({MEASURED_SCHEDULE_PNG})', '']
+
+
 def write_report(plan: Dict[str, Any], profile: plan_lib.ModelProfile,
                  output_dir: str) -> None:
-  """Writes report.md and its two PNG charts into `output_dir`."""
+  """Writes report.md and its PNG charts into `output_dir`."""
   stage_costs_chart(plan, os.path.join(output_dir, STAGE_COSTS_PNG))
   schedule_chart(plan, os.path.join(output_dir, SCHEDULE_PNG))
+  if 'measured' in plan:
+    measured_schedule_chart(plan,
+                            os.path.join(output_dir, MEASURED_SCHEDULE_PNG))
   with open(os.path.join(output_dir, REPORT_MD), 'w') as f:
     f.write(markdown(plan, profile))
