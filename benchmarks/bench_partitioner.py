@@ -198,13 +198,19 @@ def _worker_pipeline(out_path, unused_argument):
 
 
 def _worker_schedules(out_path, unused_argument):
-  """GPipe vs 1F1B: step time, measured schedule and idle, transient peak."""
+  """GPipe vs 1F1B: step time, measured schedule and idle, transient peak.
+
+  On the memory section's model: its activations (2 MiB per layer and
+  mini-batch) outweigh its weights (256 KiB per layer), so the schedules'
+  activation memory shows; with weights as large as the activations, the
+  weight gradients of a stage's backward dominate the peak instead.
+  """
   gpipe.configure_logical_cpus(LOGICAL_DEVICES)
   tf.config.threading.set_intra_op_parallelism_threads(1)
   tf.config.threading.set_inter_op_parallelism_threads(LOGICAL_DEVICES)
-  features = tf.random.normal([PIPELINE_BATCH, PIPELINE_WIDTH])
-  labels = tf.random.normal([PIPELINE_BATCH, 1])
-  graph = graph_lib.LayerGraph(_mlp(PIPELINE_WIDTH, PIPELINE_LAYERS))
+  features = tf.random.normal([MEMORY_BATCH, MEMORY_WIDTH])
+  labels = tf.random.normal([MEMORY_BATCH, 1])
+  graph = graph_lib.LayerGraph(_mlp(MEMORY_WIDTH, PIPELINE_LAYERS))
   cases = [(k, m, schedule) for k in SCHEDULE_STAGES
            for m in SCHEDULE_MICROBATCHES for schedule in schedules.SCHEDULES]
   runners = []
@@ -213,7 +219,7 @@ def _worker_schedules(out_path, unused_argument):
             'schedule': schedule}
     devices = gpipe.stage_devices(LOGICAL_DEVICES)[:num_stages]
     model = gpipe.build_model_on_devices(
-        lambda: _mlp(PIPELINE_WIDTH, PIPELINE_LAYERS), plan, devices)
+        lambda: _mlp(MEMORY_WIDTH, PIPELINE_LAYERS), plan, devices)
     runner = gpipe.GPipeRunner(model, plan, devices)
     for _ in range(2):
       runner.train_step(features, labels).numpy()
@@ -468,9 +474,11 @@ def schedule_section(result, results_dir):
   k, m = SCHEDULE_CHART_CASE
   return (
       '## GPipe vs 1F1B, side by side\n\n'
-      f'{PIPELINE_LAYERS} x Dense({PIPELINE_WIDTH}) + head, mini-batch '
-      f'{PIPELINE_BATCH}, Adam, evenly split, remat never; logical CPU '
-      'devices and threads as above, all runs in one process, timed '
+      f'{PIPELINE_LAYERS} x Dense({MEMORY_WIDTH}) + head (activations '
+      'outweigh weights, as in the memory section), mini-batch '
+      f'{MEMORY_BATCH}, Adam, evenly split, remat never; '
+      f'{LOGICAL_DEVICES} logical CPU devices, one intra-op thread, all runs '
+      'in one process, timed '
       f'round-robin (median of {TIMED_ROUNDS}); 1-minute load average '
       f"{result['load'][0]:.1f} before and {result['load'][1]:.1f} after. "
       'Measured idle as above, from one traced step. Transient: BFC '
