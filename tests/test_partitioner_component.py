@@ -330,6 +330,6 @@ def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
     result = json.load(f)
   assert result['pipeline_parallel'] == {
       'num_stages': 2, 'num_microbatches': plan['num_microbatches'],
-      'schedule': plan['schedule'],
+      'schedule': plan['schedule'], 'data_parallel_replicas': 1,
       'boundaries': plan['boundaries'], 'remat': plan['remat']}
   assert result['steps'] == 20
