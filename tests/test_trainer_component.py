@@ -108,6 +108,46 @@ def test_bad_distribution_fails_at_construction(distribution, expected):
   assert expected in str(error.value)
 
 
+def _partitioner(batch_size):
+  from components import GPipePartitioner  # pylint: disable=g-import-not-at-top
+  return GPipePartitioner(config={'batch_size': batch_size, 'num_stages': 2},
+                          module_path='pipelines.taxi_module')
+
+
+def test_plan_with_another_batch_fails_at_construction():
+  plan = _partitioner(64).outputs['partition_plan']
+  with pytest.raises(ValueError, match=r'partition plan is made for '
+                     r"batch_size 64, but the trainer's global batch is 32"):
+    _trainer(partition_plan=plan, distribution={'global_batch_size': 32})
+  # The default batch (32 per replica, one pipeline) against the plan's.
+  with pytest.raises(ValueError, match="global batch is 32"):
+    _trainer(partition_plan=plan)
+  _trainer(partition_plan=plan, distribution={'global_batch_size': 64})
+  _trainer(partition_plan=plan, distribution={'per_replica_batch_size': 64})
+
+
+@pytest.mark.parametrize('distribution,expected', [
+    ({'strategy': 'mirrored', 'global_batch_size': 64},
+     "strategy must be one of ('auto', 'one_device'), got 'mirrored'"),
+    ({'gradient_accumulation_steps': 2, 'global_batch_size': 64},
+     'gradient_accumulation_steps=2 with a partition plan'),
+])
+def test_plan_needs_one_pipeline_at_construction(distribution, expected):
+  plan = _partitioner(64).outputs['partition_plan']
+  with pytest.raises(ValueError) as error:
+    _trainer(partition_plan=plan, distribution=distribution)
+  assert expected in str(error.value)
+
+
+def test_plan_from_outside_the_pipeline_is_checked_at_run_time():
+  # Its batch is unknown here; the strategy is still checked.
+  _trainer(partition_plan=_channel(hpm_types.PartitionPlan),
+           distribution={'global_batch_size': 48})
+  with pytest.raises(ValueError, match='strategy must be one of'):
+    _trainer(partition_plan=_channel(hpm_types.PartitionPlan),
+             distribution={'strategy': 'central_storage'})
+
+
 def test_bad_fault_tolerance_fails_at_construction():
   with pytest.raises(ValueError, match='max_restarts=-1'):
     _trainer(fault_tolerance={'max_restarts': -1})

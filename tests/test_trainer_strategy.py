@@ -37,6 +37,10 @@ def _cluster(**tasks):
     ({'num_workers': 2}, Environment(tpu_available=True), 'tpu'),
     ({}, Environment(tpu_available=True,
                      tf_config=_cluster(worker=2, ps=1)), 'tpu'),
+    # A plan's pipeline places its stages itself, even over 4 GPUs.
+    ({}, Environment(num_gpus=4, has_partition_plan=True), 'one_device'),
+    ({'logical_cpu_devices': 4}, Environment(has_partition_plan=True),
+     'one_device'),
 ])
 def test_auto_rules(config, env, expected):
   name, reason = strategy_lib.choose_strategy(

@@ -183,6 +183,38 @@ class DistributionConfig(JsonConfig):
 
 
 
+# What a partition plan's single pipeline runs under (`auto` picks
+# one_device for it).
+PLAN_STRATEGIES = ('auto', 'one_device')
+
+
+def check_partition_plan(config: DistributionConfig,
+                         plan_batch_size: Optional[int]) -> None:
+  """What a partition plan needs of the trainer, checked before any run.
+
+  The pipeline is one replica that splits the global batch into the plan's
+  micro-batches itself; `plan_batch_size` is None when the plan's batch is
+  not known before the run (a plan not made in this pipeline).
+  """
+  if config.strategy not in PLAN_STRATEGIES:
+    raise ValueError(
+        f'A partition plan runs one pipeline over its own stage devices; '
+        f'strategy must be one of {PLAN_STRATEGIES}, got '
+        f'{config.strategy!r}.')
+  if config.gradient_accumulation_steps != 1:
+    raise ValueError(
+        f'gradient_accumulation_steps={config.gradient_accumulation_steps} '
+        'with a partition plan: the pipeline already accumulates over the '
+        "plan's micro-batches; use 1.")
+  trainer_batch = config.global_batch(1)
+  if plan_batch_size is not None and trainer_batch != plan_batch_size:
+    raise ValueError(
+        f"The partition plan is made for batch_size {plan_batch_size}, but "
+        f'the trainer\'s global batch is {trainer_batch}; set '
+        f'global_batch_size={plan_batch_size} (or the partitioner\'s '
+        f'batch_size to {trainer_batch}).')
+
+
 def resolve_mode(mode: str, *, has_build_model: bool, has_run_fn: bool,
                  run_fn_given: bool, module: str) -> str:
   """Managed or run_fn mode for a module with the given entry points.

@@ -122,7 +122,8 @@ class Executor(base_executor.BaseExecutor):
     # root, below) fails now, naming the path and the storage's error.
     storage.check_writable(model_run.uri, 'model_run output')
 
-    env = strategy_lib.detect_environment(config)
+    env = strategy_lib.detect_environment(
+        config, has_partition_plan=bool(input_dict.get(PARTITION_PLAN_KEY)))
     config, reason = strategy_lib.resolve(config, env)
     progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)', config.strategy,
                          reason)

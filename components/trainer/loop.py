@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from components import autograph
 from components.pipeline_parallel import gpipe
+from components.pipeline_parallel import plan_format
 from components.trainer import accumulation
 from components.trainer import checkpointing
 from components.trainer import datasets
@@ -152,7 +153,10 @@ class ManagedTraining:
     self.sizer = None
 
   def _check_plan_fits(self) -> None:
-    """GPipe replaces data parallelism and accumulates micro-batches itself."""
+    """The plan's pipeline does its own data parallelism (its copies) and
+    accumulates micro-batches itself; also checked at construction when the
+    plan's GPipePartitioner is in the pipeline (trainer config
+    `check_partition_plan`)."""
     if self.replicas != 1 or self.kind == 'parameter_server':
       raise ValueError(
           f'A partition plan runs the model across devices itself; it needs a '
@@ -173,7 +177,7 @@ class ManagedTraining:
 
   def _build_pipelined_model(self) -> tf.keras.Model:
     """The model with each stage's variables on its own device."""
-    devices = gpipe.stage_devices(self.plan['num_stages'])
+    devices = gpipe.stage_devices(plan_format.num_devices(self.plan))
     model = gpipe.build_model_on_devices(
         lambda: self.module.build_model(self.task.hparams), self.plan, devices)
     self.gpipe_runner = gpipe.GPipeRunner(model, self.plan, devices)
@@ -349,6 +353,8 @@ class ManagedTraining:
         'pipeline_parallel': None if self.plan is None else {
             'num_stages': self.plan['num_stages'],
             'num_microbatches': self.gpipe_runner.num_microbatches,
+            'schedule': self.gpipe_runner.schedule,
+            'data_parallel_replicas': self.gpipe_runner.data_parallel_replicas,
             'boundaries': self.plan['boundaries'],
             'remat': self.plan['remat'],
         },

@@ -85,10 +85,12 @@ def train(task: TrainingTask) -> Dict[str, Any]:
   config = DistributionConfig.from_dict(task.distribution)
   logical_cpus = config.logical_cpu_devices
   if task.partition_plan_uri:
-    # GPipe stages need a device each; without GPUs they are logical CPUs.
+    # Pipeline stages (of each data-parallel copy) need a device each;
+    # without GPUs they are logical CPUs.
     from components.pipeline_parallel import gpipe  # pylint: disable=g-import-not-at-top
-    logical_cpus = max(logical_cpus or 1,
-                       gpipe.load_plan(task.partition_plan_uri)['num_stages'])
+    from components.pipeline_parallel import plan_format  # pylint: disable=g-import-not-at-top
+    logical_cpus = max(logical_cpus or 1, plan_format.num_devices(
+        gpipe.load_plan(task.partition_plan_uri)))
   strategy_lib.configure_logical_cpus(logical_cpus)
   strategy = strategy_lib.make_strategy(config.strategy, config)
   task = resolve_lengths(task, strategy.num_replicas_in_sync)
