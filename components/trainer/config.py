@@ -141,8 +141,8 @@ class DistributionConfig(JsonConfig):
           f'num_ps={self.num_ps}: parameter-server training is asynchronous '
           '(its result depends on the order in which the workers\' updates '
           'arrive), so no run repeats another; use a synchronous strategy, '
-          'or deterministic=False (the seed still fixes the initial '
-          'weights).')
+          'or deterministic=False (a seed alone still seeds the '
+          'coordinator).')
 
   def _validate_cluster(self) -> None:
     if self.launcher == 'in_process' and (self.num_workers != 1 or
