@@ -1,10 +1,11 @@
 """What the managed loop reads: parsing spec, train and eval datasets.
 
 The train dataset is a pure function of the files, the input-pipeline config
-and the seed (`distribution.seed`, else DATA_SEED), so a resumed run that skips the batches its checkpointed steps
-consumed sees exactly the batches of an uninterrupted run (synchronous
-strategies). Parameter-server workers instead stream their own shuffle,
-seeded where each worker creates its dataset.
+and the seed (`distribution.seed`, else DATA_SEED), so a resumed run that
+skips the batches its checkpointed steps consumed sees exactly the batches of
+an uninterrupted run (synchronous strategies). Parameter-server workers
+instead stream their own shuffle, seeded where each worker creates its
+dataset.
 """
 
 import dataclasses

@@ -4,10 +4,10 @@
     python -m components.trainer.worker --task training_task.json --role server
 
 A `trainer` splits the CPU into logical devices (before TensorFlow starts),
-seeds itself (`distribution.seed`, `deterministic`), builds the strategy, resolves batch and step counts for its replica count and
-trains: the managed loop (`loop.run_managed_training`) or the module's
-`run_fn`. The chief writes `training_result.json` into the model_run dir.
-A `server` (parameter-server ps and workers) runs a tf.distribute.Server until
+seeds itself (`distribution.seed`, `deterministic`), builds the strategy,
+resolves batch and step counts for its replica count and trains: the managed
+loop (`loop.run_managed_training`) or the module's `run_fn`. The chief
+writes `training_result.json` into the model_run dir. A `server` (parameter-server ps and workers) runs a tf.distribute.Server until
 the launcher stops it; it runs only functions the coordinator traced, whose
 random ops carry the coordinator's seeds, so it has nothing to seed. No TFX
 import here: managed-mode processes start fast.
