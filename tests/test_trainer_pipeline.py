@@ -31,7 +31,8 @@ pytestmark = pytest.mark.slow
 PIPELINE_NAME = 'hpm_trainer_strategies'
 # Enough steps for the taxi model to beat the majority class on the
 # 2,000-row sample's eval split (~0.767): the Evaluator blesses only at
-# ACCURACY_THRESHOLD.
+# ACCURACY_THRESHOLD. Measured here: 0.790 (one_device) to 0.796
+# (parameter_server); the stock module's run_fn 0.797.
 TRAIN_STEPS = 600
 EVAL_STEPS = 5
 ACCURACY_THRESHOLD = 0.78
