@@ -273,7 +273,7 @@ PIPELINE_SCRIPT = textwrap.dedent('''
     pipeline = taxi_pipeline.create_pipeline(
         pipeline_name='gpipe_e2e', pipeline_root=pipeline_root,
         serving_model_dir=serving_dir, data_root=data_root,
-        train_steps=20, eval_steps=5, accuracy_threshold=0.0,
+        train_steps=600, eval_steps=5, accuracy_threshold=0.78,
         extra_trainer_inputs=add_partitioner,
         **taxi_pipeline.hpm_factories(
             distribution={'global_batch_size': 32}))
@@ -309,7 +309,10 @@ def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
   assert {'Transform', 'GPipePartitioner', 'Trainer', 'Evaluator'} <= set(
       states)
   assert all(state == 'COMPLETE' for state in states.values()), states
-  assert 'binary_accuracy' in run.metrics
+  # The GPipe-trained model beats the majority class (~0.767 on the sample's
+  # eval split) by the bound the Evaluator blessed it at (0.796 measured).
+  assert run.blessed is True
+  assert run.metrics['binary_accuracy'] >= 0.78, run.metrics
 
   (plan_artifact,) = _artifacts_of_type(metadata_path, 'tfx_hpm.PartitionPlan')
   properties = plan_artifact.custom_properties
@@ -332,4 +335,4 @@ def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
       'num_stages': 2, 'num_microbatches': plan['num_microbatches'],
       'schedule': plan['schedule'], 'data_parallel_replicas': 1,
       'boundaries': plan['boundaries'], 'remat': plan['remat']}
-  assert result['steps'] == 20
+  assert result['steps'] == 600

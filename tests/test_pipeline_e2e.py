@@ -14,13 +14,20 @@ from pipelines import summary
 
 pytestmark = pytest.mark.slow
 
+# On the 2,000-row sample the eval split is 76.7% "no tip": a model that
+# learned nothing scores ~0.767, so the bless bound must lie above that.
+# After 600 steps both trainers reached 0.797 here (stock and hpm alike, as
+# the same bound in test_gcs_pipeline.py and test_kubeflow_run.py found).
+TRAIN_STEPS = 600
+ACCURACY_THRESHOLD = 0.78
+
 
 def _run_pipeline(tmp_path, data_root, *extra_flags):
   root = tmp_path / 'root'
   cmd = [sys.executable, '-m', 'pipelines.local_runner',
          '--data-root', data_root, '--pipeline-root', str(root),
-         '--train-steps', '30', '--eval-steps', '5',
-         '--accuracy-threshold', '0.0', *extra_flags]
+         '--train-steps', str(TRAIN_STEPS), '--eval-steps', '5',
+         '--accuracy-threshold', str(ACCURACY_THRESHOLD), *extra_flags]
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
   return root, proc
@@ -66,7 +73,7 @@ def test_pipeline_runs_and_pushed_model_serves_raw_examples(
                         'Evaluator', 'Pusher'}
   assert all(state == 'COMPLETE' for state in nodes.values()), nodes
   assert run.blessed is True
-  assert 'binary_accuracy' in run.metrics
+  assert run.metrics['binary_accuracy'] >= ACCURACY_THRESHOLD, run.metrics
   assert '=== tfx-hpm pipeline summary ===' in stdout
   _assert_console_is_a_progress_report(proc.stderr, stdout, root, variant)
   assert run.pushed_model and os.path.isdir(run.pushed_model)

@@ -3,7 +3,10 @@
 Logical devices must be configured before TensorFlow initializes, which the
 pytest process may already have done. So a fresh worker process (this file
 run as a script) splits the CPU into 4 logical devices, trains, and writes
-its measurements as JSON; the tests assert on them. The fast test runs one
+its measurements as JSON; the tests assert on them. The worker hides any GPU,
+so the case is the same on every machine: 4 distinct stage devices, and the
+reference and the stages in the same fp32 arithmetic (a GPU's TF32 matmuls
+would differ from the CPU's beyond the tolerance). The fast test runs one
 core case; the slow ones run the full suite (about 45 s of CPU). Compared: the mini-batch
 loss and every gradient (fp32 tolerance) against the same model on one
 device, for each re-materialization mode, with a skip connection crossing
@@ -242,6 +245,7 @@ def _run_1f1b_suite(all_devices):
 def run_worker(output_path: str, scratch_dir: str, suite: str) -> None:
   """Runs the 'core' cases, the 'full' GPipe suite or the '1f1b' suite;
   writes results as JSON."""
+  tf.config.set_visible_devices([], 'GPU')
   gpipe.configure_logical_cpus(NUM_DEVICES)
   all_devices = gpipe.stage_devices(NUM_DEVICES)
   results = {'devices': all_devices}
@@ -363,6 +367,15 @@ def test_unknown_schedule_fails_at_runner_construction():
   with pytest.raises(ValueError, match=r"schedule 'interleaved'; this "
                      r"runtime runs \('gpipe', '1f1b'\)"):
     gpipe.GPipeRunner(model, plan, ['/device:CPU:0'] * 2)
+
+
+@pytest.mark.skipif(not tf.config.list_physical_devices('GPU'),
+                    reason='needs a GPU: stages on GPUs')
+def test_stages_go_to_the_gpus_where_there_are_any():
+  gpus = [d.name for d in tf.config.list_logical_devices('GPU')]
+  devices = gpipe.stage_devices(NUM_DEVICES)
+  # Round-robin when there are fewer GPUs than stages; never a CPU.
+  assert devices == [gpus[s % len(gpus)] for s in range(NUM_DEVICES)]
 
 
 @pytest.mark.slow

@@ -12,7 +12,9 @@ from tfx.types import standard_artifacts
 from components import HighPerfTrainer
 from components import types as hpm_types
 from components.trainer import executor
+from components.trainer.config import DistributionConfig
 from components.trainer import fn_args as fn_args_lib
+from components.trainer import strategy as strategy_lib
 from pipelines import data
 
 # The stock TFX taxi module shipped with tfx (next to the taxi data).
@@ -243,3 +245,26 @@ def test_dataset_factory_batches_the_global_batch(tmp_path):
   bigger = list(factory([str(tmp_path / 'part-*')], None, batch_size=5,
                         shuffle=False, num_epochs=1))
   assert [b['label'].shape[0] for b in bigger] == [5, 5]
+
+
+def test_seed_and_determinism_are_recorded_on_model_run(tmp_path):
+  model_run = standard_artifacts.ModelRun()
+  model_run.uri = str(tmp_path)
+  config = DistributionConfig(
+      strategy='one_device', seed=42, deterministic=True)
+  executor.Executor._record_decision(  # pylint: disable=protected-access
+      model_run, config, 'requested', strategy_lib.Environment())
+  assert model_run.get_int_custom_property('seed') == 42
+  assert model_run.get_int_custom_property('deterministic') == 1
+  with open(tmp_path / executor.DECISION_FILE) as f:
+    decision = json.load(f)
+  assert decision['config']['seed'] == 42
+  assert decision['config']['deterministic'] is True
+
+  unseeded = standard_artifacts.ModelRun()
+  unseeded.uri = str(tmp_path / 'unseeded')
+  executor.Executor._record_decision(  # pylint: disable=protected-access
+      unseeded, DistributionConfig(strategy='one_device'),
+      'requested', strategy_lib.Environment())
+  assert not unseeded.has_custom_property('seed')
+  assert unseeded.get_int_custom_property('deterministic') == 0

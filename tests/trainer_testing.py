@@ -67,7 +67,9 @@ def make_task(root: str, data: Dict[str, str], *, strategy: str = 'one_device',
               fault_tolerance: Optional[dict] = None,
               hparams: Optional[dict] = None, eval_steps: int = 2,
               input_pipeline: Optional[dict] = None,
-              checkpoint_dir: Optional[str] = None) -> TrainingTask:
+              checkpoint_dir: Optional[str] = None,
+              seed: Optional[int] = None,
+              deterministic: bool = False) -> TrainingTask:
   """A task over `data` whose outputs all live under `root`."""
   os.makedirs(root, exist_ok=True)
   return TrainingTask(
@@ -83,7 +85,8 @@ def make_task(root: str, data: Dict[str, str], *, strategy: str = 'one_device',
                     'per_replica_batch_size': per_replica_batch_size,
                     'gradient_accumulation_steps': accumulation,
                     'logical_cpu_devices': logical_cpu_devices,
-                    'num_workers': num_workers, 'num_ps': num_ps},
+                    'num_workers': num_workers, 'num_ps': num_ps,
+                    'seed': seed, 'deterministic': deterministic},
       fault_tolerance={'save_every_steps': 5, 'delete_after_export': False,
                        **(fault_tolerance or {})},
       checkpoint_dir=checkpoint_dir or os.path.join(root, 'checkpoints'),
@@ -96,28 +99,37 @@ def child_env() -> Dict[str, str]:
   return env
 
 
-def start_child(task: TrainingTask, root: str,
-                faults: Optional[str] = None) -> subprocess.Popen:
+def worker_argv(task_path: str) -> List[str]:
+  """The production training process, exactly as the executor starts it."""
+  return [sys.executable, '-m', 'components.trainer.worker', '--task',
+          task_path, '--role', 'trainer']
+
+
+def start_child(task: TrainingTask, root: str, faults: Optional[str] = None,
+                production: bool = False) -> subprocess.Popen:
   """Starts `run_managed_training` for `task` in a fresh process.
 
+  By default through `main` below (op determinism always on); `production`
+  runs the executor's worker, which does only what the task configures.
   `faults`: a `tests.faulty_storage.FaultyStorage` as JSON, installed in the
   child before training.
   """
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
+  argv = (worker_argv(task_path) if production else
+          [sys.executable, '-m', 'tests.trainer_testing', task_path])
   env = child_env()
   if faults:
     env[faulty_storage.ENV] = faults
   # The child owns the log file; it stays open as long as the child runs.
   log = open(os.path.join(root, 'child.log'), 'ab')  # pylint: disable=R1732
-  return subprocess.Popen(
-      [sys.executable, '-m', 'tests.trainer_testing', task_path],
-      cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+  return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log,
+                          stderr=subprocess.STDOUT)
 
 
-def run_child(task: TrainingTask, root: str,
-              faults: Optional[str] = None) -> int:
-  process = start_child(task, root, faults)
+def run_child(task: TrainingTask, root: str, faults: Optional[str] = None,
+              production: bool = False) -> int:
+  process = start_child(task, root, faults, production)
   return process.wait(timeout=CHILD_TIMEOUT_SECONDS)
 
 

@@ -26,6 +26,8 @@ MULTI_WORKER_STRATEGIES = ('multi_worker_mirrored', 'parameter_server')
 LOGICAL_CPU_STRATEGIES = ('auto', 'mirrored', 'central_storage')
 
 DEFAULT_PER_REPLICA_BATCH_SIZE = 32
+# Largest `seed`: NumPy's global seed is a 32-bit unsigned int.
+MAX_SEED = 2**32 - 1
 AUTO = 'auto'
 
 
@@ -71,6 +73,12 @@ class DistributionConfig(JsonConfig):
       would be with 1. For parameter servers it is the closures scheduled
       between two joins ('auto': 50); for multi_worker_mirrored 'auto' is 1
       (a multi-step call hung with workers reading gs:// here).
+    seed: Seeds Python, NumPy and TensorFlow in every training process
+      (`tf.keras.utils.set_random_seed`) before the model is built, and the
+      data order; None: unseeded initializers, a fixed data order.
+    deterministic: Turns on TF op determinism in every training process, so
+      that two runs with the same seed end with bit-identical weights; needs
+      a seed, and a synchronous strategy.
   """
   OPTIONS_NAME = 'distribution'
   strategy: str = 'auto'
@@ -86,6 +94,8 @@ class DistributionConfig(JsonConfig):
   tpu_address: str = ''
   timeout_s: float = 0
   steps_per_execution: Union[int, str] = AUTO
+  seed: Optional[int] = None
+  deterministic: bool = False
 
   def validate(self) -> 'DistributionConfig':
     """Raises ValueError on the first inconsistency; returns self."""
@@ -106,9 +116,33 @@ class DistributionConfig(JsonConfig):
           f"integer >= 1 or {AUTO!r}.")
     if not isinstance(self.tpu_address, str):
       raise ValueError(f'tpu_address={self.tpu_address!r} must be a string.')
+    self._validate_seed()
     self._validate_cluster()
     self._validate_batch()
     return self
+
+  def _validate_seed(self) -> None:
+    if self.seed is not None and not (is_int(self.seed, minimum=0) and
+                                      self.seed <= MAX_SEED):
+      raise ValueError(f'seed={self.seed!r} must be None or an integer in '
+                       f'[0, {MAX_SEED}] (what NumPy accepts).')
+    if not isinstance(self.deterministic, bool):
+      raise ValueError(f'deterministic={self.deterministic!r} must be true '
+                       'or false.')
+    if self.deterministic and self.seed is None:
+      raise ValueError(
+          'deterministic=True needs a seed: with op determinism on, an '
+          'unseeded random op fails, and unseeded initializers differ per '
+          'run anyway; set seed (e.g. 0).')
+    if self.deterministic and (self.strategy == 'parameter_server' or
+                               self.num_ps):
+      raise ValueError(
+          f'deterministic=True with strategy={self.strategy!r}, '
+          f'num_ps={self.num_ps}: parameter-server training is asynchronous '
+          '(its result depends on the order in which the workers\' updates '
+          'arrive), so no run repeats another; use a synchronous strategy, '
+          'or deterministic=False (a seed alone still seeds the '
+          'coordinator).')
 
   def _validate_cluster(self) -> None:
     if self.launcher == 'in_process' and (self.num_workers != 1 or

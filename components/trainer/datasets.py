@@ -1,10 +1,11 @@
 """What the managed loop reads: parsing spec, train and eval datasets.
 
 The train dataset is a pure function of the files, the input-pipeline config
-and the seed, so a resumed run that skips the batches its checkpointed steps
-consumed sees exactly the batches of an uninterrupted run (synchronous
-strategies). Parameter-server workers instead stream their own shuffle,
-seeded where each worker creates its dataset.
+and the seed (`distribution.seed`, else DATA_SEED), so a resumed run that
+skips the batches its checkpointed steps consumed sees exactly the batches of
+an uninterrupted run (synchronous strategies). Parameter-server workers
+instead stream their own shuffle, seeded where each worker creates its
+dataset.
 """
 
 import dataclasses
@@ -17,7 +18,8 @@ from components.data import input_pipeline
 from components.trainer import fn_args
 from components.trainer.task import TrainingTask
 
-# Seed of the data order; fixed so that every attempt replays the same order.
+# Seed of the data order without distribution.seed; fixed so that every
+# attempt replays the same order.
 DATA_SEED = 20240611
 # `seed` value for a new seed per dataset (parameter-server workers).
 PER_WORKER_SEED = object()
@@ -52,6 +54,15 @@ def training_data(task: TrainingTask, module) -> TrainingData:
                       label_key=module.LABEL_KEY,
                       raw_label_key=getattr(module, 'RAW_LABEL_KEY', None),
                       config=config, tf_transform_output=tf_transform_output)
+
+
+def data_seed(seed: Optional[int]) -> int:
+  """The synchronous strategies' data-order seed: `seed`, else DATA_SEED.
+
+  Fixed for a given config either way, and the seed is part of the
+  checkpoint fingerprint, so a resumed run replays the order it started.
+  """
+  return DATA_SEED if seed is None else seed
 
 
 def _clock_seed() -> tf.Tensor:

@@ -275,6 +275,11 @@ class Executor(base_executor.BaseExecutor):
     model_run.set_string_custom_property('strategy', config.strategy)
     model_run.set_string_custom_property('strategy_reason', reason)
     model_run.set_string_custom_property('launcher', config.launcher)
+    # Ints: TFX's Kubeflow entrypoint cannot translate MLMD bool values.
+    if config.seed is not None:
+      model_run.set_int_custom_property('seed', config.seed)
+    model_run.set_int_custom_property('deterministic',
+                                      int(config.deterministic))
     storage.write_json(os.path.join(model_run.uri, DECISION_FILE), {
         'strategy': config.strategy, 'reason': reason,
         'environment': dataclasses.asdict(env), 'config': config.to_dict()})

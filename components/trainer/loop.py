@@ -270,7 +270,7 @@ class ManagedTraining:
       return runner, preemption.SigtermWatcher(self._save_now)
     dataset_fn = datasets.train_dataset_fn(
         self.task, self.data, self.examples_per_step, start,
-        datasets.DATA_SEED, self.data.config)
+        datasets.data_seed(self.distribution.seed), self.data.config)
     if self.gpipe_runner is None:
       runner = step_runners.SynchronousSteps(self.strategy, dataset_fn,
                                              replica_step, self.step)

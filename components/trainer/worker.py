@@ -4,11 +4,13 @@
     python -m components.trainer.worker --task training_task.json --role server
 
 A `trainer` splits the CPU into logical devices (before TensorFlow starts),
-builds the strategy, resolves batch and step counts for its replica count and
-trains: the managed loop (`loop.run_managed_training`) or the module's
-`run_fn`. The chief writes `training_result.json` into the model_run dir.
-A `server` (parameter-server ps and workers) runs a tf.distribute.Server until
-the launcher stops it. No TFX import here: managed-mode processes start fast.
+seeds itself (`distribution.seed`, `deterministic`), builds the strategy,
+resolves batch and step counts for its replica count and trains: the managed
+loop (`loop.run_managed_training`) or the module's `run_fn`. The chief
+writes `training_result.json` into the model_run dir. A `server` (parameter-server ps and workers) runs a tf.distribute.Server until
+the launcher stops it; it runs only functions the coordinator traced, whose
+random ops carry the coordinator's seeds, so it has nothing to seed. No TFX
+import here: managed-mode processes start fast.
 """
 
 import argparse
@@ -80,6 +82,18 @@ def resolve_lengths(task: TrainingTask, num_replicas: int) -> TrainingTask:
                              train_steps=train_steps, eval_steps=eval_steps)
 
 
+def seed_process(config: DistributionConfig) -> None:
+  """Seeds Python, NumPy and TF, and turns on op determinism, as configured.
+
+  Every training process calls it before the model (or the module's run_fn)
+  builds anything, so that initializers and random ops repeat per seed.
+  """
+  if config.seed is not None:
+    tf.keras.utils.set_random_seed(config.seed)
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+
+
 def train(task: TrainingTask) -> Dict[str, Any]:
   """Trains as this process's part of the task; returns the result dict."""
   config = DistributionConfig.from_dict(task.distribution)
@@ -92,6 +106,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
     logical_cpus = max(logical_cpus or 1, plan_format.num_devices(
         gpipe.load_plan(task.partition_plan_uri)))
   strategy_lib.configure_logical_cpus(logical_cpus)
+  seed_process(config)
   strategy = strategy_lib.make_strategy(config.strategy, config)
   task = resolve_lengths(task, strategy.num_replicas_in_sync)
   is_chief = strategy_lib.is_chief(strategy_lib.tf_config_from_env())
@@ -113,6 +128,8 @@ def train(task: TrainingTask) -> Dict[str, Any]:
           strategy.num_replicas_in_sync),
       'train_steps': task.train_steps,
       'eval_steps': task.eval_steps,
+      'seed': config.seed,
+      'deterministic': config.deterministic,
       'train_wall_s': time.time() - start,
   }
   if is_chief:
