@@ -105,9 +105,9 @@ def sample_features(task: TrainingTask, data: TrainingData):
   return features
 
 
-def eval_dataset(task: TrainingTask, data: TrainingData, global_batch: int,
-                 num_workers: int) -> Optional[tf.data.Dataset]:
-  """The eval split, unshuffled, sharded fitting its file count.
+def eval_dataset(task: TrainingTask, data: TrainingData,
+                 global_batch: int) -> Optional[tf.data.Dataset]:
+  """The eval split, unshuffled, sharded across workers by batch.
 
   It does not inherit the train split's cache: one partial pass over a
   memory cache would only be discarded (and TF warns that it is).
@@ -120,6 +120,8 @@ def eval_dataset(task: TrainingTask, data: TrainingData, global_batch: int,
       config=dataclasses.replace(data.config, cache='none'), shuffle=False,
       seed=DATA_SEED)
   options = tf.data.Options()
-  options.experimental_distribute.auto_shard_policy = fn_args.auto_shard_policy(
-      len(input_pipeline.list_files(task.eval_files)), num_workers)
+  # By element: build_dataset's epochs are a flat_map over a range of
+  # epochs, where tf.data's FILE sharding finds no files to split.
+  options.experimental_distribute.auto_shard_policy = (
+      tf.data.experimental.AutoShardPolicy.DATA)
   return dataset.with_options(options)

@@ -62,13 +62,6 @@ _EVENTS_MAX_QUEUE = 1000
 _EVENTS_FLUSH_MILLIS = 600_000
 
 
-def _num_workers(strategy: tf.distribute.Strategy) -> int:
-  """Worker processes that read input (chief and workers of the cluster)."""
-  resolver = getattr(strategy, 'cluster_resolver', None)
-  jobs = resolver.cluster_spec().as_dict() if resolver else {}
-  return max(1, len(jobs.get('worker', [])) + len(jobs.get('chief', [])))
-
-
 def _strategy_kind(strategy: tf.distribute.Strategy) -> str:
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
     return 'parameter_server'
@@ -317,8 +310,7 @@ class ManagedTraining:
       model, strategy = self.model, self.strategy
     metrics = evaluation.evaluate(
         model, strategy,
-        datasets.eval_dataset(self.task, self.data, self.global_batch,
-                              _num_workers(self.strategy)),
+        datasets.eval_dataset(self.task, self.data, self.global_batch),
         self.task.eval_steps,
         self.task.model_run_dir if self.is_chief else None, self.train_steps)
     export.export_trained_model(
