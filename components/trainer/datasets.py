@@ -105,23 +105,26 @@ def sample_features(task: TrainingTask, data: TrainingData):
   return features
 
 
-def eval_dataset(task: TrainingTask, data: TrainingData,
-                 global_batch: int) -> Optional[tf.data.Dataset]:
-  """The eval split, unshuffled, sharded across workers by batch.
+def eval_dataset_fn(task: TrainingTask, data: TrainingData, global_batch: int
+                   ) -> Optional[Callable[[tf.distribute.InputContext],
+                                          tf.data.Dataset]]:
+  """A `dataset_fn` of the eval split, unshuffled, for
+  `distribute_datasets_from_function`.
 
-  It does not inherit the train split's cache: one partial pass over a
-  memory cache would only be discarded (and TF warns that it is).
+  Each input pipeline reads its own share (files, or batches with fewer
+  files than pipelines) as the train split does: tf.data's auto-sharding of
+  a distributed dataset would not find the files inside the pipeline's
+  per-epoch `flat_map`. It does not inherit the train split's cache: one
+  partial pass over a memory cache would only be discarded (and TF warns
+  that it is).
   """
   if not task.eval_steps or not task.eval_files:
     return None
-  dataset = input_pipeline.build_dataset(
-      task.eval_files, data.feature_spec, data.label_key,
-      batch_size=global_batch,
-      config=dataclasses.replace(data.config, cache='none'), shuffle=False,
-      seed=DATA_SEED)
-  options = tf.data.Options()
-  # By element: build_dataset's epochs are a flat_map over a range of
-  # epochs, where tf.data's FILE sharding finds no files to split.
-  options.experimental_distribute.auto_shard_policy = (
-      tf.data.experimental.AutoShardPolicy.DATA)
-  return dataset.with_options(options)
+
+  def dataset_fn(input_context: tf.distribute.InputContext):
+    return input_pipeline.build_dataset(
+        task.eval_files, data.feature_spec, data.label_key,
+        batch_size=global_batch,
+        config=dataclasses.replace(data.config, cache='none'), shuffle=False,
+        seed=DATA_SEED, input_context=input_context)
+  return dataset_fn

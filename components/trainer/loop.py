@@ -310,7 +310,7 @@ class ManagedTraining:
       model, strategy = self.model, self.strategy
     metrics = evaluation.evaluate(
         model, strategy,
-        datasets.eval_dataset(self.task, self.data, self.global_batch),
+        datasets.eval_dataset_fn(self.task, self.data, self.global_batch),
         self.task.eval_steps,
         self.task.model_run_dir if self.is_chief else None, self.train_steps)
     export.export_trained_model(
