@@ -41,8 +41,8 @@ def _assert_console_is_a_progress_report(console, stdout, root, variant):
     assert f'[{node}] started' in console, console
     assert re.search(rf'\[{node}\] done in \d+\.\d s', console), console
   if variant == 'hpm':
-    assert re.search(r'\[Trainer\] Training step 30/30 \(100%\), loss \d',
-                     console), console
+    assert re.search(rf'\[Trainer\] Training step {TRAIN_STEPS}/'
+                     rf'{TRAIN_STEPS} \(100%\), loss \d', console), console
   assert 'Running launcher for' not in console
   [log_file] = glob.glob(str(root / 'logs' / '*.log'))
   assert f'full log: {log_file}' in stdout
