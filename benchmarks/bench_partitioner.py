@@ -171,15 +171,8 @@ def _worker_pipeline(out_path, unused_argument):
     for _ in range(2):
       runner.train_step(features, labels).numpy()
     runners.append(runner)
-  # Round-robin, so that load from other processes hits every run alike.
-  times = [[] for _ in runners]
-  load_before = os.getloadavg()[0]
-  for _ in range(TIMED_ROUNDS):
-    for runner, samples in zip(runners, times):
-      start = time.perf_counter()
-      runner.train_step(features, labels).numpy()
-      samples.append(time.perf_counter() - start)
-  load_after = os.getloadavg()[0]
+  times, load_before, load_after = _time_round_robin(runners, features,
+                                                   labels)
   rows = []
   for (num_stages, num_micro, remat), runner, samples in zip(
       PIPELINE_RUNS, runners, times):
@@ -195,6 +188,20 @@ def _worker_pipeline(out_path, unused_argument):
     })
   with open(out_path, 'w') as f:
     json.dump({'rows': rows, 'load': [load_before, load_after]}, f)
+
+
+def _time_round_robin(runners, features, labels):
+  """Step seconds of each runner over TIMED_ROUNDS rounds, and the load
+  before and after. Round-robin, so that load from other processes hits
+  every run alike."""
+  times = [[] for _ in runners]
+  load_before = os.getloadavg()[0]
+  for _ in range(TIMED_ROUNDS):
+    for runner, samples in zip(runners, times):
+      start = time.perf_counter()
+      runner.train_step(features, labels).numpy()
+      samples.append(time.perf_counter() - start)
+  return times, load_before, os.getloadavg()[0]
 
 
 def _worker_schedules(out_path, unused_argument):
@@ -224,14 +231,8 @@ def _worker_schedules(out_path, unused_argument):
     for _ in range(2):
       runner.train_step(features, labels).numpy()
     runners.append(runner)
-  times = [[] for _ in runners]
-  load_before = os.getloadavg()[0]
-  for _ in range(TIMED_ROUNDS):
-    for runner, samples in zip(runners, times):
-      start = time.perf_counter()
-      runner.train_step(features, labels).numpy()
-      samples.append(time.perf_counter() - start)
-  load_after = os.getloadavg()[0]
+  times, load_before, load_after = _time_round_robin(runners, features,
+                                                   labels)
   rows = []
   for (num_stages, num_micro, schedule), runner, samples in zip(
       cases, runners, times):

@@ -90,13 +90,19 @@ def schedule_charts(panels, num_stages: int, num_microbatches: int,
   _save(figure, path)
 
 
-def schedule_chart(plan: Mapping[str, Any], path: str) -> None:
-  """Gantt chart of the plan's simulated schedule; gaps are the bubble."""
+def _simulated(plan: Mapping[str, Any]):
+  """The plan's schedule, simulated from its per-stage times."""
   stages = plan['stages']
-  schedule = partition.simulate_schedule(
+  return partition.simulate_schedule(
       [s['forward_seconds'] for s in stages],
       [s['backward_seconds'] for s in stages], plan['num_microbatches'],
       plan['schedule'])
+
+
+def schedule_chart(plan: Mapping[str, Any], path: str) -> None:
+  """Gantt chart of the plan's simulated schedule; gaps are the bubble."""
+  stages = plan['stages']
+  schedule = _simulated(plan)
   title = (f"{SCHEDULE_NAMES[plan['schedule']]} schedule, "
            f"M={plan['num_microbatches']}: idle "
            f'{schedule.idle_fraction:.1%} (balanced-stage bubble '
@@ -108,10 +114,7 @@ def schedule_chart(plan: Mapping[str, Any], path: str) -> None:
 def measured_schedule_chart(plan: Mapping[str, Any], path: str) -> None:
   """The simulated schedule above the one measured in a real step."""
   stages = plan['stages']
-  simulated = partition.simulate_schedule(
-      [s['forward_seconds'] for s in stages],
-      [s['backward_seconds'] for s in stages], plan['num_microbatches'],
-      plan['schedule'])
+  simulated = _simulated(plan)
   measured = [partition.ScheduledTask(**t) for t in plan['measured']['tasks']]
   name = SCHEDULE_NAMES[plan['schedule']]
   schedule_charts(
