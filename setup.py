@@ -23,6 +23,7 @@ setuptools.setup(
         # Multi-node clusters (distribution launcher='ray').
         'ray>=2.40,<2.41',
         'matplotlib>=3.9,<3.10',
+        'tenacity>=8.2',
     ],
     extras_require={
         'dev': ['pytest>=8.3', 'pytest-timeout>=2.3', 'nbformat>=5.10',

@@ -11,6 +11,9 @@ step time. Writes benchmarks/results/partitioner.md.
   (M=1) and one device, and the measured bubble (idle fraction of the stages,
   from a TF profiler trace) against (K-1)/(M+K-1).
 - Peak memory (CPU allocator) per re-materialization mode.
+- GPipe against 1F1B in one run, K in {2, 4} x M in {4, 8, 16}: step time,
+  measured idle against (K-1)/(M+K-1), transient peak memory, and a chart
+  of the measured schedule beside the simulated one.
 
 The TensorFlow measurements run in fresh worker processes (this module with
 --worker), because logical devices and the allocator must be configured
@@ -18,10 +21,8 @@ before TensorFlow starts.
 """
 
 import argparse
-import glob
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -32,7 +33,6 @@ import numpy as np
 # Importing TensorFlow does not start its devices; each worker configures
 # them before its first op.
 import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from benchmarks import report
 from components.pipeline_parallel import gpipe
@@ -40,6 +40,9 @@ from components.pipeline_parallel import graph as graph_lib
 from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
+from components.partitioner import report as partition_report
+from components.pipeline_parallel import schedules
+from components.pipeline_parallel import timeline
 from pipelines import taxi_module
 
 LOGICAL_DEVICES = 4
@@ -58,6 +61,11 @@ TIMED_ROUNDS = 7
 MEMORY_BATCH = 2048
 MEMORY_WIDTH = 256
 MEMORY_MICROBATCHES = 8
+# GPipe against 1F1B, side by side in one process.
+SCHEDULE_STAGES = (2, 4)
+SCHEDULE_MICROBATCHES = (4, 8, 16)
+SCHEDULE_CHART_CASE = (4, 8)  # (K, M) whose measured schedules are charted.
+SCHEDULE_CHART = 'partitioner_schedules.png'
 
 
 # ---------------------------------------------------------------- models
@@ -144,40 +152,6 @@ def _worker_profiles(out_path, unused_argument):
     json.dump(profiles, f)
 
 
-def _measured_idle(trace_dir, num_stages):
-  """1 - (time each stage had an op running) / (K x span of the step).
-
-  Ops carry the runner's 'gpipe/stage<s>/microbatch<m>/<phase>' name scope
-  (gradient ops as 'gradient_tape/<forward op name>'). Transfers
-  (_Send/_Recv) are left out: they wait on the other device.
-  """
-  pattern = re.compile(r'gpipe/stage(\d+)/microbatch\d+/')
-  (path,) = glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'),
-                      recursive=True)
-  space = xplane_pb2.XSpace()
-  with open(path, 'rb') as f:
-    space.ParseFromString(f.read())
-  ops = [[] for _ in range(num_stages)]
-  for plane in space.planes:
-    for line in plane.lines:
-      for event in line.events:
-        name = plane.event_metadata[event.metadata_id].name
-        match = pattern.search(name)
-        if match and not name.endswith(('_Send', '_Recv')):
-          start = line.timestamp_ns * 1e-9 + event.offset_ps * 1e-12
-          ops[int(match.group(1))].append(
-              (start, start + event.duration_ps * 1e-12))
-  begin = min(start for stage in ops for start, _ in stage)
-  finish = max(end for stage in ops for _, end in stage)
-  busy = 0.0
-  for stage in ops:  # Length of the union of the stage's op intervals.
-    covered_to = begin
-    for start, end in sorted(stage):
-      busy += max(0.0, end - max(start, covered_to))
-      covered_to = max(covered_to, end)
-  return 1.0 - busy / (num_stages * (finish - begin))
-
-
 def _worker_pipeline(out_path, unused_argument):
   gpipe.configure_logical_cpus(LOGICAL_DEVICES)
   # One core per op, like a device that computes one op at a time; stages
@@ -197,15 +171,8 @@ def _worker_pipeline(out_path, unused_argument):
     for _ in range(2):
       runner.train_step(features, labels).numpy()
     runners.append(runner)
-  # Round-robin, so that load from other processes hits every run alike.
-  times = [[] for _ in runners]
-  load_before = os.getloadavg()[0]
-  for _ in range(TIMED_ROUNDS):
-    for runner, samples in zip(runners, times):
-      start = time.perf_counter()
-      runner.train_step(features, labels).numpy()
-      samples.append(time.perf_counter() - start)
-  load_after = os.getloadavg()[0]
+  times, load_before, load_after = _time_round_robin(runners, features,
+                                                   labels)
   rows = []
   for (num_stages, num_micro, remat), runner, samples in zip(
       PIPELINE_RUNS, runners, times):
@@ -213,10 +180,77 @@ def _worker_pipeline(out_path, unused_argument):
       tf.profiler.experimental.start(trace_dir)
       runner.train_step(features, labels).numpy()
       tf.profiler.experimental.stop()
-      idle = _measured_idle(trace_dir, num_stages)
+      idle = timeline.idle_fraction(timeline.trace_ops(trace_dir),
+                                    num_stages)
     rows.append({
         'stages': num_stages, 'microbatches': num_micro, 'remat': remat,
         'step_seconds': statistics.median(samples), 'measured_idle': idle,
+    })
+  with open(out_path, 'w') as f:
+    json.dump({'rows': rows, 'load': [load_before, load_after]}, f)
+
+
+def _time_round_robin(runners, features, labels):
+  """Step seconds of each runner over TIMED_ROUNDS rounds, and the load
+  before and after. Round-robin, so that load from other processes hits
+  every run alike."""
+  times = [[] for _ in runners]
+  load_before = os.getloadavg()[0]
+  for _ in range(TIMED_ROUNDS):
+    for runner, samples in zip(runners, times):
+      start = time.perf_counter()
+      runner.train_step(features, labels).numpy()
+      samples.append(time.perf_counter() - start)
+  return times, load_before, os.getloadavg()[0]
+
+
+def _worker_schedules(out_path, unused_argument):
+  """GPipe vs 1F1B: step time, measured schedule and idle, transient peak.
+
+  On the memory section's model: its activations (2 MiB per layer and
+  mini-batch) outweigh its weights (256 KiB per layer), so the schedules'
+  activation memory shows; with weights as large as the activations, the
+  weight gradients of a stage's backward dominate the peak instead.
+  """
+  gpipe.configure_logical_cpus(LOGICAL_DEVICES)
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(LOGICAL_DEVICES)
+  features = tf.random.normal([MEMORY_BATCH, MEMORY_WIDTH])
+  labels = tf.random.normal([MEMORY_BATCH, 1])
+  graph = graph_lib.LayerGraph(_mlp(MEMORY_WIDTH, PIPELINE_LAYERS))
+  cases = [(k, m, schedule) for k in SCHEDULE_STAGES
+           for m in SCHEDULE_MICROBATCHES for schedule in schedules.SCHEDULES]
+  runners = []
+  for num_stages, num_micro, schedule in cases:
+    plan = {**_runner_plan(graph, num_stages, num_micro, 'never'),
+            'schedule': schedule}
+    devices = gpipe.stage_devices(LOGICAL_DEVICES)[:num_stages]
+    model = gpipe.build_model_on_devices(
+        lambda: _mlp(MEMORY_WIDTH, PIPELINE_LAYERS), plan, devices)
+    runner = gpipe.GPipeRunner(model, plan, devices)
+    for _ in range(2):
+      runner.train_step(features, labels).numpy()
+    runners.append(runner)
+  times, load_before, load_after = _time_round_robin(runners, features,
+                                                   labels)
+  rows = []
+  for (num_stages, num_micro, schedule), runner, samples in zip(
+      cases, runners, times):
+    tf.config.experimental.reset_memory_stats('CPU:0')
+    resident = tf.config.experimental.get_memory_info('CPU:0')['current']
+    runner.train_step(features, labels).numpy()
+    transient = tf.config.experimental.get_memory_info('CPU:0')['peak'] - (
+        resident)
+    with tempfile.TemporaryDirectory() as trace_dir:
+      tf.profiler.experimental.start(trace_dir)
+      runner.train_step(features, labels).numpy()
+      tf.profiler.experimental.stop()
+      ops = timeline.trace_ops(trace_dir)
+    rows.append({
+        'stages': num_stages, 'microbatches': num_micro,
+        'schedule': schedule, 'step_seconds': statistics.median(samples),
+        'measured_idle': timeline.idle_fraction(ops, num_stages),
+        'transient_bytes': transient, 'tasks': timeline.tasks(ops),
     })
   with open(out_path, 'w') as f:
     json.dump({'rows': rows, 'load': [load_before, load_after]}, f)
@@ -245,7 +279,7 @@ def _worker_memory(out_path, argument):
 
 
 WORKERS = {'profiles': _worker_profiles, 'pipeline': _worker_pipeline,
-           'memory': _worker_memory}
+           'memory': _worker_memory, 'schedules': _worker_schedules}
 
 
 def _run_worker(name, argument='', extra_env=None):
@@ -283,7 +317,9 @@ def quality_on_real_profiles(profiles):
     for k in STAGE_COUNTS:
       if k > profile.num_layers:
         continue
-      costs = plan_lib.layer_costs(profile, 4 * k, 'except_last')
+      # GPipe's rows are the same for every stage.
+      costs = plan_lib.layer_costs(profile, k, 4 * k, 'except_last',
+                                   'gpipe')[0]
       uniform, block = _ratios(costs, k)
       rows.append([name, profile.num_layers, k, uniform, block])
   return ('## Partition quality on real model profiles\n\n'
@@ -393,6 +429,79 @@ def memory_section(rows):
                     'transient MiB', 'transient / never'], table_rows))
 
 
+def _schedule_chart(rows, results_dir):
+  """Simulated (from the measured task times) above measured, per schedule,
+  for SCHEDULE_CHART_CASE."""
+  k, m = SCHEDULE_CHART_CASE
+  panels = []
+  for row in rows:
+    if (row['stages'], row['microbatches']) != (k, m):
+      continue
+    tasks = [partition.ScheduledTask(**t) for t in row['tasks']]
+    durations = {
+        phase: [statistics.median(t.end - t.start for t in tasks
+                                  if t.stage == s and t.phase == phase)
+                for s in range(k)]
+        for phase in ('forward', 'backward')}
+    simulated = partition.simulate_schedule(
+        durations['forward'], durations['backward'], m, row['schedule'])
+    name = partition_report.SCHEDULE_NAMES[row['schedule']]
+    panels.append((f'{name}, simulated from the measured median task times: '
+                   f'idle {simulated.idle_fraction:.1%}', simulated.tasks,
+                   simulated.makespan))
+    panels.append((f'{name}, measured (one traced step): idle '
+                   f"{row['measured_idle']:.1%}", tasks,
+                   max(t.end for t in tasks)))
+  os.makedirs(results_dir, exist_ok=True)
+  partition_report.schedule_charts(panels, k, m,
+                                   os.path.join(results_dir, SCHEDULE_CHART))
+
+
+def schedule_section(result, results_dir):
+  rows = result['rows']
+  gpipe_memory = {(r['stages'], r['microbatches']): r['transient_bytes']
+                  for r in rows if r['schedule'] == 'gpipe'}
+  table_rows = []
+  for r in rows:
+    k, m = r['stages'], r['microbatches']
+    in_flight = plan_lib.in_flight(r['schedule'], k, m)
+    table_rows.append([
+        k, m, r['schedule'], r['step_seconds'] * 1e3,
+        partition.bubble_fraction(k, m), r['measured_idle'],
+        r['transient_bytes'] / 2**20,
+        r['transient_bytes'] / gpipe_memory[(k, m)],
+        sum(in_flight) / (k * m)])
+  _schedule_chart(rows, results_dir)
+  k, m = SCHEDULE_CHART_CASE
+  return (
+      '## GPipe vs 1F1B, side by side\n\n'
+      f'{PIPELINE_LAYERS} x Dense({MEMORY_WIDTH}) + head (activations '
+      'outweigh weights, as in the memory section), mini-batch '
+      f'{MEMORY_BATCH}, Adam, evenly split, remat never; '
+      f'{LOGICAL_DEVICES} logical CPU devices, one intra-op thread, all runs '
+      'in one process, timed '
+      f'round-robin (median of {TIMED_ROUNDS}); 1-minute load average '
+      f"{result['load'][0]:.1f} before and {result['load'][1]:.1f} after. "
+      'Measured idle as above, from one traced step. Transient: BFC '
+      'allocator peak above the resident bytes during one step (all stages '
+      'together: the logical devices share one allocator). Predicted: the '
+      'in-flight micro-batches summed over the stages, over K x M (what '
+      'the activation memory would be as a share of GPipe\'s if all stages '
+      'held equal activations). The logical CPUs share the machine\'s two '
+      'cores, so the bubble and the memory are the result here; speed-ups '
+      'from overlapping stages need real accelerators. No GPU machine was '
+      'lent to this run.\n\n' +
+      report.table(
+          ['K', 'M', 'schedule', 'step ms', '(K-1)/(M+K-1)', 'measured idle',
+           'transient MiB', 'transient / GPipe',
+           'predicted in-flight / GPipe'], table_rows) +
+      f'\n\n![GPipe and 1F1B schedules, K={k}, M={m}]({SCHEDULE_CHART})\n\n'
+      f'K={k}, M={m}: each schedule simulated from the measured median '
+      'forward and backward time of each stage, above the measured one '
+      '(each task from its first op to its last; gaps inside a task are '
+      'waits on transfers).')
+
+
 def main(results_dir: str = 'benchmarks/results') -> str:
   sections = [quality_on_random_costs(), solve_time()]
   sections.insert(0, quality_on_real_profiles(_run_worker('profiles')))
@@ -400,6 +509,9 @@ def main(results_dir: str = 'benchmarks/results') -> str:
   sections.append(memory_section([
       _run_worker('memory', mode, {'TF_CPU_ALLOCATOR_USE_BFC': 'true'})
       for mode in ('never', 'except_last', 'always', 'always+offload')]))
+  sections.append(schedule_section(
+      _run_worker('schedules', '', {'TF_CPU_ALLOCATOR_USE_BFC': 'true'}),
+      results_dir))
   return report.write(results_dir, 'partitioner',
                       'GPipePartitioner benchmark', '\n\n'.join(sections))
 

@@ -8,12 +8,15 @@ be local (a log being written, a task file) in a local folder, and upload it
 when complete. No TFX import: training processes use it too.
 """
 
+import dataclasses
 import json
 import os
 import threading
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
+from absl import logging
+import tenacity
 import tensorflow as tf
 
 _LOCAL_SCHEMES = ('', 'file')
@@ -22,8 +25,59 @@ _LOCAL_SCHEMES = ('', 'file')
 _APPENDING_SCHEME = 'ram://'
 
 
+# Errors that say "try again", not "this is wrong": what TF's filesystems
+# raise for an unreachable or throttled store (its GCS client maps a reset
+# connection or a 5xx answer to UnavailableError) and what Python raises for
+# a reset socket or a timeout.
+TRANSIENT_ERRORS = (tf.errors.UnavailableError,
+                    tf.errors.DeadlineExceededError, tf.errors.AbortedError,
+                    ConnectionError, TimeoutError)
+
+_T = TypeVar('_T')
+
+
 class StorageNotWritableError(OSError):
   """A path the component must write to cannot be written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+  """Exponential backoff for transient storage errors.
+
+  The defaults wait 0.5, 1, 2, 4 and 8 s (plus up to 0.5 s of jitter, so
+  that workers do not retry in lockstep): about 16 s, longer than a typical
+  object-store hiccup, short enough that a dead store fails the attempt.
+  """
+  attempts: int = 6
+  first_delay_s: float = 0.5
+  max_delay_s: float = 8.0
+
+
+def retrying(fn: Callable[[], _T], what: str,
+             policy: RetryPolicy = RetryPolicy(),
+             on_retry: Optional[Callable[[str, BaseException], None]] = None
+            ) -> _T:
+  """`fn()`, retried on TRANSIENT_ERRORS; the last error propagates.
+
+  `on_retry(what, error)` is called before each wait (to count and report
+  retries); any other error propagates at once.
+  """
+
+  def before_sleep(state: tenacity.RetryCallState) -> None:
+    error = state.outcome.exception()
+    logging.warning('Transient storage error in %s (attempt %d of %d), '
+                    'retrying: %s: %s', what, state.attempt_number,
+                    policy.attempts, type(error).__name__, error)
+    if on_retry:
+      on_retry(what, error)
+
+  return tenacity.Retrying(
+      retry=tenacity.retry_if_exception_type(TRANSIENT_ERRORS),
+      stop=tenacity.stop_after_attempt(policy.attempts),
+      wait=tenacity.wait_exponential_jitter(
+          initial=policy.first_delay_s, max=policy.max_delay_s,
+          jitter=policy.first_delay_s),
+      before_sleep=before_sleep, reraise=True)(fn)
 
 
 def is_local(path: str) -> bool:

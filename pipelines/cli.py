@@ -1,11 +1,15 @@
-"""Command-line flags shared by the pipeline runners and benchmarks."""
+"""Command-line flags shared by the pipeline runners and benchmarks.
+
+No TensorFlow import here: a runner sets up logging (pipelines/console.py)
+before TensorFlow and TFX start.
+"""
 
 import argparse
 import json
 import os
 import tempfile
+import time
 
-from components import storage
 from pipelines import data
 
 # Where a sample of the data goes when the pipeline root is remote (so that
@@ -13,6 +17,10 @@ from pipelines import data
 SAMPLE_SUBDIR = '_data_sample'
 # Local folder of the SQLite MLMD file for remote pipeline roots.
 REMOTE_ROOT_METADATA_DIR = os.path.join('outputs', 'metadata')
+# The run's log file: under a local pipeline root, else in this local folder
+# (a log being written cannot live on an object store).
+LOG_SUBDIR = 'logs'
+REMOTE_ROOT_LOG_DIR = os.path.join('outputs', 'logs')
 
 
 def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +67,11 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
       'trainer then runs the GPipe schedule with --gpipe-batch-size.')
   parser.add_argument('--gpipe-batch-size', type=int, default=64)
   parser.add_argument('--enable-cache', action='store_true')
+  parser.add_argument(
+      '--verbose', action='store_true',
+      help='Print every log record (TFX, Beam, TensorFlow INFO) on the '
+      'console too; without it the console shows each component\'s start, '
+      'progress and duration, and the rest goes to the log file.')
 
 
 def metadata_path(args: argparse.Namespace) -> str:
@@ -71,9 +84,23 @@ def metadata_path(args: argparse.Namespace) -> str:
   return os.path.join(os.path.abspath(args.pipeline_root), 'metadata.db')
 
 
+def log_path(args: argparse.Namespace) -> str:
+  """A new log file for this run: `<pipeline-root>/logs/<name>-<UTC>.log`
+  for a local root, `outputs/logs/...` for a remote one (absolute)."""
+  folder = (REMOTE_ROOT_LOG_DIR if data.is_remote(args.pipeline_root) else
+            os.path.join(args.pipeline_root, LOG_SUBDIR))
+  os.makedirs(folder, exist_ok=True)
+  stamp = time.strftime('%Y%m%d-%H%M%S', time.gmtime())
+  return os.path.abspath(os.path.join(folder,
+                                      f'{args.pipeline_name}-{stamp}.log'))
+
+
 def pipeline_from_args(args: argparse.Namespace):
   """Builds the pipeline the flags describe."""
-  from pipelines import taxi_pipeline  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from components import storage
+  from pipelines import taxi_pipeline
+  # pylint: enable=g-import-not-at-top
   pipeline_root = data.local_abspath(args.pipeline_root)
   # Before TFX writes there (its compile step stalls on a missing bucket).
   storage.check_writable(pipeline_root, 'pipeline root',

@@ -5,6 +5,8 @@ Every training forward pass appends one JSON line
 compiled step (a `tf.py_function`), so a test sees exactly which examples each
 optimizer step of each process consumed. `hparams['step_sleep_seconds']`
 slows steps down so that a test can signal a process mid-training.
+`seeded_initializers=False` and `dropout > 0` give the model the randomness
+that `distribution.seed` has to pin down.
 """
 
 import json
@@ -22,7 +24,8 @@ FEATURE_SPEC = {
     'label': tf.io.FixedLenFeature([], tf.float32),
 }
 DEFAULT_HPARAMS = {'learning_rate': 0.05, 'hidden_units': 8, 'id_log': None,
-                   'step_sleep_seconds': 0.0}
+                   'step_sleep_seconds': 0.0, 'seeded_initializers': True,
+                   'dropout': 0.0}
 
 
 class RecordIds(tf.keras.layers.Layer):
@@ -66,12 +69,17 @@ def build_model(hparams=None):
   ids = tf.keras.layers.Input(shape=(), dtype=tf.int64, name='id')
   hidden = RecordIds(hparams['id_log'], lambda: optimizer.iterations,
                      hparams['step_sleep_seconds'])([x, ids])
+  seeded = hparams['seeded_initializers']
   hidden = tf.keras.layers.Dense(
       hparams['hidden_units'], activation='relu',
-      kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))(hidden)
+      kernel_initializer=tf.keras.initializers.GlorotUniform(
+          seed=1 if seeded else None))(hidden)
+  if hparams['dropout']:
+    hidden = tf.keras.layers.Dropout(hparams['dropout'])(hidden)
   output = tf.keras.layers.Dense(
       1, activation='sigmoid',
-      kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2))(hidden)
+      kernel_initializer=tf.keras.initializers.GlorotUniform(
+          seed=2 if seeded else None))(hidden)
   model = tf.keras.Model({'x': x, 'id': ids}, output)
   model.compile(optimizer=optimizer, loss='binary_crossentropy',
                 metrics=[tf.keras.metrics.BinaryAccuracy()])

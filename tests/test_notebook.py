@@ -124,6 +124,8 @@ def test_walkthrough_runs_the_pipeline_and_shows_the_trainer_decision():
   for node in ('Transform', 'Trainer', 'Evaluator', 'Pusher'):
     assert any(line.split()[:2] == [node, 'COMPLETE']
                for line in run_summary.splitlines()), run_summary
+  # Blessed at accuracy_threshold=0.78, above the majority class (~0.767).
+  assert 'model blessed: True' in run_summary, run_summary
   decision = _text(code[3].outputs)
   assert "'strategy':" in decision and "'reason':" in decision, decision
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from components.partitioner import partition
+from components.pipeline_parallel import schedules
 
 REL_TOL = 1e-9
 
@@ -134,6 +135,44 @@ def test_bad_costs_are_rejected(costs):
     partition.optimal_partition(costs, 1)
 
 
+def test_per_stage_costs_and_memory_match_brute_force():
+  """Rows per stage (1F1B's memory depends on the stage's position)."""
+  rng = np.random.default_rng(23)
+  for _ in range(150):
+    costs, k, layer_memory, cut_memory = _random_case(rng, True)
+    n = len(costs)
+    scale = rng.uniform(0.5, 3.0, (k, 1))
+    stage_costs, stage_layers = costs[None] * scale, layer_memory[None] * scale
+    stage_cuts = cut_memory[None] * scale[::-1]
+    best, min_budget = math.inf, math.inf
+    budget = float(rng.uniform(500, 6000))
+    for cuts in itertools.combinations(range(1, n), k - 1):
+      spans = list(enumerate(zip((0, *cuts), (*cuts, n))))
+      memory = max(stage_layers[s, a:c].sum() + stage_cuts[s, a]
+                   for s, (a, c) in spans)
+      min_budget = min(min_budget, memory)
+      if memory <= budget:
+        best = min(best, max(stage_costs[s, a:c].sum() for s, (a, c) in spans))
+    if math.isinf(best):
+      with pytest.raises(partition.InfeasibleBudgetError) as error:
+        partition.optimal_partition(stage_costs, k, stage_layers, stage_cuts,
+                                    budget)
+      assert error.value.min_budget == pytest.approx(min_budget)
+      continue
+    result = partition.optimal_partition(stage_costs, k, stage_layers,
+                                         stage_cuts, budget)
+    _assert_valid(result, n, k)
+    assert result.bottleneck == pytest.approx(best, rel=REL_TOL)
+    assert result.peak_memory <= budget
+
+
+def test_per_stage_rows_need_one_row_per_stage():
+  with pytest.raises(ValueError, match=r'costs needs 4 entries, one per '
+                     r'layer, or a row of them per stage \(3 rows\); got '
+                     r'shape \(2, 4\)'):
+    partition.optimal_partition(np.ones((2, 4)), 3)
+
+
 def test_thousand_layers_sixty_four_stages():
   rng = np.random.default_rng(5)
   costs = rng.uniform(1.0, 2.0, 1000)
@@ -186,25 +225,29 @@ def test_evaluate_rejects_bad_boundaries():
     partition.evaluate((0, 3), [1.0] * 4)
 
 
+@pytest.mark.parametrize('schedule', schedules.SCHEDULES)
 @pytest.mark.parametrize('num_stages,num_microbatches', [(1, 1), (2, 4),
-                                                         (4, 16), (5, 3)])
-def test_balanced_schedule_idles_exactly_the_gpipe_bubble(
-    num_stages, num_microbatches):
+                                                         (4, 16), (5, 3),
+                                                         (3, 1), (4, 8)])
+def test_balanced_schedule_idles_exactly_the_bubble(
+    num_stages, num_microbatches, schedule):
   forward, backward = 1.0, 2.0
-  schedule = partition.gpipe_schedule([forward] * num_stages,
-                                      [backward] * num_stages,
-                                      num_microbatches)
-  assert schedule.makespan == pytest.approx(
+  simulated = partition.simulate_schedule([forward] * num_stages,
+                                          [backward] * num_stages,
+                                          num_microbatches, schedule)
+  assert simulated.makespan == pytest.approx(
       (num_microbatches + num_stages - 1) * (forward + backward))
-  assert schedule.idle_fraction == pytest.approx(
+  assert simulated.idle_fraction == pytest.approx(
       partition.bubble_fraction(num_stages, num_microbatches))
-  assert len(schedule.tasks) == 2 * num_stages * num_microbatches
+  assert len(simulated.tasks) == 2 * num_stages * num_microbatches
 
 
-def test_schedule_respects_dependencies_and_one_task_per_stage():
-  schedule = partition.gpipe_schedule([1.0, 3.0, 2.0], [2.0, 5.0, 1.0], 4)
-  end = {(t.stage, t.microbatch, t.phase): t.end for t in schedule.tasks}
-  for task in schedule.tasks:
+@pytest.mark.parametrize('schedule', schedules.SCHEDULES)
+def test_schedule_respects_dependencies_and_one_task_per_stage(schedule):
+  simulated = partition.simulate_schedule([1.0, 3.0, 2.0], [2.0, 5.0, 1.0],
+                                          4, schedule)
+  end = {(t.stage, t.microbatch, t.phase): t.end for t in simulated.tasks}
+  for task in simulated.tasks:
     if task.phase == 'forward' and task.stage > 0:
       assert task.start >= end[(task.stage - 1, task.microbatch, 'forward')]
     if task.phase == 'backward':
@@ -213,9 +256,38 @@ def test_schedule_respects_dependencies_and_one_task_per_stage():
         assert task.start >= end[(task.stage + 1, task.microbatch,
                                   'backward')]
   for stage in range(3):
-    spans = sorted((t.start, t.end) for t in schedule.tasks
-                   if t.stage == stage)
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in
-               zip(spans, spans[1:]))
+    tasks = sorted((t for t in simulated.tasks if t.stage == stage),
+                   key=lambda t: t.start)
+    assert all(a.end <= b.start for a, b in zip(tasks, tasks[1:]))
+    # Each stage runs its tasks in the schedule's order.
+    assert [(t.phase, t.microbatch) for t in tasks] == schedules.stage_order(
+        schedule, 3, 4, stage)
   # The slow middle stage makes the real idle time exceed the formula.
-  assert schedule.idle_fraction > partition.bubble_fraction(3, 4)
+  assert simulated.idle_fraction > partition.bubble_fraction(3, 4)
+
+
+def test_1f1b_orders_warm_up_alternate_and_cool_down():
+  f, b = schedules.FORWARD, schedules.BACKWARD
+  # K=3, M=4: stage 0 warms up with 2 forwards, stage 2 with none.
+  assert schedules.stage_order('1f1b', 3, 4, 0) == [
+      (f, 0), (f, 1), (f, 2), (b, 0), (f, 3), (b, 1), (b, 2), (b, 3)]
+  assert schedules.stage_order('1f1b', 3, 4, 2) == [
+      (f, 0), (b, 0), (f, 1), (b, 1), (f, 2), (b, 2), (f, 3), (b, 3)]
+  # Fewer micro-batches than the warm-up: all forwards, then backwards.
+  assert schedules.stage_order('1f1b', 4, 2, 0) == [(f, 0), (f, 1), (b, 0),
+                                                    (b, 1)]
+  assert schedules.stage_order('gpipe', 2, 3, 1) == [
+      (f, 0), (f, 1), (f, 2), (b, 2), (b, 1), (b, 0)]
+  for k in (1, 2, 3, 5):
+    for m in (1, 2, 4, 8):
+      for s in range(k):
+        assert schedules.in_flight(schedules.stage_order('1f1b', k, m, s)) == (
+            min(k - s, m))
+        assert schedules.in_flight(schedules.stage_order('gpipe', k, m,
+                                                         s)) == m
+
+
+def test_unknown_schedule_is_named():
+  with pytest.raises(ValueError, match=r"schedule must be one of \('gpipe', "
+                     r"'1f1b'\), got 'pipedream'"):
+    partition.simulate_schedule([1.0], [1.0], 2, 'pipedream')

@@ -103,6 +103,43 @@ def test_checkpoints_publish_and_restore_on_ram():
   assert variable.numpy().tolist() == [3.0, 3.0]
 
 
+@pytest.mark.parametrize('error', [
+    tf.errors.UnavailableError(None, None, 'unavailable'),
+    tf.errors.DeadlineExceededError(None, None, 'deadline'),
+    ConnectionResetError('reset'),
+], ids=lambda e: type(e).__name__)
+def test_retrying_retries_transient_errors_then_gives_up(error):
+  calls, retried = [], []
+
+  def flaky():
+    calls.append(1)
+    if len(calls) < 3:
+      raise error
+    return 'done'
+
+  policy = storage.RetryPolicy(attempts=3, first_delay_s=0.0)
+  assert storage.retrying(flaky, 'op', policy,
+                          lambda what, e: retried.append((what, e))) == 'done'
+  assert retried == [('op', error), ('op', error)]
+  calls.clear()
+  with pytest.raises(type(error)):
+    storage.retrying(flaky, 'op', storage.RetryPolicy(attempts=2,
+                                                      first_delay_s=0.0))
+  assert len(calls) == 2
+
+
+def test_retrying_does_not_retry_what_is_not_transient():
+  calls = []
+
+  def missing():
+    calls.append(1)
+    raise tf.errors.NotFoundError(None, None, 'no such object')
+
+  with pytest.raises(tf.errors.NotFoundError):
+    storage.retrying(missing, 'op', storage.RetryPolicy(first_delay_s=0.0))
+  assert calls == [1]
+
+
 # ------------------------------------------------------------ executors
 
 

@@ -1,14 +1,31 @@
-"""CheckpointConfig, the stable checkpoint location and CheckpointStore."""
+"""CheckpointConfig, the stable checkpoint location and CheckpointStore.
+
+Storage faults come from `tests.faulty_storage` (a tf.io.gfile wrapper);
+leases are contended by stores in this process and by real processes.
+"""
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
 import uuid
 
 import pytest
 import tensorflow as tf
 
+from components import storage
 from components.trainer import checkpointing
 from components.trainer.checkpointing import CheckpointConfig
 from components.trainer.checkpointing import CheckpointStore
+from components.trainer.saving import Checkpointer
+from tests.faulty_storage import Fault
+from tests.faulty_storage import FaultyStorage
+
+# Retries without waiting: the tests count them, they do not time them.
+NO_WAIT = storage.RetryPolicy(first_delay_s=0.0)
 
 
 # ----------------------------------------------------------------- config
@@ -35,6 +52,10 @@ def test_default_config_is_valid_and_round_trips():
     ({'delete_after_export': 'yes'}, "delete_after_export='yes'"),
     ({'backup_root': ''}, "backup_root=''"),
     ({'backup_root': 3}, 'backup_root=3'),
+    ({'lease': 'steal'}, "lease='steal'"),
+    ({'lease_timeout_seconds': 0}, 'lease_timeout_seconds=0'),
+    ({'lease_heartbeat_seconds': '10'}, "lease_heartbeat_seconds='10'"),
+    ({'lease_heartbeat_seconds': True}, 'lease_heartbeat_seconds=True'),
 ])
 def test_bad_config_names_value_and_allowed(values, message):
   with pytest.raises(ValueError) as error:
@@ -134,8 +155,22 @@ def test_save_restore_and_keep_last(root):
   assert int(state.step.numpy()) == 30
   assert float(state.weights.numpy()[0]) == 30.0
   manifest = store.verify(restored.path)
-  assert manifest['step'] == 30
-  assert all(len(f['sha256']) == 64 for f in manifest['files'].values())
+  assert manifest['step'] == 30 and manifest['version'] == 2
+  # Sizes of every file, the sha256 of the index (TF checksums the data).
+  files = manifest['files']
+  assert set(files) == {'ckpt.index', _data_file(restored.path)}
+  assert len(files['ckpt.index']['sha256']) == 64
+  assert all(tf.io.gfile.stat(restored.path + '/' + name).length == f['size']
+             for name, f in files.items())
+
+
+def test_save_reads_back_only_the_index(root):
+  state = _State()
+  store = CheckpointStore(root + '/fp', state.checkpoint)
+  with FaultyStorage(root, []) as faults:
+    _save_steps(store, state, [1, 2])
+  assert faults.opened_for_read
+  assert all(p.endswith('/ckpt.index') for p in faults.opened_for_read)
 
 
 def _data_file(path):
@@ -151,21 +186,37 @@ def _rewrite(path, transform):
     f.write(transform(content))
 
 
-@pytest.mark.parametrize('damage, reason', [
-    (lambda b: b[:len(b) // 2], 'truncated'),
-    (lambda b: b[:16] + bytes([b[16] ^ 0xFF]) + b[17:], 'sha256'),
+def _flip(position):
+  """Damage that flips one byte at `position` (a fraction of the file)."""
+  def flip(content):
+    at = min(len(content) - 1, int(len(content) * position))
+    return content[:at] + bytes([content[at] ^ 0xFF]) + content[at + 1:]
+  return flip
+
+
+@pytest.mark.parametrize('file, damage, reason', [
+    ('data', lambda b: b[:len(b) // 2], 'truncated'),
+    # The weights, the step counter and the object graph (TF's crc32c).
+    ('data', _flip(0.0), 'crc32c'),
+    ('data', _flip(0.5), 'crc32c'),
+    ('data', _flip(1.0), 'crc32c'),
+    ('index', _flip(0.5), 'sha256'),
 ])
-def test_corrupt_newest_falls_back_to_previous(root, damage, reason, caplog):
+def test_corrupt_newest_falls_back_to_previous(root, file, damage, reason,
+                                               caplog):
   state = _State()
   store = CheckpointStore(root + '/fp', state.checkpoint, keep_last=3)
   _save_steps(store, state, [5, 10])
   newest = store.checkpoint_dirs()[0]
-  _rewrite(newest + '/' + _data_file(newest), damage)
+  name = _data_file(newest) if file == 'data' else 'ckpt.index'
+  _rewrite(newest + '/' + name, damage)
   state.set(0)
   restored = store.restore_latest()
   assert restored.step == 5
   assert float(state.weights.numpy()[0]) == 5.0
-  assert restored.skipped[0]['path'] == newest
+  assert int(state.step.numpy()) == 5
+  assert restored.skipped == [{'path': newest, 'reason': restored.skipped[0][
+      'reason'], 'deleted': True}]
   assert reason in restored.skipped[0]['reason']
   assert 'falling back' in caplog.text
   # The unusable checkpoint is gone, so later pruning cannot keep it.
@@ -242,3 +293,323 @@ def test_progress_marker_records_the_latest_step(root):
     marker.update(step)
   marker.close()
   assert store.read_progress()['step'] == 49
+
+
+# --------------------------------------------------------- flaky storage
+
+
+def _published(store):
+  return [p.rsplit('/', 1)[1] for p in store.checkpoint_dirs()]
+
+
+@pytest.mark.parametrize('fault', [
+    Fault('checkpoint_write', 2, 'unavailable'),
+    Fault('write', 3, 'deadline', count=2),
+    Fault('stat', 4, 'reset'),
+    Fault('list', 2, 'unavailable'),
+    Fault('delete', 1, 'unavailable'),
+    Fault('read', 1, 'deadline'),
+    Fault('checkpoint_write', 1, 'slow', count=3),
+], ids=lambda f: f'{f.kind}-{f.nth}-{f.error}')
+def test_transient_faults_while_saving_are_retried_and_delete_nothing(
+    root, fault):
+  state = _State()
+  store = CheckpointStore(root + '/fp', state.checkpoint, keep_last=2,
+                          retry=NO_WAIT)
+  with FaultyStorage(root, [fault]) as faults:
+    _save_steps(store, state, [1, 2, 3])
+  assert faults.injected, 'the fault was never reached'
+  # Only pruning deleted anything: step 1, after step 3 was published.
+  assert faults.deleted == [root + '/fp/ckpt-000000000001']
+  assert _published(store) == ['ckpt-000000000003', 'ckpt-000000000002']
+  retried = fault.error != 'slow'
+  assert len(store.retries) == (fault.count if retried else 0)
+  if retried:
+    assert 'injected' in store.retries[0]['error']
+  state.set(0)
+  assert store.restore_latest().step == 3
+  assert float(state.weights.numpy()[0]) == 3.0
+
+
+@pytest.mark.parametrize('fault', [
+    Fault('checkpoint_read', 1, 'unavailable', count=2),
+    Fault('read', 1, 'reset'),
+    Fault('stat', 2, 'deadline'),
+    Fault('list', 1, 'unavailable'),
+], ids=lambda f: f'{f.kind}-{f.nth}-{f.error}')
+def test_transient_faults_while_restoring_restore_the_newest(root, fault):
+  state = _State()
+  store = CheckpointStore(root + '/fp', state.checkpoint, retry=NO_WAIT)
+  _save_steps(store, state, [4, 8])
+  state.set(0)
+  with FaultyStorage(root, [fault]) as faults:
+    restored = store.restore_latest()
+  assert faults.injected and faults.deleted == []
+  assert restored.step == 8 and restored.skipped == []
+  assert float(state.weights.numpy()[0]) == 8.0
+  assert len(store.retries) == fault.count
+
+
+def test_storage_that_keeps_failing_fails_the_restore_and_deletes_nothing(
+    root):
+  state = _State()
+  store = CheckpointStore(root + '/fp', state.checkpoint, retry=NO_WAIT)
+  _save_steps(store, state, [4, 8])
+  with FaultyStorage(root, [Fault('checkpoint_read', 1, 'unavailable',
+                                  count=100)]) as faults:
+    with pytest.raises(checkpointing.CheckpointStorageError,
+                       match='ckpt-000000000008.*UnavailableError.*Nothing '
+                       'was deleted'):
+      store.restore_latest()
+  assert faults.deleted == []
+  assert len(store.retries) == NO_WAIT.attempts - 1
+  assert _published(store) == ['ckpt-000000000008', 'ckpt-000000000004']
+
+
+def test_a_write_the_store_cut_short_is_caught_by_tf_on_restore(root):
+  """The size recorded is the cut one: TF's own checksums catch it."""
+  state = _State()
+  store = CheckpointStore(root + '/fp', state.checkpoint)
+  _save_steps(store, state, [4])
+  with FaultyStorage(root, [Fault('checkpoint_write', 1, 'truncate')]):
+    _save_steps(store, state, [8])
+  state.set(0)
+  restored = store.restore_latest()
+  assert restored.step == 4 and float(state.weights.numpy()[0]) == 4.0
+  [skipped] = restored.skipped
+  assert skipped['path'].endswith('ckpt-000000000008') and skipped['deleted']
+  assert 'crc32c' in skipped['reason']
+
+
+def test_a_cut_manifest_is_never_restored(root):
+  state = _State()
+  store = CheckpointStore(root + '/fp', state.checkpoint)
+  _save_steps(store, state, [4])
+  # Writes of step 8: the TF files go through C++; the manifest is write 1.
+  with FaultyStorage(root, [Fault('write', 1, 'truncate')]) as faults:
+    _save_steps(store, state, [8])
+  assert 'ckpt-000000000008/MANIFEST.json' in faults.injected[0]['path']
+  restored = store.restore_latest()
+  assert restored.step == 4
+  assert 'unreadable manifest' in restored.skipped[0]['reason']
+
+
+# ------------------------------------------------------- model mismatch
+
+
+@pytest.mark.parametrize('changed, message', [
+    (lambda: tf.train.Checkpoint(weights=tf.Variable(tf.zeros([32])),
+                                 step=tf.Variable(0, dtype=tf.int64)),
+     r'shape \(64,\).*shape \(32,\)'),
+    (lambda: tf.train.Checkpoint(weights=tf.Variable(tf.zeros([64])),
+                                 step=tf.Variable(0, dtype=tf.int64),
+                                 extra=tf.Variable(1.0)),
+     'not bound to checkpointed values'),
+    (lambda: tf.train.Checkpoint(weights=tf.Variable(tf.zeros([64])),
+                                 step=tf.Variable(0, dtype=tf.int32)),
+     'expected dtype int32'),
+], ids=['shape', 'new variable', 'dtype'])
+def test_a_changed_model_is_a_clear_error_and_keeps_checkpoints(
+    root, changed, message):
+  state = _State()
+  _save_steps(CheckpointStore(root + '/fp', state.checkpoint), state, [4, 8])
+  store = CheckpointStore(root + '/fp', changed())
+  with pytest.raises(checkpointing.CheckpointMismatchError,
+                     match=message) as error:
+    store.restore_latest()
+  assert 'ckpt-000000000008 is intact but does not fit the model' in str(
+      error.value)
+  assert 'are kept' in str(error.value)
+  assert _published(store) == ['ckpt-000000000008', 'ckpt-000000000004']
+
+
+# ----------------------------------------------------------------- lease
+
+
+def _lease_store(root, run_id, state=None, heartbeat=10.0):
+  return CheckpointStore(root + '/fp', (state or _State()).checkpoint,
+                         keep_last=1, run_id=run_id,
+                         lease_heartbeat_seconds=heartbeat, retry=NO_WAIT)
+
+
+def _write_lease(root, **holder):
+  lease = {'run_id': 'other-run', 'host': socket.gethostname(),
+           'pid': os.getpid(), 'token': 'theirs', 'heartbeat': time.time(),
+           'heartbeat_seconds': 10.0, **holder}
+  storage.write_json(root + '/fp/' + checkpointing.LEASE_NAME, lease)
+  return lease
+
+
+def test_a_second_run_fails_naming_the_holder_and_prunes_nothing(root):
+  state = _State()
+  first = _lease_store(root, 'model_run/1', state)
+  assert first.acquire_lease() is None
+  _save_steps(first, state, [4])
+  second = _lease_store(root, 'model_run/2')
+  with pytest.raises(checkpointing.LeaseHeldError) as error:
+    second.acquire_lease('fail')
+  message = str(error.value)
+  assert "run 'model_run/1'" in message and str(os.getpid()) in message
+  assert "fault_tolerance.lease='wait'" in message
+  # The second run never got to save or prune.
+  with pytest.raises(RuntimeError, match='never acquired'):
+    second.save(5)
+  _save_steps(first, state, [8])
+  assert _published(first) == ['ckpt-000000000008']
+  first.release_lease()
+  assert not tf.io.gfile.exists(first.lease.path)
+
+
+def test_wait_mode_takes_the_lease_once_the_holder_releases(root, caplog):
+  first = _lease_store(root, 'model_run/1')
+  first.acquire_lease()
+  second = _lease_store(root, 'model_run/2', heartbeat=0.05)
+  got = {}
+  waiter = threading.Thread(target=lambda: got.update(
+      event=second.acquire_lease('wait', timeout_seconds=300)))
+  waiter.start()
+  deadline = time.monotonic() + 60
+  while 'Waiting for the checkpoint lease' not in caplog.text:
+    assert time.monotonic() < deadline and waiter.is_alive()
+    time.sleep(0.01)
+  first.release_lease()
+  waiter.join()
+  assert got['event']['event'] == 'lease_waited'
+  assert got['event']['previous_holder']['run_id'] == 'model_run/1'
+  second.lease.ensure_held()
+  second.release_lease()
+
+
+def test_wait_mode_gives_up_after_its_timeout(root):
+  _lease_store(root, 'model_run/1').acquire_lease()
+  second = _lease_store(root, 'model_run/2', heartbeat=0.01)
+  with pytest.raises(checkpointing.LeaseHeldError,
+                     match='still holds it after'):
+    second.acquire_lease('wait', timeout_seconds=0.05)
+
+
+def _dead_pid():
+  process = subprocess.Popen([sys.executable, '-c', 'pass'])
+  process.wait()
+  return process.pid
+
+
+@pytest.mark.parametrize('holder, reason', [
+    (lambda: {'heartbeat': time.time() - 3600, 'host': 'elsewhere'},
+     'heartbeat is 3600 s old'),
+    (lambda: {'pid': _dead_pid()}, 'is gone'),
+    (lambda: {'token': ''}, 'unreadable'),
+], ids=['stale heartbeat', 'dead holder', 'unreadable'])
+def test_a_dead_or_stale_lease_is_taken_over_and_recorded(root, holder,
+                                                          reason):
+  previous = _write_lease(root, **holder())
+  store = _lease_store(root, 'model_run/1')
+  event = store.acquire_lease('fail')
+  assert event['event'] == 'lease_taken_over' and reason in event['reason']
+  assert event['previous_holder'] == previous
+  assert store.lease.read()['token'] == store.lease.holder['token']
+  store.release_lease()
+
+
+def test_a_restarted_attempt_of_the_same_run_takes_its_lease_at_once(root):
+  """Launcher restarts and executor retries keep the model_run URI."""
+  _write_lease(root, run_id='model_run/1', host='elsewhere', pid=1)
+  store = _lease_store(root, 'model_run/1')
+  assert store.acquire_lease('fail') is None  # The 'resumed' event tells.
+  assert store.lease.read()['token'] == store.lease.holder['token']
+  store.release_lease()
+
+
+def test_a_live_lease_on_another_host_is_not_taken_over(root):
+  _write_lease(root, host='elsewhere', pid=1)
+  with pytest.raises(checkpointing.LeaseHeldError, match='on elsewhere'):
+    _lease_store(root, 'model_run/1').acquire_lease('fail')
+
+
+def test_a_run_whose_lease_was_taken_stops_before_deleting(root):
+  state = _State()
+  store = _lease_store(root, 'model_run/1', state)
+  store.acquire_lease()
+  _save_steps(store, state, [4])
+  _write_lease(root, host='elsewhere')  # Another run took over.
+  with FaultyStorage(root, []) as faults:
+    with pytest.raises(checkpointing.LeaseLostError,
+                       match="taken over by run 'other-run'"):
+      _save_steps(store, state, [8])
+    with pytest.raises(checkpointing.LeaseLostError):
+      store.delete_all()
+  assert faults.deleted == []
+  assert _published(store) == ['ckpt-000000000004']
+  store.release_lease()
+  # The other run's lease stays.
+  assert store.lease.read()['token'] == 'theirs'
+
+
+def test_the_heartbeat_refreshes_the_lease(root):
+  store = _lease_store(root, 'model_run/1', heartbeat=0.01)
+  store.acquire_lease()
+  first = store.lease.read()['heartbeat']
+  deadline = time.monotonic() + 60
+  while store.lease.read()['heartbeat'] == first:
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+  store.release_lease()
+
+
+def test_delete_all_under_the_lease_leaves_nothing(root):
+  state = _State()
+  store = _lease_store(root, 'model_run/1', state, heartbeat=0.01)
+  store.acquire_lease()
+  _save_steps(store, state, [4])
+  store.delete_all()
+  store.release_lease()
+  assert not tf.io.gfile.exists(root + '/fp')
+
+
+def test_checkpointer_events_say_what_storage_did(root):
+  """Lease taken over, damaged checkpoint skipped and deleted, retries."""
+  state = _State()
+  config = CheckpointConfig(save_every_steps=4)
+  first = CheckpointStore(root + '/fp', state.checkpoint)
+  _save_steps(first, state, [4, 8])
+  newest = first.checkpoint_dirs()[0]
+  _rewrite(newest + '/' + _data_file(newest), _flip(0.5))
+  _write_lease(root, pid=_dead_pid(), run_id='model_run/1')
+  checkpointer = Checkpointer(root + '/fp', state.checkpoint, config,
+                              is_chief=True, manifest_extra={},
+                              run_id='model_run/2')
+  checkpointer.store._retry = NO_WAIT  # pylint: disable=protected-access
+  try:
+    with FaultyStorage(root, [Fault('checkpoint_read', 1, 'unavailable'),
+                              Fault('checkpoint_write', 1, 'deadline')]):
+      checkpointer.acquire_lease()
+      assert checkpointer.restore() == 4
+      checkpointer.save(8)
+      checkpointer.record_storage_retries()
+  finally:
+    checkpointer.close()
+    checkpointer.release()
+  events = checkpointer.events
+  assert [e['event'] for e in events] == ['lease_taken_over', 'resumed',
+                                          'storage_retried']
+  assert 'is gone' in events[0]['reason']
+  [skipped] = events[1]['skipped_checkpoints']
+  assert skipped['path'] == newest and skipped['deleted'] is True
+  assert 'crc32c' in skipped['reason']
+  assert events[2]['retries'] == 2
+  assert events[2]['operations'] == {'read checkpoint': 1,
+                                     'write checkpoint': 1}
+  assert CheckpointStore(root + '/fp', None).read_events() == events
+
+def test_progress_marker_writes_new_details_of_the_same_step(root):
+  """A save records the step, then the loop the step with its details: the
+  second write is not skipped for having the same step."""
+  store = CheckpointStore(root + '/fp', _State().checkpoint)
+  marker = checkpointing.ProgressMarker(store, min_interval_seconds=0.01)
+  marker.update(150, {'checkpoints': 2})
+  deadline = time.monotonic() + 30
+  while store.read_progress() is None and time.monotonic() < deadline:
+    time.sleep(0.01)
+  marker.update(150, {'checkpoints': 3})
+  marker.close()
+  assert store.read_progress()['checkpoints'] == 3

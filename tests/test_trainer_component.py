@@ -12,7 +12,9 @@ from tfx.types import standard_artifacts
 from components import HighPerfTrainer
 from components import types as hpm_types
 from components.trainer import executor
+from components.trainer.config import DistributionConfig
 from components.trainer import fn_args as fn_args_lib
+from components.trainer import strategy as strategy_lib
 from pipelines import data
 
 # The stock TFX taxi module shipped with tfx (next to the taxi data).
@@ -110,6 +112,46 @@ def test_bad_distribution_fails_at_construction(distribution, expected):
   assert expected in str(error.value)
 
 
+def _partitioner(batch_size):
+  from components import GPipePartitioner  # pylint: disable=g-import-not-at-top
+  return GPipePartitioner(config={'batch_size': batch_size, 'num_stages': 2},
+                          module_path='pipelines.taxi_module')
+
+
+def test_plan_with_another_batch_fails_at_construction():
+  plan = _partitioner(64).outputs['partition_plan']
+  with pytest.raises(ValueError, match=r'partition plan is made for '
+                     r"batch_size 64, but the trainer's global batch is 32"):
+    _trainer(partition_plan=plan, distribution={'global_batch_size': 32})
+  # The default batch (32 per replica, one pipeline) against the plan's.
+  with pytest.raises(ValueError, match="global batch is 32"):
+    _trainer(partition_plan=plan)
+  _trainer(partition_plan=plan, distribution={'global_batch_size': 64})
+  _trainer(partition_plan=plan, distribution={'per_replica_batch_size': 64})
+
+
+@pytest.mark.parametrize('distribution,expected', [
+    ({'strategy': 'mirrored', 'global_batch_size': 64},
+     "strategy must be one of ('auto', 'one_device'), got 'mirrored'"),
+    ({'gradient_accumulation_steps': 2, 'global_batch_size': 64},
+     'gradient_accumulation_steps=2 with a partition plan'),
+])
+def test_plan_needs_one_pipeline_at_construction(distribution, expected):
+  plan = _partitioner(64).outputs['partition_plan']
+  with pytest.raises(ValueError) as error:
+    _trainer(partition_plan=plan, distribution=distribution)
+  assert expected in str(error.value)
+
+
+def test_plan_from_outside_the_pipeline_is_checked_at_run_time():
+  # Its batch is unknown here; the strategy is still checked.
+  _trainer(partition_plan=_channel(hpm_types.PartitionPlan),
+           distribution={'global_batch_size': 48})
+  with pytest.raises(ValueError, match='strategy must be one of'):
+    _trainer(partition_plan=_channel(hpm_types.PartitionPlan),
+             distribution={'strategy': 'central_storage'})
+
+
 def test_bad_fault_tolerance_fails_at_construction():
   with pytest.raises(ValueError, match='max_restarts=-1'):
     _trainer(fault_tolerance={'max_restarts': -1})
@@ -205,3 +247,26 @@ def test_dataset_factory_batches_the_global_batch(tmp_path):
   bigger = list(factory([str(tmp_path / 'part-*')], None, batch_size=5,
                         shuffle=False, num_epochs=1))
   assert [b['label'].shape[0] for b in bigger] == [5, 5]
+
+
+def test_seed_and_determinism_are_recorded_on_model_run(tmp_path):
+  model_run = standard_artifacts.ModelRun()
+  model_run.uri = str(tmp_path)
+  config = DistributionConfig(
+      strategy='one_device', seed=42, deterministic=True)
+  executor.Executor._record_decision(  # pylint: disable=protected-access
+      model_run, config, 'requested', strategy_lib.Environment())
+  assert model_run.get_int_custom_property('seed') == 42
+  assert model_run.get_int_custom_property('deterministic') == 1
+  with open(tmp_path / executor.DECISION_FILE) as f:
+    decision = json.load(f)
+  assert decision['config']['seed'] == 42
+  assert decision['config']['deterministic'] is True
+
+  unseeded = standard_artifacts.ModelRun()
+  unseeded.uri = str(tmp_path / 'unseeded')
+  executor.Executor._record_decision(  # pylint: disable=protected-access
+      unseeded, DistributionConfig(strategy='one_device'),
+      'requested', strategy_lib.Environment())
+  assert not unseeded.has_custom_property('seed')
+  assert unseeded.get_int_custom_property('deterministic') == 0

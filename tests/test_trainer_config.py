@@ -149,3 +149,41 @@ def test_train_length():
     config_lib.check_train_length('run_fn', 100, 2)
   with pytest.raises(ValueError, match='num_steps > 0 or'):
     config_lib.check_train_length('managed', 0, 0)
+
+
+def test_seed_and_determinism_round_trip():
+  assert (DistributionConfig().seed, DistributionConfig().deterministic) == (
+      None, False)
+  config = DistributionConfig.from_dict(
+      {'seed': 0, 'deterministic': True, 'strategy': 'mirrored'})
+  assert DistributionConfig.from_json(config.to_json()) == config
+  assert DistributionConfig.from_dict(
+      {'seed': config_lib.MAX_SEED}).seed == config_lib.MAX_SEED
+
+
+@pytest.mark.parametrize('seed', [-1, 2**32, 1.5, '7', True])
+def test_bad_seed_names_the_range(seed):
+  message = _error(seed=seed)
+  assert f'seed={seed!r}' in message and '[0, 4294967295]' in message
+
+
+@pytest.mark.parametrize('value', [1, 'yes', None])
+def test_deterministic_must_be_a_bool(value):
+  assert f'deterministic={value!r} must be true or false' in _error(
+      seed=1, deterministic=value)
+
+
+def test_deterministic_needs_a_seed():
+  message = _error(deterministic=True)
+  assert 'deterministic=True needs a seed' in message
+  assert 'set seed' in message
+
+
+@pytest.mark.parametrize('values', [
+    {'strategy': 'parameter_server', 'num_ps': 1, 'num_workers': 2},
+    {'strategy': 'auto', 'num_ps': 1}])
+def test_deterministic_refuses_parameter_servers(values):
+  message = _error(seed=1, deterministic=True, **values)
+  assert 'asynchronous' in message and f"num_ps={values['num_ps']}" in message
+  # A seed alone is fine there: it fixes the initial weights.
+  assert DistributionConfig.from_dict({'seed': 1, **values}).seed == 1

@@ -6,7 +6,9 @@ must be configured before TensorFlow starts) in child processes.
 """
 
 import json
+import logging
 import os
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from components.trainer import accumulation
 from components.trainer import checkpointing
 from components.trainer import driver
 from components.trainer import loop
+from components.trainer import progress
 from tests import trainer_testing as tt
 
 # Two windows of the input pipeline's shuffle (8 batches of 4), so the first
@@ -226,6 +229,53 @@ def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
   assert two_joins['steps_per_sec'] > 0
   assert two_joins['rate_includes_first_step'] is False
   assert driver.StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0
+
+
+def test_progress_is_written_at_most_once_a_second(tmp_path, data,
+                                                  monkeypatch, caplog):
+  """Steps of about a millisecond, one per call: progress.json and the
+  TensorBoard event file are written at most once a second plus the final
+  write, and a progress line comes every few seconds (and at the end)."""
+  train_steps = 400
+  task = tt.make_task(str(tmp_path), data, train_steps=train_steps,
+                      fault_tolerance={'save_every_steps': None},
+                      hparams={'id_log': None})
+  task.distribution['steps_per_execution'] = 1
+  training = loop.ManagedTraining(task,
+                                  tf.distribute.OneDeviceStrategy('/cpu:0'))
+  training.build_model()
+  writes, flushes = [], []
+  store, writer = training.checkpointer.store, training.writer
+  write_progress, flush = store.write_progress, writer.flush
+  monkeypatch.setattr(store, 'write_progress', lambda *args: (
+      writes.append(args[0]), write_progress(*args)))
+  monkeypatch.setattr(writer, 'flush', lambda: (flushes.append(1), flush()))
+  caplog.set_level(logging.INFO, logger='tfx_hpm')
+  began = time.monotonic()
+  summary = training.train(training.restore())
+  training.checkpointer.close()
+  elapsed = time.monotonic() - began
+
+  assert summary['steps'] == train_steps
+  once_a_second = int(elapsed / 1.0) + 2  # The first write and the last.
+  assert 1 <= len(writes) <= once_a_second, (len(writes), elapsed)
+  assert writes[-1] == train_steps
+  assert 1 <= len(flushes) <= once_a_second, (len(flushes), elapsed)
+  assert 'loss' in _summary_tags(os.path.join(task.model_run_dir, 'train'))
+  lines = [r.getMessage() for r in caplog.records
+           if r.name == progress.LOGGER.name]
+  assert 2 <= len(lines) <= int(elapsed / progress.LINE_EVERY_SECONDS) + 2
+  # After the first call, which traces: no steady rate yet for an ETA.
+  assert lines[0].startswith('Training step 1/') and ', ETA ?, ' in lines[0]
+  # What the launcher relays: the chief's last record, in the same words.
+  record = checkpointing.read_progress(task.checkpoint_dir)
+  assert record['step'] == record['train_steps'] == train_steps
+  assert record['examples_per_sec'] > 0 and record['loss'] > 0
+  assert record['checkpoints'] == 1
+  assert progress.format_line(record) == lines[-1]
+  assert lines[-1].startswith(
+      f'Training step {train_steps}/{train_steps} (100%), loss ')
+  assert ', ETA 0 s, ' in lines[-1]
 
 
 def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):

@@ -10,9 +10,13 @@ an uninterrupted one, after exactly `TRAIN_STEPS` optimizer steps, and every
 step of the surviving trajectory must have trained on the same ids.
 """
 
+import dataclasses
 import os
 import random
 import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -21,6 +25,8 @@ import tensorflow as tf
 from components.trainer import checkpointing
 from components.trainer import preemption
 from tests import trainer_testing as tt
+from tests.faulty_storage import Fault
+from tests.faulty_storage import FaultyStorage
 
 NUM_EXAMPLES = 64
 TRAIN_STEPS = 32  # 2 examples per step: one pass over the data.
@@ -169,9 +175,104 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
   assert event['checkpoint'] == previous
   # (A partial write cut by the kill, if any, is skipped too.)
   reasons = {s['path']: s['reason'] for s in event['skipped_checkpoints']}
-  expected = 'sha256' if damage is _flip_a_byte else 'truncated'
+  # A flipped byte: TF's crc32c on reading; a cut file: its size.
+  expected = 'crc32c' if damage is _flip_a_byte else 'truncated'
   assert expected in reasons[newest]
+  assert all(s['deleted'] for s in event['skipped_checkpoints'])
   assert 'falling back to the previous one' in tt.child_log(root)
+
+
+def _checkpoint_steps(task):
+  store = checkpointing.CheckpointStore(task.checkpoint_dir, None)
+  return [int(p.rsplit('-', 1)[1]) for p in store.checkpoint_dirs()]
+
+
+@pytest.mark.slow
+def test_flaky_storage_while_resuming_and_saving_loses_nothing(
+    tmp_path, data, baseline):
+  """Transient errors on the resumed attempt: retried, nothing deleted, the
+  same training as an uninterrupted run, and the retries on record."""
+  root = str(tmp_path)
+  task = _task(root, data)
+  _, code = tt.kill_at_step(task, root, 2 * SAVE_EVERY + 1, signal.SIGKILL)
+  assert code == -signal.SIGKILL
+  kept = _checkpoint_steps(task)
+  faults = FaultyStorage(task.checkpoint_dir, [
+      Fault('checkpoint_read', 1, 'unavailable'),
+      Fault('list', 1, 'reset'),
+      Fault('read', 2, 'deadline'),
+      Fault('write', 3, 'unavailable', count=2),
+      Fault('checkpoint_write', 2, 'deadline'),
+      Fault('checkpoint_write', 3, 'slow'),
+  ])
+  assert tt.run_child(task, root, faults.to_json()) == 0, tt.child_log(root)
+
+  result, _ = _assert_same_training(task, baseline)
+  resumed, retried = result['resume_events']
+  assert resumed['event'] == 'resumed' and resumed['skipped_checkpoints'] == []
+  assert resumed['from_step'] == max(kept)
+  # One retry per injected error (the slow write is no error).
+  assert retried['event'] == 'storage_retried' and retried['retries'] == 6
+  assert retried['operations']['read checkpoint'] == 1
+  assert retried['operations']['write checkpoint'] == 1
+  assert 'injected' in retried['last_error']
+  assert _checkpoint_steps(task) == [TRAIN_STEPS, TRAIN_STEPS - SAVE_EVERY,
+                                     TRAIN_STEPS - 2 * SAVE_EVERY]
+
+
+def _hold_lease(checkpoint_dir):
+  """Another execution of the same training, holding the folder's lease."""
+  holder = subprocess.Popen(
+      [sys.executable, '-c',
+       'import sys, time\n'
+       'from components.trainer import checkpointing\n'
+       'store = checkpointing.CheckpointStore(sys.argv[1], None,\n'
+       '                                      run_id="another-execution")\n'
+       'store.acquire_lease()\n'
+       'print("held", flush=True)\n'
+       'time.sleep(600)\n', checkpoint_dir],
+      cwd=tt.REPO_ROOT, env=tt.child_env(), stdout=subprocess.PIPE)
+  assert holder.stdout.readline() == b'held\n'
+  return holder
+
+
+@pytest.mark.slow
+def test_a_run_into_a_folder_another_run_holds_fails_or_waits(
+    tmp_path, data, baseline):
+  root = str(tmp_path)
+  task = _task(root, data)
+  _, code = tt.kill_at_step(task, root, 2 * SAVE_EVERY + 1, signal.SIGKILL)
+  assert code == -signal.SIGKILL
+  before = _checkpoint_steps(task)
+  holder = _hold_lease(task.checkpoint_dir)
+  try:
+    # lease='fail': a clear error, and the other run's folder untouched.
+    assert tt.run_child(task, root) != 0
+    log = tt.child_log(root)
+    assert 'LeaseHeldError' in log and "run 'another-execution'" in log
+    assert _checkpoint_steps(task) == before
+    # lease='wait': waits; the holder dies; the lease is taken over.
+    waiting = dataclasses.replace(task, fault_tolerance=dict(
+        task.fault_tolerance, lease='wait', lease_heartbeat_seconds=0.5))
+    child = tt.start_child(waiting, root)
+    deadline = time.monotonic() + tt.CHILD_TIMEOUT_SECONDS
+    while 'Waiting for the checkpoint lease' not in tt.child_log(root):
+      assert time.monotonic() < deadline and child.poll() is None, (
+          tt.child_log(root))
+      time.sleep(0.1)
+    holder.kill()
+    holder.wait()
+    assert child.wait(timeout=tt.CHILD_TIMEOUT_SECONDS) == 0, (
+        tt.child_log(root))
+  finally:
+    if holder.poll() is None:
+      holder.kill()
+      holder.wait()
+  result, _ = _assert_same_training(task, baseline)
+  lease, resumed = result['resume_events']
+  assert lease['event'] == 'lease_taken_over' and 'is gone' in lease['reason']
+  assert lease['previous_holder']['run_id'] == 'another-execution'
+  assert resumed['event'] == 'resumed' and resumed['from_step'] == before[0]
 
 
 # ---------------------------------------------------------------- fast

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+import tensorflow as tf
 
 from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
@@ -37,6 +38,10 @@ def _cluster(**tasks):
     ({'num_workers': 2}, Environment(tpu_available=True), 'tpu'),
     ({}, Environment(tpu_available=True,
                      tf_config=_cluster(worker=2, ps=1)), 'tpu'),
+    # A plan's pipeline places its stages itself, even over 4 GPUs.
+    ({}, Environment(num_gpus=4, has_partition_plan=True), 'one_device'),
+    ({'logical_cpu_devices': 4}, Environment(has_partition_plan=True),
+     'one_device'),
 ])
 def test_auto_rules(config, env, expected):
   name, reason = strategy_lib.choose_strategy(
@@ -105,7 +110,8 @@ def test_detect_environment_reads_tf_config_only_in_process(monkeypatch):
   monkeypatch.setenv('TF_CONFIG', json.dumps(_cluster(worker=2)))
   local = strategy_lib.detect_environment(DistributionConfig())
   assert local.tf_config == {}
-  assert local.num_gpus == 0  # This machine has no GPU.
+  # What TensorFlow sees, on any machine.
+  assert local.num_gpus == len(tf.config.list_physical_devices('GPU'))
   in_process = strategy_lib.detect_environment(
       DistributionConfig(launcher='in_process'))
   assert in_process.cluster_size('worker') == 2
@@ -133,8 +139,14 @@ def _run_python(code: str) -> subprocess.CompletedProcess:
 
 
 def test_logical_cpu_strategies_build_real_replicas():
-  """Fresh process: logical CPUs give Mirrored/CentralStorage N replicas."""
+  """Fresh process: logical CPUs give Mirrored/CentralStorage N replicas.
+
+  GPUs are hidden there: where there are any, the replicas are the GPUs
+  (the next test).
+  """
   proc = _run_python("""
+      import tensorflow as tf
+      tf.config.set_visible_devices([], 'GPU')
       from components.trainer import strategy as s
       from components.trainer.config import DistributionConfig
       config = DistributionConfig(strategy='mirrored', logical_cpu_devices=3)
@@ -145,6 +157,27 @@ def test_logical_cpu_strategies_build_real_replicas():
       """)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'REPLICAS [3, 3, 1]' in proc.stdout
+
+
+@pytest.mark.skipif(not tf.config.list_physical_devices('GPU'),
+                    reason='needs a GPU: replicas on GPUs')
+def test_replicas_are_the_gpus_where_there_are_any():
+  proc = _run_python("""
+      import tensorflow as tf
+      from components.trainer import strategy as s
+      from components.trainer.config import DistributionConfig
+      config = DistributionConfig(strategy='mirrored', logical_cpu_devices=3)
+      s.configure_logical_cpus(3)
+      replicas = [s.make_strategy(name, config).num_replicas_in_sync
+                  for name in ('mirrored', 'central_storage', 'one_device')]
+      print('REPLICAS', replicas)
+      print('ONE_DEVICE', s.make_strategy('one_device', config).extended
+            .worker_devices)
+      """)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  gpus = len(tf.config.list_physical_devices('GPU'))
+  assert f'REPLICAS [{gpus}, {gpus}, 1]' in proc.stdout
+  assert 'GPU:0' in proc.stdout.split('ONE_DEVICE', 1)[1]
 
 
 def test_logical_cpus_after_tf_started_fail_clearly():

@@ -24,6 +24,7 @@ from components import OptimizedTransform
 from components.data import input_pipeline
 from components.data.input_pipeline import InputPipelineConfig
 from components.transform import tuner
+from components.transform.config import TuningConfig
 from components.types import TunedInputPipeline
 from pipelines import data
 from pipelines import taxi_module
@@ -269,21 +270,25 @@ def test_artifact_has_config_report_chart_and_properties(run):
   assert 'limited by: **' in text and 'decision: **' in text
   assert 'Batch mismatch' not in text
   props = _properties(run, uri)
-  assert props['examples_per_sec'].double_value > 0
   assert props['bottleneck_stage'].string_value in (
       'read', 'parse', 'transform', 'batch', 'not measured')
   assert props['transform_placement'].string_value == 'materialized'
   # Measured at the trainer's batch, the consumer too (the module has
   # build_model), and the decision follows the verdict.
   assert props['batch_size'].int_value == BATCH
-  assert props['consumer_examples_per_sec'].double_value > 0
   assert 'build_model' in props['consumer_source'].string_value
+  reader = props['examples_per_sec'].double_value
+  model = props['consumer_examples_per_sec'].double_value
+  # The verdict's consumer rate is the one on the artifact.
+  assert f"the consumer's {model:,.0f}" in text
   # Which one depends on this machine's speed; it follows the verdict.
   stopped = props['decision'].string_value == tuner.STOPPED_EARLY
   assert stopped == (props['input_bound'].int_value == 0)
   if stopped:
     assert props['num_candidates'].int_value == 1
     assert 'not input-bound' in text
+    # The kept default reader outran the model by the configured ratio.
+    assert reader >= TuningConfig(**TUNING).input_bound_ratio * model > 0
   else:
     assert props['decision'].string_value == tuner.SEARCHED
   # The example count is exact (the Beam write counted it).

@@ -80,8 +80,9 @@ def test_search_respects_budget_and_candidate_limit(patterns):
   assert result.config.cache == 'memory'
   assert result.later_epochs_examples_per_sec > 0
   quick = _tune(patterns, time_budget_s=2.0)
-  # One measurement may start just before the deadline.
-  assert quick.seconds < 2.0 + 1.0
+  # The budget, not the candidate limit, ended this search, and says so.
+  assert any('time budget' in note for note in quick.notes), quick.notes
+  assert len(quick.candidates) < len(result.candidates)
   # The chosen config was measured and is deterministic (resume needs it).
   assert quick.chosen in quick.candidates
   assert quick.config.deterministic
@@ -103,10 +104,10 @@ def test_stage_rates_and_report(patterns, tmp_path):
   stock = lambda: tf.data.TFRecordDataset(  # pylint: disable=g-long-lambda
       tf.io.gfile.glob(patterns[0]), 'GZIP').batch(64).map(
           lambda s: tf.io.parse_example(s, transform_data.DENSE_SPEC))
-  # A budget that leaves room for every stage even on a loaded machine: the
-  # tuner skips (and reports) stages it has no time for.
+  # A budget no machine runs out of (the tuner skips, and reports, stages
+  # it has no time for); one candidate keeps the search itself short.
   result = tuner.tune(
-      TuningConfig(**{**QUICK, 'time_budget_s': 12.0}),
+      TuningConfig(**{**QUICK, 'time_budget_s': 600.0, 'max_candidates': 1}),
       transform_data.DENSE_SPEC, materialized_patterns=patterns,
       references={'plain reader': stock})
   # Estimated from file sizes when not given.

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from components.trainer.task import TrainingTask
+from tests import faulty_storage
 from tests import id_recording_module
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +67,9 @@ def make_task(root: str, data: Dict[str, str], *, strategy: str = 'one_device',
               fault_tolerance: Optional[dict] = None,
               hparams: Optional[dict] = None, eval_steps: int = 2,
               input_pipeline: Optional[dict] = None,
-              checkpoint_dir: Optional[str] = None) -> TrainingTask:
+              checkpoint_dir: Optional[str] = None,
+              seed: Optional[int] = None,
+              deterministic: bool = False) -> TrainingTask:
   """A task over `data` whose outputs all live under `root`."""
   os.makedirs(root, exist_ok=True)
   return TrainingTask(
@@ -82,7 +85,8 @@ def make_task(root: str, data: Dict[str, str], *, strategy: str = 'one_device',
                     'per_replica_batch_size': per_replica_batch_size,
                     'gradient_accumulation_steps': accumulation,
                     'logical_cpu_devices': logical_cpu_devices,
-                    'num_workers': num_workers, 'num_ps': num_ps},
+                    'num_workers': num_workers, 'num_ps': num_ps,
+                    'seed': seed, 'deterministic': deterministic},
       fault_tolerance={'save_every_steps': 5, 'delete_after_export': False,
                        **(fault_tolerance or {})},
       checkpoint_dir=checkpoint_dir or os.path.join(root, 'checkpoints'),
@@ -95,19 +99,37 @@ def child_env() -> Dict[str, str]:
   return env
 
 
-def start_child(task: TrainingTask, root: str) -> subprocess.Popen:
-  """Starts `run_managed_training` for `task` in a fresh process."""
+def worker_argv(task_path: str) -> List[str]:
+  """The production training process, exactly as the executor starts it."""
+  return [sys.executable, '-m', 'components.trainer.worker', '--task',
+          task_path, '--role', 'trainer']
+
+
+def start_child(task: TrainingTask, root: str, faults: Optional[str] = None,
+                production: bool = False) -> subprocess.Popen:
+  """Starts `run_managed_training` for `task` in a fresh process.
+
+  By default through `main` below (op determinism always on); `production`
+  runs the executor's worker, which does only what the task configures.
+  `faults`: a `tests.faulty_storage.FaultyStorage` as JSON, installed in the
+  child before training.
+  """
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
+  argv = (worker_argv(task_path) if production else
+          [sys.executable, '-m', 'tests.trainer_testing', task_path])
+  env = child_env()
+  if faults:
+    env[faulty_storage.ENV] = faults
   # The child owns the log file; it stays open as long as the child runs.
   log = open(os.path.join(root, 'child.log'), 'ab')  # pylint: disable=R1732
-  return subprocess.Popen(
-      [sys.executable, '-m', 'tests.trainer_testing', task_path],
-      cwd=REPO_ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT)
+  return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log,
+                          stderr=subprocess.STDOUT)
 
 
-def run_child(task: TrainingTask, root: str) -> int:
-  process = start_child(task, root)
+def run_child(task: TrainingTask, root: str, faults: Optional[str] = None,
+              production: bool = False) -> int:
+  process = start_child(task, root, faults, production)
   return process.wait(timeout=CHILD_TIMEOUT_SECONDS)
 
 
@@ -193,13 +215,17 @@ def read_result(task: TrainingTask) -> dict:
 
 def main(task_path: str) -> int:
   """Child entry: the production worker's `train`, with deterministic ops
-  (so resumed and uninterrupted runs can be compared bitwise) and the
-  preemption exit code."""
+  (so resumed and uninterrupted runs can be compared bitwise), storage
+  faults where the environment asks for them, and the preemption exit
+  code."""
   # pylint: disable=g-import-not-at-top
   from components.trainer import preemption
   from components.trainer import worker
   # pylint: enable=g-import-not-at-top
   tf.config.experimental.enable_op_determinism()
+  if os.environ.get(faulty_storage.ENV):
+    faulty_storage.FaultyStorage.from_json(
+        os.environ[faulty_storage.ENV]).install()
   return preemption.exit_code(worker.train(TrainingTask.load(task_path)))
 
 

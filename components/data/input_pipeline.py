@@ -318,6 +318,10 @@ def build_dataset(file_patterns: List[str],
     num_epochs: Passes over the data; None repeats forever.
     input_context: Set by `strategy.distribute_datasets_from_function`; the
       files (or, with fewer files than pipelines, the batches) are sharded.
+      Distribute the dataset that way, not with
+      `experimental_distribute_dataset`: tf.data's auto-sharding finds no
+      files inside the per-epoch `flat_map` (FILE fails) and its DATA
+      rewrite breaks the batch shapes.
     skip_batches: Batches to skip from the start (exact resume), at a cost
       of at most one epoch of reading.
     drop_remainder: Keep batch shapes static (needed for sync replicas).

@@ -9,31 +9,47 @@ import dataclasses
 from typing import Any, Dict, Optional, Union
 
 from components.json_config import JsonConfig, is_int
+from components.pipeline_parallel import schedules
 
 AUTO = 'auto'
 REMAT_MODES = ('always', 'except_last', 'never')
-# GPipe keeps the bubble (K-1)/(M+K-1) small by using many micro-batches;
-# `num_microbatches='auto'` picks at least this many per stage.
-AUTO_MICROBATCHES_PER_STAGE = 4
+SCHEDULE_OPTIONS = (*schedules.SCHEDULES, AUTO)
 
 
 @dataclasses.dataclass(frozen=True)
 class PartitionerConfig(JsonConfig):
-  """What to plan: stage and micro-batch counts, memory budget, remat.
+  """What to plan: stage and micro-batch counts, schedule, pipeline copies,
+  memory budget, remat.
 
   Attributes:
-    batch_size: training mini-batch size; the sample batch is split into
-      `num_microbatches` micro-batches of equal size, so it must divide.
-    num_stages: pipeline stages, or 'auto' for one per available device.
-    num_microbatches: micro-batches per mini-batch, or 'auto' for the
-      smallest divisor of `batch_size` that is at least 4 x stages.
+    batch_size: training mini-batch size; it is split into
+      `data_parallel_replicas` x `num_microbatches` micro-batches of equal
+      size, so they must divide it.
+    num_stages: pipeline stages, or 'auto' for one per available device
+      (divided among the data_parallel_replicas copies).
+    num_microbatches: micro-batches per mini-batch, or 'auto': the divisor
+      of `batch_size` that, with the schedule, gives the shortest predicted
+      step (compute + bubble, from the profile) within the memory budget.
+    schedule: the pipeline schedule: 'gpipe' (all forwards, then all
+      backwards; M micro-batches in flight per stage), '1f1b'
+      (PipeDream-Flush; at most K-s in flight on stage s, the same bubble
+      and gradients) or 'auto' (chosen with num_microbatches; equal
+      predicted steps go to the lower peak memory).
+    data_parallel_replicas: copies R of the K-stage pipeline, on R x K
+      devices, each on its own 1/R of the mini-batch, gradients summed
+      across the copies before the one update.
     memory_budget_bytes: per-device memory budget; None means unlimited.
     remat: 'always' recomputes every micro-batch's stage activations in the
-      backward pass, 'except_last' all but the last micro-batch (whose
-      backward pass follows its forward pass immediately), 'never' stores
-      all of them.
+      backward pass, 'except_last' all but those whose backward directly
+      follows their forward on the stage (GPipe: the last micro-batch;
+      1F1B: every micro-batch of the last stage), 'never' stores all of
+      them.
     offload_activations: keep the stored stage inputs (remat checkpoints) in
       host memory between the forward and the backward pass.
+    measure_schedule: after planning, run one traced step of the plan on
+      R x K devices in a fresh process (`measure`) and put the measured
+      schedule and idle fraction beside the simulated ones in the plan and
+      its report.
     profile_repeats: timed repeats per layer; the profile keeps the median.
     hparams: passed to the module's `build_model(hparams)`; must match the
       trainer's, since the plan is checked against the built model.
@@ -42,9 +58,12 @@ class PartitionerConfig(JsonConfig):
   batch_size: int
   num_stages: Union[int, str] = AUTO
   num_microbatches: Union[int, str] = AUTO
+  schedule: str = AUTO
+  data_parallel_replicas: int = 1
   memory_budget_bytes: Optional[int] = None
   remat: str = 'except_last'
   offload_activations: bool = False
+  measure_schedule: bool = False
   profile_repeats: int = 5
   hparams: Dict[str, Any] = dataclasses.field(default_factory=dict)
   sample_split: str = 'train'
@@ -57,17 +76,32 @@ class PartitionerConfig(JsonConfig):
     if not is_int(self.batch_size) or self.batch_size < 1:
       raise ValueError(
           f'batch_size must be a positive int, got {self.batch_size!r}.')
-    if is_int(self.num_microbatches) and (
-        self.batch_size % self.num_microbatches):
+    if (not is_int(self.data_parallel_replicas) or
+        self.data_parallel_replicas < 1):
+      raise ValueError('data_parallel_replicas must be a positive int, got '
+                       f'{self.data_parallel_replicas!r}.')
+    if self.batch_size % self.data_parallel_replicas:
+      raise ValueError(
+          f'batch_size {self.batch_size} is not divisible by '
+          f'data_parallel_replicas {self.data_parallel_replicas}; every copy '
+          'of the pipeline gets an equal share.')
+    share = self.replica_batch_size
+    if is_int(self.num_microbatches) and share % self.num_microbatches:
       raise ValueError(
           f'batch_size {self.batch_size} is not divisible by num_microbatches '
-          f'{self.num_microbatches}; micro-batches must have equal size. '
-          f'Divisors of {self.batch_size}: {_divisors(self.batch_size)}.')
+          f'{self.num_microbatches}'
+          + (f' x data_parallel_replicas {self.data_parallel_replicas}'
+             if self.data_parallel_replicas > 1 else '') +
+          '; micro-batches must have equal size. Divisors of '
+          f'{share}: {_divisors(share)}.')
     if self.memory_budget_bytes is not None and (
         not is_int(self.memory_budget_bytes) or
         self.memory_budget_bytes <= 0):
       raise ValueError('memory_budget_bytes must be a positive int or None, '
                        f'got {self.memory_budget_bytes!r}.')
+    if self.schedule not in SCHEDULE_OPTIONS:
+      raise ValueError(f'schedule must be one of {SCHEDULE_OPTIONS}, got '
+                       f'{self.schedule!r}.')
     if self.remat not in REMAT_MODES:
       raise ValueError(
           f'remat must be one of {REMAT_MODES}, got {self.remat!r}.')
@@ -78,6 +112,9 @@ class PartitionerConfig(JsonConfig):
       raise ValueError(
           "offload_activations moves the remat checkpoints to host memory, "
           "so it needs remat 'always' or 'except_last', got remat='never'.")
+    if not isinstance(self.measure_schedule, bool):
+      raise ValueError('measure_schedule must be a bool, got '
+                       f'{self.measure_schedule!r}.')
     if not is_int(self.profile_repeats) or self.profile_repeats < 1:
       raise ValueError('profile_repeats must be a positive int, got '
                        f'{self.profile_repeats!r}.')
@@ -86,8 +123,6 @@ class PartitionerConfig(JsonConfig):
     if not isinstance(self.sample_split, str) or not self.sample_split:
       raise ValueError('sample_split must be a split name, got '
                        f'{self.sample_split!r}.')
-    if is_int(self.num_stages):
-      self.resolve_num_microbatches(self.num_stages)
     return self
 
   def validate_for_model(self, num_layers: int) -> None:
@@ -98,26 +133,31 @@ class PartitionerConfig(JsonConfig):
           'partitionable layers of the model; every stage needs at least one '
           f'layer, so use num_stages <= {num_layers}.')
 
+  @property
+  def replica_batch_size(self) -> int:
+    """Examples per copy of the pipeline and mini-batch."""
+    return self.batch_size // self.data_parallel_replicas
+
   def resolve_num_stages(self, available_devices: int, num_layers: int) -> int:
-    """Stage count: the configured one, or one per device (at most layers)."""
+    """Stage count: the configured one, or one per device of a pipeline copy
+    (at most one per layer)."""
     self.validate_for_model(num_layers)
     if is_int(self.num_stages):
       return self.num_stages
-    return max(1, min(available_devices, num_layers))
+    return max(1, min(available_devices // self.data_parallel_replicas,
+                      num_layers))
 
-  def resolve_num_microbatches(self, num_stages: int) -> int:
-    """Micro-batch count for `num_stages` stages."""
+  def microbatch_counts(self):
+    """The micro-batch counts to plan for: the configured one, or every
+    divisor of a pipeline copy's batch ('auto')."""
     if is_int(self.num_microbatches):
-      return self.num_microbatches
-    wanted = AUTO_MICROBATCHES_PER_STAGE * num_stages
-    for divisor in _divisors(self.batch_size):
-      if divisor >= wanted:
-        return divisor
-    raise ValueError(
-        f"num_microbatches='auto' needs a divisor of batch_size "
-        f'{self.batch_size} that is at least {AUTO_MICROBATCHES_PER_STAGE} x '
-        f'{num_stages} stages = {wanted}; none exists. Raise batch_size or '
-        f'set num_microbatches to one of {_divisors(self.batch_size)}.')
+      return [self.num_microbatches]
+    return _divisors(self.replica_batch_size)
+
+  def schedule_names(self):
+    """The schedules to plan for: the configured one, or both ('auto')."""
+    return (list(schedules.SCHEDULES) if self.schedule == AUTO else
+            [self.schedule])
 
   @classmethod
   def from_dict(cls, values) -> 'PartitionerConfig':

@@ -1,11 +1,15 @@
 """GPipePartitioner executor: profile the module's model, plan, report.
 
 Steps: build the model with the module's `build_model(hparams)`; resolve the
-stage count ('auto': one per device visible here) and the micro-batch count;
-profile every layer call on one micro-batch of transformed examples (or of
-zeros shaped like the model inputs when no examples are wired in); solve
-the partition; write plan.json, profile.json, report.md and the charts into
-the PartitionPlan artifact, with the key numbers as custom properties.
+stage count ('auto': one per device visible here); profile every layer call
+on a micro-batch of transformed examples (or of zeros shaped like the model
+inputs when no examples are wired in), at two micro-batch sizes when the
+micro-batch count is 'auto'; solve the partition for every candidate
+micro-batch count and schedule and keep the fastest predicted one that fits
+the budget; with measure_schedule, run one traced step of the plan in a
+fresh process; write plan.json, profile.json (the profile the plan was made
+from), report.md and the charts into the PartitionPlan artifact, with the key
+numbers as custom properties.
 """
 
 import json
@@ -24,6 +28,7 @@ from tfx.types import artifact_utils
 
 from components.partitioner import config as config_lib
 from components.pipeline_parallel import graph as graph_lib
+from components.partitioner import measure
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from components.partitioner import report
@@ -76,19 +81,28 @@ class Executor(base_executor.BaseExecutor):
     model = build_model(config.hparams)
     num_layers = graph_lib.LayerGraph(model).num_calls
     num_stages = config.resolve_num_stages(available_devices(), num_layers)
-    num_microbatches = config.resolve_num_microbatches(num_stages)
-    microbatch_size = config.batch_size // num_microbatches
+    counts = config.microbatch_counts()
+    # One measured size for a fixed M; for 'auto' the smallest and the
+    # largest micro-batch, between which times are interpolated.
+    sizes = sorted({config.replica_batch_size // max(counts),
+                    config.replica_batch_size // min(counts)})
 
     examples = input_dict.get(EXAMPLES_KEY) or []
     transform_graph = input_dict.get(TRANSFORM_GRAPH_KEY) or []
-    features = sample_features(
-        model, microbatch_size, examples, config.sample_split,
-        transform_graph[0].uri if transform_graph else '')
-    profile = profiling.profile_model(model, features, config.profile_repeats)
-    plan = plan_lib.make_plan(profile, num_stages, num_microbatches,
-                              config.remat, config.offload_activations,
-                              config.memory_budget_bytes)
+    measured = [
+        profiling.profile_model(
+            model, sample_features(
+                model, size, examples, config.sample_split,
+                transform_graph[0].uri if transform_graph else ''),
+            config.profile_repeats) for size in sizes]
+    plan, profile = plan_lib.choose_plan(
+        measured, num_stages, config.batch_size, counts,
+        config.schedule_names(), config.remat, config.offload_activations,
+        config.memory_budget_bytes, config.data_parallel_replicas)
+    num_microbatches = plan['num_microbatches']
     plan['config'] = json.loads(config.to_json())
+    if config.measure_schedule:
+      plan['measured'] = measure.run(model, plan)
 
     output = artifact_utils.get_single_instance(
         output_dict[PARTITION_PLAN_KEY])
@@ -96,6 +110,9 @@ class Executor(base_executor.BaseExecutor):
     predicted = plan['predicted']
     output.set_int_custom_property('num_stages', num_stages)
     output.set_int_custom_property('num_microbatches', num_microbatches)
+    output.set_string_custom_property('schedule', plan['schedule'])
+    output.set_int_custom_property('data_parallel_replicas',
+                                   config.data_parallel_replicas)
     output.set_string_custom_property('boundaries',
                                       json.dumps(plan['boundaries']))
     output.set_float_custom_property('predicted_step_seconds',
@@ -106,8 +123,12 @@ class Executor(base_executor.BaseExecutor):
                                      predicted['bubble_fraction'])
     output.set_int_custom_property('peak_memory_bytes',
                                    predicted['peak_memory_bytes'])
-    logging.info('GPipe plan: boundaries %s, predicted step %.6f s.',
-                 plan['boundaries'], predicted['step_seconds'])
+    if 'measured' in plan:
+      output.set_float_custom_property('measured_idle_fraction',
+                                       plan['measured']['idle_fraction'])
+    logging.info('Pipeline plan: %s, boundaries %s, predicted step %.6f s.',
+                 plan['schedule'], plan['boundaries'],
+                 predicted['step_seconds'])
 
 
 def write_plan(plan: Dict[str, Any], profile: plan_lib.ModelProfile,

@@ -5,6 +5,8 @@ Pure numpy; no TensorFlow, no TFX.
 Model: layer i costs `costs[i]` (seconds per micro-batch) and holds
 `layer_memory[i]` bytes; a stage that starts at cut a (the boundary before
 layer a) additionally holds `cut_memory[a]` bytes (the tensors it receives).
+Each may instead be given per stage (a row per stage): under 1F1B a stage's
+memory depends on its position in the pipeline.
 A partition into K stages is given by its boundaries
 0 = b_0 < b_1 < ... < b_K = n, stage s holding layers [b_s, b_{s+1}).
 
@@ -25,9 +27,11 @@ imply "fits in exactly K non-empty stages".
 
 import dataclasses
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from components.pipeline_parallel import schedules
 
 
 class InfeasibleBudgetError(ValueError):
@@ -64,24 +68,48 @@ class Partition:
     return max(self.stage_memory)
 
 
-def _as_arrays(costs, layer_memory, cut_memory):
+def _stage_rows(values, width: int, num_stages: int, name: str,
+                what: str) -> np.ndarray:
+  """(1 or K, width) float array: one row for all stages, or one per stage."""
+  values = np.asarray(values, dtype=np.float64)
+  if values.ndim == 1:
+    values = values[None, :]
+  if (values.ndim != 2 or values.shape[1] != width or
+      values.shape[0] not in (1, num_stages)):
+    raise ValueError(
+        f'{name} needs {width} entries, one per {what}, or a row of them per '
+        f'stage ({num_stages} rows); got shape {values.shape}.')
+  return values
+
+
+def _as_arrays(costs, layer_memory, cut_memory, num_stages: int):
+  """Costs and memory as (1 or K, n) and (1 or K, n+1) rows.
+
+  A 1-D input applies to every stage; K rows make a stage's cost or memory
+  depend on its position (1F1B keeps K-s micro-batches in flight on stage
+  s).
+  """
   costs = np.asarray(costs, dtype=np.float64)
-  n = costs.shape[0]
-  if costs.ndim != 1 or n == 0:
-    raise ValueError('costs must be a non-empty 1-D sequence.')
+  if costs.ndim not in (1, 2) or costs.shape[-1] == 0:
+    raise ValueError('costs must be a non-empty 1-D sequence (or a row per '
+                     'stage).')
+  n = costs.shape[-1]
+  costs = _stage_rows(costs, n, num_stages, 'costs', 'layer')
   if not np.all(np.isfinite(costs)) or np.any(costs < 0):
     raise ValueError('costs must be finite and non-negative.')
-  layer_memory = (np.zeros(n) if layer_memory is None else
-                  np.asarray(layer_memory, dtype=np.float64))
-  cut_memory = (np.zeros(n + 1) if cut_memory is None else
-                np.asarray(cut_memory, dtype=np.float64))
-  if layer_memory.shape != (n,):
-    raise ValueError(f'layer_memory needs {n} entries, one per layer.')
-  if cut_memory.shape != (n + 1,):
-    raise ValueError(f'cut_memory needs {n + 1} entries, one per cut.')
+  layer_memory = _stage_rows(
+      np.zeros(n) if layer_memory is None else layer_memory, n, num_stages,
+      'layer_memory', 'layer')
+  cut_memory = _stage_rows(
+      np.zeros(n + 1) if cut_memory is None else cut_memory, n + 1,
+      num_stages, 'cut_memory', 'cut')
   if np.any(layer_memory < 0) or np.any(cut_memory < 0):
     raise ValueError('memory must be non-negative.')
   return costs, layer_memory, cut_memory
+
+
+def _row(values: np.ndarray, stage: int) -> np.ndarray:
+  return values[min(stage, values.shape[0] - 1)]
 
 
 def _check_num_stages(num_stages: int, num_layers: int) -> None:
@@ -94,41 +122,48 @@ def _check_num_stages(num_stages: int, num_layers: int) -> None:
 
 
 def evaluate(boundaries: Sequence[int],
-             costs: Sequence[float],
-             layer_memory: Optional[Sequence[float]] = None,
-             cut_memory: Optional[Sequence[float]] = None) -> Partition:
-  """Costs and memory of the stages given by `boundaries`."""
-  costs, layer_memory, cut_memory = _as_arrays(costs, layer_memory,
-                                               cut_memory)
+             costs,
+             layer_memory=None,
+             cut_memory=None) -> Partition:
+  """Costs and memory of the stages given by `boundaries`.
+
+  Each of costs, layer_memory, cut_memory is one row for all stages or one
+  row per stage (see `_as_arrays`).
+  """
   boundaries = tuple(int(b) for b in boundaries)
-  n = costs.shape[0]
+  num_stages = max(len(boundaries) - 1, 1)
+  costs, layer_memory, cut_memory = _as_arrays(costs, layer_memory,
+                                               cut_memory, num_stages)
+  n = costs.shape[1]
   if (len(boundaries) < 2 or boundaries[0] != 0 or boundaries[-1] != n or
       any(a >= b for a, b in zip(boundaries, boundaries[1:]))):
     raise ValueError(
         f'boundaries must rise strictly from 0 to {n}, got {boundaries}.')
-  spans = list(zip(boundaries, boundaries[1:]))
+  spans = list(enumerate(zip(boundaries, boundaries[1:])))
   return Partition(
       boundaries=boundaries,
-      stage_costs=tuple(math.fsum(costs[a:c]) for a, c in spans),
+      stage_costs=tuple(math.fsum(_row(costs, s)[a:c]) for s, (a, c) in spans),
       stage_memory=tuple(
-          math.fsum(layer_memory[a:c]) + cut_memory[a] for a, c in spans))
+          math.fsum(_row(layer_memory, s)[a:c]) + _row(cut_memory, s)[a]
+          for s, (a, c) in spans))
 
 
 _COLUMN_BLOCK = 128  # Keeps each block's working set in cache.
 
 
-def _min_max_dp(segment_value: np.ndarray, allowed: np.ndarray,
+def _min_max_dp(stage_values: Callable[[int], np.ndarray],
                 num_stages: int) -> Tuple[float, List[int]]:
   """Minimizes the largest segment value over exactly K-segment paths.
 
-  `segment_value[a, c]` is the value of the segment [a, c); `allowed` masks
-  the segments that may be used (only a < c ever is). Returns (optimum,
-  boundaries); the optimum is inf when no path exists.
+  `stage_values(k)[a, c]` is the value of the segment [a, c) as stage k,
+  inf where that segment may not be used (only a < c ever is). Returns
+  (optimum, boundaries); the optimum is inf when no path exists.
   """
-  n = segment_value.shape[0] - 1
-  value = np.where(allowed, segment_value, np.inf)
+  value = stage_values(0)
+  n = value.shape[0] - 1
   best = [value[0].copy()]  # best[k][c]: k+1 stages covering [0, c).
-  for _ in range(1, num_stages):
+  for k in range(1, num_stages):
+    value = stage_values(k)
     previous, current = best[-1], np.full(n + 1, np.inf)
     for first in range(1, n + 1, _COLUMN_BLOCK):
       last = min(first + _COLUMN_BLOCK, n + 1)
@@ -143,41 +178,73 @@ def _min_max_dp(segment_value: np.ndarray, allowed: np.ndarray,
   for k in range(num_stages - 1, 0, -1):
     end = boundaries[-1]
     boundaries.append(int(np.argmin(
-        np.maximum(best[k - 1][:end], value[:end, end]))))
+        np.maximum(best[k - 1][:end], stage_values(k)[:end, end]))))
   boundaries.append(0)
   return optimum, boundaries[::-1]
 
 
-def optimal_partition(costs: Sequence[float],
+def _segment_matrices(costs, layer_memory, cut_memory):
+  """Per stage k: (cost of [a, c), memory of [a, c)) as (n+1)^2 matrices."""
+  n = costs.shape[1]
+  cost_prefix = np.concatenate([np.zeros((costs.shape[0], 1)),
+                                np.cumsum(costs, axis=1)], axis=1)
+  memory_prefix = np.concatenate([np.zeros((layer_memory.shape[0], 1)),
+                                  np.cumsum(layer_memory, axis=1)], axis=1)
+  non_empty = np.arange(n + 1)[:, None] < np.arange(n + 1)[None, :]
+
+  def matrices(k):
+    cost_row, memory_row = _row(cost_prefix, k), _row(memory_prefix, k)
+    return (cost_row[None, :] - cost_row[:, None],
+            memory_row[None, :] - memory_row[:, None] +
+            _row(cut_memory, k)[:, None])
+
+  return non_empty, matrices
+
+
+def _per_stage(fn: Callable[[int], np.ndarray], shared: bool):
+  """`fn`, computed once when every stage has the same inputs."""
+  if not shared:
+    return fn
+  value = fn(0)
+  return lambda k: value
+
+
+def optimal_partition(costs,
                       num_stages: int,
-                      layer_memory: Optional[Sequence[float]] = None,
-                      cut_memory: Optional[Sequence[float]] = None,
+                      layer_memory=None,
+                      cut_memory=None,
                       memory_budget: Optional[float] = None) -> Partition:
   """Exact minimum of the slowest stage, subject to the memory budget.
+
+  Each of costs, layer_memory, cut_memory is one row for all stages or one
+  row per stage (see `_as_arrays`).
 
   Raises:
     ValueError: bad inputs, or more stages than layers.
     InfeasibleBudgetError: no partition fits `memory_budget`; the error names
       the smallest budget for which one exists.
   """
+  if not isinstance(num_stages, int) or num_stages < 1:
+    raise ValueError(f'num_stages must be a positive int, got {num_stages!r}.')
   costs, layer_memory, cut_memory = _as_arrays(costs, layer_memory,
-                                               cut_memory)
-  n = costs.shape[0]
-  _check_num_stages(num_stages, n)
-  cost_prefix = np.concatenate([[0.0], np.cumsum(costs)])
-  memory_prefix = np.concatenate([[0.0], np.cumsum(layer_memory)])
-  starts = np.arange(n + 1)[:, None]
-  ends = np.arange(n + 1)[None, :]
-  non_empty = starts < ends
-  segment_cost = cost_prefix[None, :] - cost_prefix[:, None]
-  segment_memory = (memory_prefix[None, :] - memory_prefix[:, None] +
-                    cut_memory[:, None])
-  allowed = non_empty
-  if memory_budget is not None:
-    allowed = non_empty & (segment_memory <= memory_budget)
-  _, boundaries = _min_max_dp(segment_cost, allowed, num_stages)
+                                               cut_memory, num_stages)
+  _check_num_stages(num_stages, costs.shape[1])
+  non_empty, matrices = _segment_matrices(costs, layer_memory, cut_memory)
+  shared = max(costs.shape[0], layer_memory.shape[0],
+               cut_memory.shape[0]) == 1
+
+  def costs_within_budget(k):
+    cost, memory = matrices(k)
+    allowed = non_empty if memory_budget is None else (
+        non_empty & (memory <= memory_budget))
+    return np.where(allowed, cost, np.inf)
+
+  _, boundaries = _min_max_dp(_per_stage(costs_within_budget, shared),
+                              num_stages)
   if not boundaries:
-    min_budget, _ = _min_max_dp(segment_memory, non_empty, num_stages)
+    min_budget, _ = _min_max_dp(_per_stage(
+        lambda k: np.where(non_empty, matrices(k)[1], np.inf), shared),
+                                num_stages)
     raise InfeasibleBudgetError(memory_budget, min_budget, num_stages)
   return evaluate(boundaries, costs, layer_memory, cut_memory)
 
@@ -238,7 +305,7 @@ def block_boundaries(costs: Sequence[float],
 
 
 def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
-  """GPipe's idle fraction (K-1)/(M+K-1) for balanced stages."""
+  """Idle fraction (K-1)/(M+K-1) of GPipe and 1F1B for balanced stages."""
   return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 
@@ -258,37 +325,33 @@ class Schedule:
   idle_fraction: float  # Of all stage-time in [0, makespan].
 
 
-def gpipe_schedule(forward_times: Sequence[float],
-                   backward_times: Sequence[float],
-                   num_microbatches: int) -> Schedule:
-  """Simulates GPipe: all forwards in micro-batch order, then all backwards.
+def simulate_schedule(forward_times: Sequence[float],
+                      backward_times: Sequence[float],
+                      num_microbatches: int,
+                      schedule: str = schedules.GPIPE) -> Schedule:
+  """Simulates `schedule` ('gpipe' or '1f1b', see `schedules`).
 
-  Each stage runs one task at a time; forward (m, s) needs forward (m, s-1),
-  backward (m, s) needs backward (m, s+1), and a stage's backwards run in
-  reverse micro-batch order after its last forward. Times are per
-  micro-batch (backward includes any recomputation).
+  Each stage runs its tasks one at a time in the schedule's order; forward
+  (m, s) also waits for forward (m, s-1), backward (m, s) for backward
+  (m, s+1). Times are per micro-batch (backward includes any
+  recomputation).
   """
   num_stages = len(forward_times)
   if len(backward_times) != num_stages or num_stages == 0:
     raise ValueError('need one forward and one backward time per stage.')
   if num_microbatches < 1:
     raise ValueError('num_microbatches must be at least 1.')
+  orders = schedules.stage_orders(schedule, num_stages, num_microbatches)
   free_at = [0.0] * num_stages
-  forward_end = {}
+  end_of = {}
   tasks = []
-  for m in range(num_microbatches):
-    for s in range(num_stages):
-      start = max(free_at[s], forward_end.get((m, s - 1), 0.0))
-      end = start + forward_times[s]
-      forward_end[(m, s)] = free_at[s] = end
-      tasks.append(ScheduledTask(s, m, 'forward', start, end))
-  backward_end = {}
-  for m in reversed(range(num_microbatches)):
-    for s in reversed(range(num_stages)):
-      start = max(free_at[s], backward_end.get((m, s + 1), 0.0))
-      end = start + backward_times[s]
-      backward_end[(m, s)] = free_at[s] = end
-      tasks.append(ScheduledTask(s, m, 'backward', start, end))
+  for s, phase, m in schedules.execution_order(orders):
+    forward = phase == schedules.FORWARD
+    start = max(free_at[s],
+                end_of.get((s - 1 if forward else s + 1, phase, m), 0.0))
+    end = start + (forward_times[s] if forward else backward_times[s])
+    end_of[(s, phase, m)] = free_at[s] = end
+    tasks.append(ScheduledTask(s, m, phase, start, end))
   makespan = max(free_at)
   busy = num_microbatches * (math.fsum(forward_times) +
                              math.fsum(backward_times))

@@ -1,35 +1,50 @@
-"""GPipe pipeline-parallel training of a Keras model from a partition plan.
+"""Pipeline-parallel training (GPipe or 1F1B) of a Keras model from a plan.
 
 Integration API (what a training loop such as HighPerfTrainer's calls):
 
-    from components.pipeline_parallel import gpipe
+    from components.pipeline_parallel import gpipe, plan_format
 
     plan = gpipe.load_plan(partition_plan_artifact.uri)
+    # A device per stage of each data-parallel copy of the pipeline:
+    num_devices = plan_format.num_devices(plan)
     # CPU only, at process start, before TensorFlow initializes its devices:
-    gpipe.configure_logical_cpus(plan['num_stages'])
-    devices = gpipe.stage_devices(plan['num_stages'])
+    gpipe.configure_logical_cpus(num_devices)
+    devices = gpipe.stage_devices(num_devices)
     model = gpipe.build_model_on_devices(
         lambda: module.build_model(hparams), plan, devices)
     runner = gpipe.GPipeRunner(model, plan, devices)
     for features, labels in dataset:  # mini-batches of plan['batch_size']
       loss = runner.train_step(features, labels)
     # `model` is the ordinary Keras model (its variables merely live on the
-    # stage devices), so it exports as a normal SavedModel. GPipe replaces
-    # data parallelism: use the default strategy, not Mirrored/MultiWorker.
+    # stage devices), so it exports as a normal SavedModel. The runner does
+    # its own data parallelism (the plan's data_parallel_replicas): use the
+    # default strategy, not Mirrored/MultiWorker.
 
 `GPipeRunner.gradients(features, labels)` returns (loss, gradients aligned
 with `model.trainable_variables`) without updating, for checks against
 single-device training.
 
-One training step is one tf.function holding the whole GPipe schedule:
-the mini-batch is split into M micro-batches; stage s runs on device s the
-forwards of micro-batches 0..M-1 and then their backwards in reverse order
-(control dependencies fix that order per device, the dataflow between stages
-lets different stages work on different micro-batches at the same time).
-Gradients are summed across micro-batches in accumulator variables on each
-stage's device and applied in one optimizer update per mini-batch. Re-materialized micro-batches keep
-only the stage's input tensors (optionally in host memory) and rerun the
-stage's forward pass inside its backward pass.
+One training step is one tf.function holding the whole schedule of the
+plan (`schedules`: 'gpipe', or '1f1b' for plans that have the field): the
+mini-batch is split into M micro-batches and stage s runs on device s its
+forwards and backwards in the schedule's order (control dependencies fix
+that order per device, so a 1F1B stage frees a micro-batch's activations
+before it starts the next forward past its K-s in flight; the dataflow
+between stages lets different stages work on different micro-batches at the
+same time). Gradients are summed across micro-batches in accumulator
+variables on each stage's device and applied in one optimizer update per
+mini-batch. Re-materialized micro-batches keep only the stage's input
+tensors (optionally in host memory) and rerun the stage's forward pass
+inside its backward pass; 'except_last' skips that for a micro-batch whose
+backward directly follows its forward on the stage.
+
+Data x pipeline: with `data_parallel_replicas` R in the plan, R copies of
+the pipeline run on R x K devices (replica r's stage s on device r*K + s),
+each on its own 1/R of the mini-batch. The variables live once, on replica
+0's stage devices, and every copy reads them from there (the broadcast);
+each copy sums its gradients in accumulators on its own devices, and the R
+sums are added on the variable's device before the one update (the
+all-reduce), so the step equals one device on the whole mini-batch.
 
 Limitations: random layers (Dropout) draw new randomness when recomputed;
 BatchNormalization normalizes per micro-batch; Keras masks do not cross
@@ -50,6 +65,7 @@ import tensorflow as tf
 from components.devices import configure_logical_cpus  # pylint: disable=unused-import
 from components.pipeline_parallel import graph as graph_lib
 from components.pipeline_parallel import plan_format
+from components.pipeline_parallel import schedules
 
 HOST_DEVICE = '/device:CPU:0'
 
@@ -157,7 +173,7 @@ class _Saved:
 
 
 class GPipeRunner:
-  """Runs the GPipe schedule of `plan` for `model` on `devices`."""
+  """Runs the schedule of `plan` (GPipe or 1F1B) for `model` on `devices`."""
 
   def __init__(self, model: tf.keras.Model, plan: Mapping[str, Any],
                devices: Sequence[str], host_device: str = HOST_DEVICE):
@@ -166,14 +182,28 @@ class GPipeRunner:
       raise ValueError('GPipeRunner needs a model compiled with a loss and '
                        'an optimizer.')
     num_stages = plan['num_stages']
-    if len(devices) != num_stages:
-      raise ValueError(f'the plan has {num_stages} stages but {len(devices)} '
-                       f'devices were given: {list(devices)}.')
+    self._replicas = plan_format.plan_replicas(plan)
+    if len(devices) != plan_format.num_devices(plan):
+      raise ValueError(
+          f'the plan has {num_stages} stages x {self._replicas} data-parallel '
+          f'replicas but {len(devices)} devices were given: {list(devices)}.')
     self.model = model
     self._graph = graph_lib.LayerGraph(model)
     plan_format.check_layer_signature(plan, self._graph.class_names())
     self._num_microbatches = plan['num_microbatches']
+    self._schedule = plan_format.plan_schedule(plan)
     self._remat = plan['remat']
+    self._orders = schedules.stage_orders(self._schedule, num_stages,
+                                          self._num_microbatches)
+    # (stage, micro-batch) whose forward keeps its activations for the
+    # backward instead of re-materializing them.
+    self._kept = {
+        (s, m) for s, order in enumerate(self._orders)
+        for (phase, m), follows in zip(order,
+                                       schedules.backward_follows(order))
+        if phase == schedules.FORWARD and (
+            self._remat == 'never' or
+            (self._remat == 'except_last' and follows))}
     self._offload = plan['offload_activations']
     self._host = host_device
     produced = {name for call in self._graph.calls for name in call.outputs}
@@ -197,17 +227,26 @@ class GPipeRunner:
           loss_layers=tuple(l for l in layers if id(l) not in seen_layers),
           is_last=s == num_stages - 1))
       seen_layers.update(id(l) for l in layers)
-    self.stages = tuple(stages)
+    # Replica r runs stage s on devices[r * K + s]; the variables live on
+    # replica 0's stage devices, and every replica reads them from there.
+    self.replica_stages = tuple(
+        tuple(dataclasses.replace(stage, device=devices[r * num_stages + s])
+              for s, stage in enumerate(stages))
+        for r in range(self._replicas))
+    self.stages = self.replica_stages[0]
     # Gradients are summed across micro-batches in variables on each stage's
     # device: grappler would turn a chain of tensor adds into one AddN that
     # keeps every micro-batch's gradients alive at the same time.
     self._accumulators = []
-    for stage in self.stages:
-      with tf.device(stage.device):
-        self._accumulators.append([
-            tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                        name=f'gpipe_stage{stage.index}_gradient_sum')
-            for v in stage.variables])
+    for r, replica in enumerate(self.replica_stages):
+      self._accumulators.append([])
+      for stage in replica:
+        with tf.device(stage.device):
+          self._accumulators[r].append([
+              tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                          name=f'pipeline_replica{r}_stage{stage.index}_'
+                          'gradient_sum')
+              for v in stage.variables])
     # The schedule is plain Python loops over stages and micro-batches;
     # AutoGraph would only add tracing time (16 of 17 s for a small model).
     self._gradients_fn = tf.function(self._loss_and_gradients,
@@ -218,12 +257,20 @@ class GPipeRunner:
   def num_microbatches(self) -> int:
     return self._num_microbatches
 
+  @property
+  def schedule(self) -> str:
+    return self._schedule
+
+  @property
+  def data_parallel_replicas(self) -> int:
+    return self._replicas
+
   def gradients(self, features, labels):
     """(mean loss, gradients aligned with model.trainable_variables)."""
     return self._gradients_fn(features, labels)
 
   def train_step(self, features, labels) -> tf.Tensor:
-    """One GPipe step: M micro-batches, one optimizer update; the loss."""
+    """One step: M micro-batches, one optimizer update; the loss."""
     return self._train_fn(features, labels)
 
   def _train_step(self, features, labels):
@@ -232,21 +279,18 @@ class GPipeRunner:
         zip(grads, self.model.trainable_variables))
     return loss
 
-  def _keeps_activations(self, microbatch: int) -> bool:
-    if self._remat == 'never':
-      return True
-    return (self._remat == 'except_last' and
-            microbatch == self._num_microbatches - 1)
-
   def _split(self, features, labels):
-    """Model inputs and labels cut into M equal micro-batches on the host."""
-    m = self._num_microbatches
+    """Model inputs and labels cut into R x M equal micro-batches on the
+    host: replica r gets pieces r*M .. r*M + M-1."""
+    m = self._num_microbatches * self._replicas
     with tf.device(self._host):
       inputs = self._graph.feed(features)
       batch = next(iter(inputs.values())).shape[0]
       if batch is not None and batch % m:
-        raise ValueError(f'batch size {batch} is not divisible by the '
-                         f'{m} micro-batches of the partition plan.')
+        raise ValueError(
+            f'batch size {batch} is not divisible by the '
+            f'{self._num_microbatches} micro-batches x {self._replicas} '
+            'data-parallel replicas of the partition plan.')
       pieces = {name: tf.split(value, m) for name, value in inputs.items()}
       label_pieces = [tf.split(y, m) for y in tf.nest.flatten(labels)]
     micro_inputs = [{name: parts[i] for name, parts in pieces.items()}
@@ -269,64 +313,84 @@ class GPipeRunner:
           labels, self._graph.pack_outputs(outputs)))
     if not losses:
       return outputs, None
-    # Scaled so that summing over micro-batches gives the mini-batch mean.
-    return outputs, tf.add_n(losses) / self._num_microbatches
+    # Scaled so that summing over micro-batches and replicas gives the
+    # mini-batch mean.
+    return outputs, tf.add_n(losses) / (self._num_microbatches *
+                                        self._replicas)
 
   def _loss_and_gradients(self, features, labels):
     micro_inputs, micro_labels = self._split(features, labels)
-    num_micro = self._num_microbatches
+    local_losses = []
+    for r, replica in enumerate(self.replica_stages):
+      first = r * self._num_microbatches
+      local_losses += self._run_schedule(
+          replica, self._accumulators[r],
+          micro_inputs[first:first + self._num_microbatches],
+          micro_labels[first:first + self._num_microbatches], r)
+    with tf.device(self._host):
+      loss = tf.add_n(local_losses)
+    # The all-reduce: each variable's gradient is the sum of its stages'
+    # (shared layers) and replicas' accumulators, on the variable's device.
+    # Automatic control dependencies read each sum after its last update.
+    sums = {}
+    for replica, replica_accumulators in zip(self.replica_stages,
+                                             self._accumulators):
+      for stage, accumulators in zip(replica, replica_accumulators):
+        for variable, accumulator in zip(stage.variables, accumulators):
+          sums.setdefault(id(variable), []).append(accumulator.read_value())
+    grads = []
+    for v in self.model.trainable_variables:
+      with tf.device(v.device):
+        grads.append(tf.add_n(sums[id(v)]) if id(v) in sums else
+                     tf.zeros_like(v))
+    return loss, grads
+
+  def _run_schedule(self, stages, accumulators, micro_inputs, micro_labels,
+                    replica: int) -> List[tf.Tensor]:
+    """One pipeline copy's schedule; returns its loss shares."""
     # Each device's latest task results: orders its next task after them.
-    last_task = [[] for _ in self.stages]
+    last_task = [[] for _ in stages]
+    sent = {}  # (stage, m) -> forward outputs.
+    sent_grads = {}  # (stage, m) -> gradients for its received tensors.
     saved = {}
     local_losses = []
-    for m in range(num_micro):
-      received = micro_inputs[m]
-      for stage in self.stages:
-        with tf.name_scope(f'gpipe/stage{stage.index}/microbatch{m}/forward'), \
-            tf.device(stage.device), \
-            tf.control_dependencies(last_task[stage.index]):
+    first_backward = [True] * len(stages)
+    for s, phase, m in schedules.execution_order(self._orders):
+      stage = stages[s]
+      with tf.name_scope(
+          f'pipeline/replica{replica}/stage{s}/microbatch{m}/{phase}'), \
+          tf.device(stage.device), \
+          tf.control_dependencies(last_task[s]):
+        if phase == schedules.FORWARD:
+          received = micro_inputs[m] if s == 0 else sent.pop((s - 1, m))
           inputs = {n: tf.identity(received[n]) for n in stage.inputs}
-          if self._keeps_activations(m):
+          if (s, m) in self._kept:
             with tf.GradientTape() as tape:
               tape.watch([inputs[n] for n in stage.grad_inputs])
               outputs, local = self._stage_forward(stage, inputs,
                                                    micro_labels[m], True)
-            saved[(m, stage.index)] = _Saved(inputs, tape, outputs, local)
+            saved[(m, s)] = _Saved(inputs, tape, outputs, local)
           else:
             outputs, _ = self._stage_forward(stage, inputs, micro_labels[m],
                                              False)
-            saved[(m, stage.index)] = _Saved(self._checkpoint(inputs))
-          last_task[stage.index] = list(outputs.values())
-        received = outputs
-
-    for m in reversed(range(num_micro)):
-      upstream = {}
-      for stage in reversed(self.stages):
-        with tf.name_scope(
-            f'gpipe/stage{stage.index}/microbatch{m}/backward'), \
-            tf.device(stage.device), \
-            tf.control_dependencies(last_task[stage.index]):
-          upstream, stage_grads, loss_share = self._stage_backward(
-              stage, saved.pop((m, stage.index)), upstream, micro_labels[m])
-          for accumulator, grad in zip(
-              self._accumulators[stage.index], stage_grads):
-            if m == num_micro - 1:  # The first backward pass: reset.
-              accumulator.assign(grad)
-            else:
-              accumulator.assign_add(grad)
-          if loss_share is not None:
-            local_losses.append(loss_share)
-          last_task[stage.index] = [*stage_grads, *upstream.values()]
-
-    with tf.device(self._host):
-      loss = tf.add_n(local_losses)
-    # Automatic control dependencies read each sum after its last update.
-    sums = {}
-    for stage, accumulators in zip(self.stages, self._accumulators):
-      for variable, accumulator in zip(stage.variables, accumulators):
-        sums.setdefault(id(variable), []).append(accumulator.read_value())
-    return loss, [tf.add_n(sums[id(v)]) if id(v) in sums else tf.zeros_like(v)
-                  for v in self.model.trainable_variables]
+            saved[(m, s)] = _Saved(self._checkpoint(inputs))
+          sent[(s, m)] = outputs
+          last_task[s] = list(outputs.values())
+          continue
+        upstream = sent_grads.pop((s + 1, m), {})
+        input_grads, stage_grads, loss_share = self._stage_backward(
+            stage, saved.pop((m, s)), upstream, micro_labels[m])
+        for accumulator, grad in zip(accumulators[s], stage_grads):
+          if first_backward[s]:
+            accumulator.assign(grad)
+          else:
+            accumulator.assign_add(grad)
+        first_backward[s] = False
+        if loss_share is not None:
+          local_losses.append(loss_share)
+        sent_grads[(s, m)] = input_grads
+        last_task[s] = [*stage_grads, *input_grads.values()]
+    return local_losses
 
   def _checkpoint(self, inputs):
     if not self._offload:

@@ -7,6 +7,8 @@ made for. No TensorFlow import.
 
 from typing import Any, Dict, Sequence
 
+from components.pipeline_parallel import schedules
+
 PLAN_FILE = 'plan.json'
 
 
@@ -20,3 +22,27 @@ def check_layer_signature(plan: Dict[str, Any],
         f'calls {expected}, but this model has {len(class_names)}: '
         f'{list(class_names)}. Build the model with the same module and '
         'hparams as the GPipePartitioner.')
+
+
+def plan_schedule(plan: Dict[str, Any]) -> str:
+  """The plan's schedule; plans written before it was a field are GPipe."""
+  schedule = plan.get('schedule', schedules.GPIPE)
+  if schedule not in schedules.SCHEDULES:
+    raise ValueError(f'the partition plan has schedule {schedule!r}; this '
+                     f'runtime runs {schedules.SCHEDULES}.')
+  return schedule
+
+
+def plan_replicas(plan: Dict[str, Any]) -> int:
+  """Copies of the pipeline that split each mini-batch (data x pipeline)."""
+  replicas = plan.get('data_parallel_replicas', 1)
+  if not isinstance(replicas, int) or isinstance(replicas, bool) or (
+      replicas < 1):
+    raise ValueError('the partition plan has data_parallel_replicas '
+                     f'{replicas!r}; it must be a positive int.')
+  return replicas
+
+
+def num_devices(plan: Dict[str, Any]) -> int:
+  """Devices the plan runs on: a device per stage of each pipeline copy."""
+  return plan['num_stages'] * plan_replicas(plan)

@@ -129,7 +129,11 @@ class HighPerfTrainer(base_component.BaseComponent):
       distribution: DistributionConfig (or its dict).
       fault_tolerance: checkpointing.CheckpointConfig (or its dict).
       tuned_input_pipeline: TunedInputPipeline from OptimizedTransform.
-      partition_plan: PartitionPlan from GPipePartitioner.
+      partition_plan: PartitionPlan from GPipePartitioner. The strategy
+        must be 'auto' (which then picks one_device: the pipeline places its
+        stages) or 'one_device', and the global batch the plan's batch_size
+        (checked here when the plan's GPipePartitioner is in this pipeline,
+        else when training starts).
 
     Raises:
       ValueError: A bad config or module, naming the value and what is
@@ -140,6 +144,9 @@ class HighPerfTrainer(base_component.BaseComponent):
                        f'supplied; got module_file={module_file!r}, '
                        f'run_fn={run_fn!r}.')
     config = config_lib.DistributionConfig.from_dict(distribution)
+    if partition_plan is not None:
+      config_lib.check_partition_plan(config,
+                                      _planned_batch_size(partition_plan))
     fault_config = checkpointing.CheckpointConfig.from_dict(fault_tolerance)
     train_args = train_args or trainer_pb2.TrainArgs()
     module_path = None
@@ -178,3 +185,15 @@ class HighPerfTrainer(base_component.BaseComponent):
       udf_utils.add_user_module_dependency(
           self, standard_component_specs.MODULE_FILE_KEY,
           standard_component_specs.MODULE_PATH_KEY)
+
+
+def _planned_batch_size(channel: types.BaseChannel) -> Optional[int]:
+  """The plan's batch when a GPipePartitioner of this pipeline makes it."""
+  # Imported here: only pipelines that wire in a plan need the partitioner.
+  from components.partitioner import component as partitioner  # pylint: disable=g-import-not-at-top
+  from components.partitioner import config as partitioner_config  # pylint: disable=g-import-not-at-top
+  producer = getattr(channel, 'producer_component', None)
+  if not isinstance(producer, partitioner.GPipePartitioner):
+    return None
+  return partitioner_config.PartitionerConfig.from_json(
+      producer.exec_properties[partitioner.executor.CONFIG_KEY]).batch_size

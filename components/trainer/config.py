@@ -35,6 +35,8 @@ MULTI_WORKER_STRATEGIES = ('multi_worker_mirrored', 'parameter_server')
 LOGICAL_CPU_STRATEGIES = ('auto', 'mirrored', 'central_storage')
 
 DEFAULT_PER_REPLICA_BATCH_SIZE = 32
+# Largest `seed`: NumPy's global seed is a 32-bit unsigned int.
+MAX_SEED = 2**32 - 1
 AUTO = 'auto'
 
 
@@ -91,6 +93,12 @@ class DistributionConfig(JsonConfig):
       would be with 1. For parameter servers it is the closures scheduled
       between two joins ('auto': 50); for multi_worker_mirrored 'auto' is 1
       (a multi-step call hung with workers reading gs:// here).
+    seed: Seeds Python, NumPy and TensorFlow in every training process
+      (`tf.keras.utils.set_random_seed`) before the model is built, and the
+      data order; None: unseeded initializers, a fixed data order.
+    deterministic: Turns on TF op determinism in every training process, so
+      that two runs with the same seed end with bit-identical weights; needs
+      a seed, and a synchronous strategy.
   """
   OPTIONS_NAME = 'distribution'
   strategy: str = 'auto'
@@ -109,6 +117,8 @@ class DistributionConfig(JsonConfig):
   tpu_address: str = ''
   timeout_s: float = 0
   steps_per_execution: Union[int, str] = AUTO
+  seed: Optional[int] = None
+  deterministic: bool = False
 
   def validate(self) -> 'DistributionConfig':
     """Raises ValueError on the first inconsistency; returns self."""
@@ -130,6 +140,7 @@ class DistributionConfig(JsonConfig):
     if not isinstance(self.tpu_address, str):
       raise ValueError(f'tpu_address={self.tpu_address!r} must be a string.')
     self._validate_ray()
+    self._validate_seed()
     self._validate_cluster()
     self._validate_batch()
     return self
@@ -165,6 +176,29 @@ class DistributionConfig(JsonConfig):
   def ray_task_resources(self) -> Dict[str, float]:
     """ray_resources with the defaults filled in."""
     return {**RAY_RESOURCE_KEYS, **self.ray_resources}
+
+  def _validate_seed(self) -> None:
+    if self.seed is not None and not (is_int(self.seed, minimum=0) and
+                                      self.seed <= MAX_SEED):
+      raise ValueError(f'seed={self.seed!r} must be None or an integer in '
+                       f'[0, {MAX_SEED}] (what NumPy accepts).')
+    if not isinstance(self.deterministic, bool):
+      raise ValueError(f'deterministic={self.deterministic!r} must be true '
+                       'or false.')
+    if self.deterministic and self.seed is None:
+      raise ValueError(
+          'deterministic=True needs a seed: with op determinism on, an '
+          'unseeded random op fails, and unseeded initializers differ per '
+          'run anyway; set seed (e.g. 0).')
+    if self.deterministic and (self.strategy == 'parameter_server' or
+                               self.num_ps):
+      raise ValueError(
+          f'deterministic=True with strategy={self.strategy!r}, '
+          f'num_ps={self.num_ps}: parameter-server training is asynchronous '
+          '(its result depends on the order in which the workers\' updates '
+          'arrive), so no run repeats another; use a synchronous strategy, '
+          'or deterministic=False (a seed alone still seeds the '
+          'coordinator).')
 
   def _validate_cluster(self) -> None:
     if self.launcher == 'in_process' and (self.num_workers != 1 or
@@ -238,6 +272,38 @@ class DistributionConfig(JsonConfig):
     """Examples per (micro-)step over all `num_replicas` replicas."""
     return self.per_replica_batch(num_replicas) * num_replicas
 
+
+
+# What a partition plan's single pipeline runs under (`auto` picks
+# one_device for it).
+PLAN_STRATEGIES = ('auto', 'one_device')
+
+
+def check_partition_plan(config: DistributionConfig,
+                         plan_batch_size: Optional[int]) -> None:
+  """What a partition plan needs of the trainer, checked before any run.
+
+  The pipeline is one replica that splits the global batch into the plan's
+  micro-batches itself; `plan_batch_size` is None when the plan's batch is
+  not known before the run (a plan not made in this pipeline).
+  """
+  if config.strategy not in PLAN_STRATEGIES:
+    raise ValueError(
+        f'A partition plan runs one pipeline over its own stage devices; '
+        f'strategy must be one of {PLAN_STRATEGIES}, got '
+        f'{config.strategy!r}.')
+  if config.gradient_accumulation_steps != 1:
+    raise ValueError(
+        f'gradient_accumulation_steps={config.gradient_accumulation_steps} '
+        'with a partition plan: the pipeline already accumulates over the '
+        "plan's micro-batches; use 1.")
+  trainer_batch = config.global_batch(1)
+  if plan_batch_size is not None and trainer_batch != plan_batch_size:
+    raise ValueError(
+        f"The partition plan is made for batch_size {plan_batch_size}, but "
+        f'the trainer\'s global batch is {trainer_batch}; set '
+        f'global_batch_size={plan_batch_size} (or the partitioner\'s '
+        f'batch_size to {trainer_batch}).')
 
 
 def resolve_mode(mode: str, *, has_build_model: bool, has_run_fn: bool,

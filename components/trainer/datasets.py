@@ -1,10 +1,11 @@
 """What the managed loop reads: parsing spec, train and eval datasets.
 
 The train dataset is a pure function of the files, the input-pipeline config
-and the seed, so a resumed run that skips the batches its checkpointed steps
-consumed sees exactly the batches of an uninterrupted run (synchronous
-strategies). Parameter-server workers instead stream their own shuffle,
-seeded where each worker creates its dataset.
+and the seed (`distribution.seed`, else DATA_SEED), so a resumed run that
+skips the batches its checkpointed steps consumed sees exactly the batches of
+an uninterrupted run (synchronous strategies). Parameter-server workers
+instead stream their own shuffle, seeded where each worker creates its
+dataset.
 """
 
 import dataclasses
@@ -17,7 +18,8 @@ from components.data import input_pipeline
 from components.trainer import fn_args
 from components.trainer.task import TrainingTask
 
-# Seed of the data order; fixed so that every attempt replays the same order.
+# Seed of the data order without distribution.seed; fixed so that every
+# attempt replays the same order.
 DATA_SEED = 20240611
 # `seed` value for a new seed per dataset (parameter-server workers).
 PER_WORKER_SEED = object()
@@ -52,6 +54,15 @@ def training_data(task: TrainingTask, module) -> TrainingData:
                       label_key=module.LABEL_KEY,
                       raw_label_key=getattr(module, 'RAW_LABEL_KEY', None),
                       config=config, tf_transform_output=tf_transform_output)
+
+
+def data_seed(seed: Optional[int]) -> int:
+  """The synchronous strategies' data-order seed: `seed`, else DATA_SEED.
+
+  Fixed for a given config either way, and the seed is part of the
+  checkpoint fingerprint, so a resumed run replays the order it started.
+  """
+  return DATA_SEED if seed is None else seed
 
 
 def _clock_seed() -> tf.Tensor:
@@ -94,23 +105,26 @@ def sample_features(task: TrainingTask, data: TrainingData):
   return features
 
 
-def eval_dataset(task: TrainingTask, data: TrainingData,
-                 global_batch: int) -> Optional[tf.data.Dataset]:
-  """The eval split, unshuffled, sharded across workers by batch.
+def eval_dataset_fn(task: TrainingTask, data: TrainingData, global_batch: int
+                   ) -> Optional[Callable[[tf.distribute.InputContext],
+                                          tf.data.Dataset]]:
+  """A `dataset_fn` of the eval split, unshuffled, for
+  `distribute_datasets_from_function`.
 
-  It does not inherit the train split's cache: one partial pass over a
-  memory cache would only be discarded (and TF warns that it is).
+  Each input pipeline reads its own share (files, or batches with fewer
+  files than pipelines) as the train split does: tf.data's auto-sharding of
+  a distributed dataset would not find the files inside the pipeline's
+  per-epoch `flat_map`. It does not inherit the train split's cache: one
+  partial pass over a memory cache would only be discarded (and TF warns
+  that it is).
   """
   if not task.eval_steps or not task.eval_files:
     return None
-  dataset = input_pipeline.build_dataset(
-      task.eval_files, data.feature_spec, data.label_key,
-      batch_size=global_batch,
-      config=dataclasses.replace(data.config, cache='none'), shuffle=False,
-      seed=DATA_SEED)
-  options = tf.data.Options()
-  # By element: build_dataset's epochs are a flat_map over a range of
-  # epochs, where tf.data's FILE sharding finds no files to split.
-  options.experimental_distribute.auto_shard_policy = (
-      tf.data.experimental.AutoShardPolicy.DATA)
-  return dataset.with_options(options)
+
+  def dataset_fn(input_context: tf.distribute.InputContext):
+    return input_pipeline.build_dataset(
+        task.eval_files, data.feature_spec, data.label_key,
+        batch_size=global_batch,
+        config=dataclasses.replace(data.config, cache='none'), shuffle=False,
+        seed=DATA_SEED, input_context=input_context)
+  return dataset_fn

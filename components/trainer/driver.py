@@ -11,7 +11,7 @@ preemption notices, progress, step statistics and the final save.
 import math
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from absl import logging
 
@@ -116,14 +116,20 @@ class StepStats:
       self.first = (now, self.steps)
     self.last = (now, self.steps)
 
-  def summary(self, step: int, loss: float, preempted: bool) -> Dict[str, Any]:
-    steps_per_sec, whole_attempt = 0.0, False
+  def rate(self) -> Tuple[float, bool]:
+    """(steps per second, whether it spans the whole attempt)."""
     if self.first and self.last[1] > self.first[1]:
-      steps_per_sec = (self.last[1] - self.first[1]) / max(
-          self.last[0] - self.first[0], 1e-9)
-    elif self.first:
-      steps_per_sec = self.steps / max(self.first[0] - self.began, 1e-9)
-      whole_attempt = True
+      return (self.last[1] - self.first[1]) / max(
+          self.last[0] - self.first[0], 1e-9), False
+    if self.first:
+      return self.steps / max(self.first[0] - self.began, 1e-9), True
+    return 0.0, False
+
+  def elapsed(self) -> float:
+    return time.monotonic() - self.began
+
+  def summary(self, step: int, loss: float, preempted: bool) -> Dict[str, Any]:
+    steps_per_sec, whole_attempt = self.rate()
     return {'steps': step, 'start_step': self.start_step,
             'steps_this_attempt': self.steps, 'train_loss': loss,
             'first_step_seconds': self.first_step_seconds,
@@ -135,7 +141,7 @@ class StepStats:
 
 def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
           start: int, train_steps: int, sizer: CallSizer,
-          record_progress: Callable[[int, int, float], None],
+          record_progress: Callable[[int, int, float, StepStats], None],
           any_worker: Callable[[bool], bool] = lambda flag: flag,
           read_step: Optional[Callable[[], int]] = None) -> Dict[str, Any]:
   """Trains from `start` to `train_steps`; returns the StepStats summary.
@@ -148,7 +154,8 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
     start: The step training resumes at.
     train_steps: Optimizer updates in all.
     sizer: Steps per call.
-    record_progress: Called with (previous step, step, loss) after a call.
+    record_progress: Called with (previous step, step, loss, step stats)
+      after a call.
     any_worker: Whether any worker of the cluster says yes (time-based saves
       must be agreed, saving runs collectives).
     read_step: The step counter's value, for the preempted summary.
@@ -167,21 +174,22 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
         float(call_loss)  # Wait for the call, to time it.
         sizer.observe(current - previous, time.monotonic() - began)
       stats.steps_done(current - previous)
+      last = current >= train_steps
       if pending is not None:  # The previous call's, read after this one.
         loss = float(pending)
-      pending = call_loss
+      pending = None if last else call_loss
+      if last:
+        loss = float(call_loss)
+      # The last call always saves (a crash during eval or export then costs
+      # nothing), before its progress is recorded.
       if (next_save is not None and current >= next_save) or (
           checkpointer.config.save_every_seconds and
-          any_worker(checkpointer.due_by_time())):
+          any_worker(checkpointer.due_by_time())) or last:
         checkpointer.save(current)
-      record_progress(previous, current, loss)
-    if pending is not None:
-      loss = float(pending)
+      record_progress(previous, current, loss, stats)
   except preemption.Preempted:
     step = read_step() if read_step else current
     return stats.summary(step, loss, preempted=True)
   finally:
     watcher.close()
-  if checkpointer.last_save_step != current and current > start:
-    checkpointer.save(current)  # A crash during eval or export costs none.
   return stats.summary(current, loss, preempted=False)

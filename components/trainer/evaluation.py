@@ -1,24 +1,27 @@
 """Evaluation of the trained model: compiled loss and metrics, TensorBoard."""
 
 import os
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import tensorflow as tf
 
 
 def evaluate(model: tf.keras.Model, strategy: tf.distribute.Strategy,
-             dataset: Optional[tf.data.Dataset], eval_steps: int,
+             dataset_fn: Optional[Callable[[tf.distribute.InputContext],
+                                           tf.data.Dataset]],
+             eval_steps: int,
              summary_dir: Optional[str], step: int) -> Dict[str, float]:
-  """The compiled loss and metrics over `eval_steps` batches of `dataset`.
+  """The compiled loss and metrics over `eval_steps` global batches of the
+  datasets `dataset_fn` makes (one per input pipeline).
 
   `model.test_step` in our own tf.function rather than `model.evaluate`:
   TF 2.16's autograph does not skip tf_keras (only `keras`), and converting
   it makes every Keras-traced function take seconds to build. The metrics go
   to TensorBoard under `summary_dir/eval` (the chief's model_run) at `step`.
   """
-  if dataset is None:
+  if dataset_fn is None:
     return {}
-  iterator = iter(strategy.experimental_distribute_dataset(dataset))
+  iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
   test_step = tf.autograph.experimental.do_not_convert(model.test_step)
 
   @tf.function

@@ -33,6 +33,7 @@ from components import user_wheels
 from components.trainer import checkpointing
 from components.trainer import config as config_lib
 from components.trainer import launcher
+from components.trainer import progress
 from components.trainer import strategy as strategy_lib
 from components.trainer import user_module
 from components.trainer import worker
@@ -136,9 +137,11 @@ class Executor(base_executor.BaseExecutor):
   def _do(self, input_dict, output_dict, exec_properties, config,
           fault_tolerance, model_run) -> None:
     # Launcher 'ray' connects here: an unreachable cluster fails now.
-    env = strategy_lib.detect_environment(config)
+    env = strategy_lib.detect_environment(
+        config, has_partition_plan=bool(input_dict.get(PARTITION_PLAN_KEY)))
     config, reason = strategy_lib.resolve(config, env)
-    logging.info('HighPerfTrainer strategy: %s (%s)', config.strategy, reason)
+    progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)', config.strategy,
+                         reason)
     self._record_decision(model_run, config, reason, env)
 
     # Before the wheel path is dropped below: it carries the content hash.
@@ -255,10 +258,15 @@ class Executor(base_executor.BaseExecutor):
       return [sys.executable, '-m', 'components.trainer.worker', '--task',
               task_path, '--role', role]
 
+    def read_progress():
+      # The chief's progress marker: the launcher logs it every few
+      # seconds, so this component's log shows training as it runs.
+      return checkpointing.read_progress(task.checkpoint_dir)
+
     try:
       if config.launcher == 'ray':
         launch = self._run_on_ray(task, config, fault_tolerance, shared,
-                                  local_logs)
+                                  local_logs, read_progress)
       else:
         launch = launcher.run_supervised(
             lambda attempt: launcher.cluster_processes(
@@ -266,7 +274,8 @@ class Executor(base_executor.BaseExecutor):
                 argv_for_role),
             local_logs,
             timeout_s=config.timeout_s,
-            max_restarts=fault_tolerance.max_restarts)
+            max_restarts=fault_tolerance.max_restarts,
+            read_progress=read_progress)
     except launcher.ClusterFailedError as e:
       # The same error, naming the uploaded logs instead of the local ones.
       raise type(e)(str(e).replace(local_logs, logs), e.failure,
@@ -286,8 +295,8 @@ class Executor(base_executor.BaseExecutor):
   @staticmethod
   def _run_on_ray(task: TrainingTask, config: config_lib.DistributionConfig,
                   fault_tolerance: checkpointing.CheckpointConfig,
-                  shared: Dict[str, str],
-                  local_logs: str) -> launcher.LaunchResult:
+                  shared: Dict[str, str], local_logs: str,
+                  read_progress) -> launcher.LaunchResult:
     """The cluster as Ray actors; each task gets the task file on its node."""
     from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
 
@@ -302,7 +311,8 @@ class Executor(base_executor.BaseExecutor):
         resources=config.ray_task_resources(),
         local_paths={k: v for k, v in shared.items() if storage.is_local(v)},
         timeout_s=config.timeout_s,
-        max_restarts=fault_tolerance.max_restarts)
+        max_restarts=fault_tolerance.max_restarts,
+        read_progress=read_progress)
 
   @staticmethod
   def _record_placement(model_run: types.Artifact,
@@ -328,6 +338,11 @@ class Executor(base_executor.BaseExecutor):
       from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
       model_run.set_string_custom_property(
           'ray_address', ray_launcher.resolve_address(config.ray_address))
+    # Ints: TFX's Kubeflow entrypoint cannot translate MLMD bool values.
+    if config.seed is not None:
+      model_run.set_int_custom_property('seed', config.seed)
+    model_run.set_int_custom_property('deterministic',
+                                      int(config.deterministic))
     storage.write_json(os.path.join(model_run.uri, DECISION_FILE), {
         'strategy': config.strategy, 'reason': reason,
         'environment': dataclasses.asdict(env), 'config': config.to_dict()})

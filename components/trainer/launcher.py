@@ -12,7 +12,10 @@ process outlives `run_supervised`: each child leads its own process group,
 which is killed on the way out, and the kernel kills each child if the
 supervising thread dies (PR_SET_PDEATHSIG).
 
-No TFX or TensorFlow import: the supervisor is plain subprocess management.
+While the cluster runs, the chief's progress record is read every few
+seconds and logged here (`progress`), so that the component's log shows
+training. No TFX or TensorFlow import: the supervisor is plain subprocess
+management.
 """
 
 import collections
@@ -20,14 +23,18 @@ import ctypes
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional,
+                    Tuple)
 
 from absl import logging
 import portpicker
+
+from components.trainer import progress
 
 _PR_SET_PDEATHSIG = 1
 # The C library's symbols (prctl), as linked into this interpreter.
@@ -36,6 +43,18 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 # SIGKILL.
 DEFAULT_GRACE_S = 10.0
 TAIL_LINES = 40
+# What every TensorFlow process prints as it starts, whatever went wrong
+# later: kept out of the log tail of a failure.
+_TF_STARTUP = re.compile('|'.join([
+    r'Unable to register cu(FFT|DNN|BLAS) factory',
+    r'oneDNN custom operations are on',
+    r'This TensorFlow binary is optimized to use available CPU instructions',
+    r'rebuild TensorFlow with the appropriate compiler flags',
+    r'TF-TRT Warning: Could not find TensorRT',
+    r'Could not find cuda drivers on your machine',
+    r'All log messages before absl::InitializeLog\(\) is called',
+]))
+_PYTHON_WARNING = re.compile(r':\d+: (FutureWarning|DeprecationWarning): ')
 
 
 @dataclasses.dataclass
@@ -121,8 +140,22 @@ def _signal_group(pgid: int, sig: int) -> None:
     pass
 
 
+def without_startup_noise(lines: Iterable[str]) -> Iterator[str]:
+  """`lines` less TensorFlow's start-up messages and Python's Future- and
+  DeprecationWarnings (each with the source line printed under it)."""
+  warning_source = False
+  for line in lines:
+    if warning_source and line.startswith((' ', '\t')):
+      warning_source = False
+      continue
+    warning_source = bool(_PYTHON_WARNING.search(line))
+    if not warning_source and not _TF_STARTUP.search(line):
+      yield line
+
+
 def read_tail(path: str, lines: int = TAIL_LINES) -> str:
-  """The last `lines` lines of a (possibly large) log file."""
+  """The last `lines` lines of a (possibly large) log file, without the
+  start-up noise that would fill them (the file keeps everything)."""
   try:
     with open(path, 'rb') as f:
       f.seek(0, os.SEEK_END)
@@ -130,7 +163,8 @@ def read_tail(path: str, lines: int = TAIL_LINES) -> str:
       text = f.read().decode('utf-8', errors='replace')
   except FileNotFoundError:
     return ''
-  return '\n'.join(collections.deque(text.splitlines(), maxlen=lines))
+  return '\n'.join(collections.deque(
+      without_startup_noise(text.splitlines()), maxlen=lines))
 
 
 class _Running:
@@ -193,7 +227,7 @@ def _describe(failure: ProcessExit, running: List[_Running]) -> str:
           f'Log {failure.log_path}, last lines:\n{failure.log_tail}')
 
 
-class _SigtermForwarder:
+class SigtermForwarder:
   """While active, SIGTERM to the supervisor goes on to every process.
 
   A preemption notice reaches only the executor's process (e.g. PID 1 of a
@@ -207,7 +241,7 @@ class _SigtermForwarder:
     self.running: List[_Running] = []
     self._previous = None
 
-  def __enter__(self) -> '_SigtermForwarder':
+  def __enter__(self) -> 'SigtermForwarder':
     if threading.current_thread() is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, self._forward)
     return self
@@ -226,13 +260,62 @@ class _SigtermForwarder:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+class ProgressRelay:
+  """Logs the chief's progress record (progress.json) every few seconds.
+
+  The training processes log to their own files; this puts their progress
+  into the supervisor's log, the component's own. A record from before this
+  attempt started (a previous run's) or one already shown is skipped. It
+  reads in a thread of its own, so that a slow read from an object store
+  never holds up the supervision.
+  """
+
+  def __init__(self, read: Optional[Callable[[], Optional[Dict[str, Any]]]],
+               every_s: float, restarts: int):
+    self._read = read
+    self._every_s = every_s
+    self._restarts = restarts
+    self._since = time.time()
+    self._shown = None
+    self._stopping = threading.Event()
+    self._thread = None
+    if read is not None:
+      self._thread = threading.Thread(target=self._run, daemon=True,
+                                      name='hpm-progress-relay')
+      self._thread.start()
+
+  def _run(self) -> None:
+    while not self._stopping.wait(self._every_s):
+      self._relay()
+    self._relay()  # Where the attempt ended.
+
+  def _relay(self) -> None:
+    record = self._read()
+    if (not record or 'train_steps' not in record or
+        record.get('time', 0) < self._since or
+        record['step'] == self._shown):
+      return
+    self._shown = record['step']
+    progress.LOGGER.info('%s', progress.format_line(record, self._restarts))
+
+  def stop(self) -> None:
+    """Relays the last record; waits for that read at most one period."""
+    if self._thread is not None:
+      self._stopping.set()
+      self._thread.join(timeout=self._every_s)
+
+
 def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
                    log_dir: str,
                    *,
                    timeout_s: float = 0,
                    max_restarts: int = 0,
                    poll_interval_s: float = 0.2,
-                   grace_s: float = DEFAULT_GRACE_S) -> LaunchResult:
+                   grace_s: float = DEFAULT_GRACE_S,
+                   read_progress: Optional[
+                       Callable[[], Optional[Dict[str, Any]]]] = None,
+                   progress_every_s: float = progress.LINE_EVERY_SECONDS
+                  ) -> LaunchResult:
   """Runs a cluster to completion, relaunching it on failure if allowed.
 
   SIGTERM to the calling process (a preemption notice) is forwarded to the
@@ -247,6 +330,10 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
     max_restarts: Whole-cluster relaunches allowed after a failure.
     poll_interval_s: How often the processes are polled.
     grace_s: Time between SIGTERM and SIGKILL when stopping processes.
+    read_progress: Returns the chief's progress record (progress.json; None
+      while there is none); it is logged every `progress_every_s` through
+      `progress.LOGGER` while the cluster runs, and once more at the end.
+    progress_every_s: How often the progress record is read.
 
   Returns:
     Attempts made, the failures that caused restarts, wall time.
@@ -259,7 +346,7 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
   start = time.monotonic()
   restarts: List[ProcessExit] = []
   attempt = 0
-  with _SigtermForwarder() as forwarder:
+  with SigtermForwarder() as forwarder:
     while True:
       attempt_dir = os.path.join(log_dir, f'attempt-{attempt}')
       os.makedirs(attempt_dir, exist_ok=True)
@@ -271,8 +358,12 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
               spec, os.path.join(attempt_dir, f'{spec.name}.log')))
         logging.info('Attempt %d: started %s', attempt,
                      [(r.spec.name, r.popen.pid) for r in running])
-        outcome, failure = _watch(running, attempt, start, timeout_s,
-                                  poll_interval_s, forwarder)
+        relay = ProgressRelay(read_progress, progress_every_s, len(restarts))
+        try:
+          outcome, failure = _watch(running, attempt, start, timeout_s,
+                                    poll_interval_s, forwarder)
+        finally:
+          relay.stop()
         if outcome == _DONE:
           return LaunchResult(attempt + 1, restarts,
                               time.monotonic() - start, log_dir)
@@ -302,7 +393,7 @@ _DONE, _FAILED, _TIMEOUT, _PREEMPTED = 'done', 'failed', 'timeout', 'preempted'
 
 def _watch(running: List[_Running], attempt: int, start: float,
            timeout_s: float, poll_interval_s: float,
-           forwarder: _SigtermForwarder
+           forwarder: SigtermForwarder
           ) -> Tuple[str, Optional[ProcessExit]]:
   """Polls until the cluster is done, fails, times out or was preempted.
 

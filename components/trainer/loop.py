@@ -20,17 +20,18 @@ exact step count, while each worker streams its own shuffled pass over the
 data (no global data order exists to resume).
 """
 
+import contextlib
 import dataclasses
 import math
 import os
 import time
 from typing import Any, Callable, Dict, Tuple
 
-from absl import logging
 import tensorflow as tf
 
 from components import autograph
 from components.pipeline_parallel import gpipe
+from components.pipeline_parallel import plan_format
 from components.trainer import accumulation
 from components.trainer import checkpointing
 from components.trainer import datasets
@@ -38,6 +39,7 @@ from components.trainer import driver
 from components.trainer import evaluation
 from components.trainer import export
 from components.trainer import preemption
+from components.trainer import progress
 from components.trainer import step_runners
 from components.trainer import user_module
 from components.trainer.config import DistributionConfig
@@ -51,6 +53,13 @@ from components.trainer.task import TrainingTask
 PS_STEPS_PER_CALL = 50
 # Batches each parameter-server worker shuffles over (its own order).
 PS_SHUFFLE_BATCHES = 16
+# The TensorBoard event file is flushed at most this often.
+EVENTS_FLUSH_SECONDS = 1.0
+# So that the writer never flushes by itself: record_progress adds at most
+# ~100 points in all, and training flushes within 10 minutes (TF keeps
+# flush_millis in a 32-bit int).
+_EVENTS_MAX_QUEUE = 1000
+_EVENTS_FLUSH_MILLIS = 600_000
 
 
 def _strategy_kind(strategy: tf.distribute.Strategy) -> str:
@@ -125,12 +134,22 @@ class ManagedTraining:
           'worker.resolve_lengths turns train_epochs into steps first.')
     self.train_steps = int(task.train_steps)
     self.any_worker, self.all_workers = _agreement(strategy, self.kind)
+    # Flushed by record_progress at most once a second (a flush to an object
+    # store uploads the file again), so the writer itself never flushes
+    # during training.
     self.writer = (tf.summary.create_file_writer(
-        os.path.join(task.model_run_dir, 'train')) if self.is_chief else None)
+        os.path.join(task.model_run_dir, 'train'),
+        max_queue=_EVENTS_MAX_QUEUE, flush_millis=_EVENTS_FLUSH_MILLIS)
+                   if self.is_chief else None)
+    self._events_due = progress.Every(EVENTS_FLUSH_SECONDS)
+    self._line_due = progress.Every(progress.LINE_EVERY_SECONDS)
     self.sizer = None
 
   def _check_plan_fits(self) -> None:
-    """GPipe replaces data parallelism and accumulates micro-batches itself."""
+    """The plan's pipeline does its own data parallelism (its copies) and
+    accumulates micro-batches itself; also checked at construction when the
+    plan's GPipePartitioner is in the pipeline (trainer config
+    `check_partition_plan`)."""
     if self.replicas != 1 or self.kind == 'parameter_server':
       raise ValueError(
           f'A partition plan runs the model across devices itself; it needs a '
@@ -151,7 +170,7 @@ class ManagedTraining:
 
   def _build_pipelined_model(self) -> tf.keras.Model:
     """The model with each stage's variables on its own device."""
-    devices = gpipe.stage_devices(self.plan['num_stages'])
+    devices = gpipe.stage_devices(plan_format.num_devices(self.plan))
     model = gpipe.build_model_on_devices(
         lambda: self.module.build_model(self.task.hparams), self.plan, devices)
     self.gpipe_runner = gpipe.GPipeRunner(model, self.plan, devices)
@@ -182,24 +201,47 @@ class ManagedTraining:
         self.task.checkpoint_dir, self.checkpoint, self.fault_tolerance,
         self.is_chief, manifest_extra={
             'examples_per_step': self.examples_per_step,
-            'strategy': self.kind})
+            'strategy': self.kind},
+        # Every attempt of this execution (launcher restarts, executor
+        # retries) has this model_run; another execution has another.
+        run_id=self.task.model_run_dir,
+        collective_saves=self.kind == 'multi_worker_mirrored')
+
+  def restore(self) -> int:
+    """Takes the checkpoint folder's lease (chief), then restores."""
+    self.checkpointer.acquire_lease()
+    # No worker reads checkpoints before the chief holds the lease: until
+    # then another run may still be pruning them.
+    self.all_workers(True)
+    return self.checkpointer.restore()
 
   def _save_now(self) -> None:
     self.checkpointer.save(int(self.step.numpy()))
 
   # --- training
 
-  def record_progress(self, previous: int, current: int, loss: float) -> None:
-    """Progress marker, TensorBoard loss (~100 points), log (~10 lines)."""
-    self.checkpointer.progress.update(current)
+  def record_progress(self, previous: int, current: int, loss: float,
+                      stats: driver.StepStats) -> None:
+    """Progress marker (at most once a second), TensorBoard loss (~100
+    points, written at most once a second), a progress line every few
+    seconds."""
+    steps_per_sec, whole_attempt = stats.rate()
+    details = progress.details(
+        step=current, train_steps=self.train_steps, loss=loss,
+        steps_per_sec=steps_per_sec, steady=not whole_attempt,
+        examples_per_step=self.examples_per_step, elapsed_s=stats.elapsed(),
+        checkpoints=self.checkpointer.saves,
+        last_checkpoint_step=self.checkpointer.last_save_step)
+    self.checkpointer.progress.update(current, details)
     log_every = max(1, self.train_steps // 100)
-    if (self.writer and current // log_every > previous // log_every and
+    if self.writer and current // log_every > previous // log_every and (
         not math.isnan(loss)):
-      with self.writer.as_default():
-        tf.summary.scalar('loss', loss, step=current)
-    line_every = max(1, self.train_steps // 10)
-    if current // line_every > previous // line_every:
-      logging.info('Step %d/%d: loss %.5f', current, self.train_steps, loss)
+      tf.summary.scalar('loss', loss, step=current)  # Default: self.writer.
+    if self.writer and self._events_due():
+      self.writer.flush()
+    if self._line_due() or current == self.train_steps:
+      progress.LOGGER.info('%s', progress.format_line(
+          {**details, 'step': current}))
 
   def _runner_and_watcher(self, start: int):
     """The step runner for this kind of training, and its preemption
@@ -221,7 +263,7 @@ class ManagedTraining:
       return runner, preemption.SigtermWatcher(self._save_now)
     dataset_fn = datasets.train_dataset_fn(
         self.task, self.data, self.examples_per_step, start,
-        datasets.DATA_SEED, self.data.config)
+        datasets.data_seed(self.distribution.seed), self.data.config)
     if self.gpipe_runner is None:
       runner = step_runners.SynchronousSteps(self.strategy, dataset_fn,
                                              replica_step, self.step)
@@ -242,11 +284,15 @@ class ManagedTraining:
       setting = 1
     self.sizer = driver.CallSizer(setting, agree=self.all_workers)
     runner, watcher = self._runner_and_watcher(start)
-    return driver.drive(
-        runner, self.checkpointer, watcher, start=start,
-        train_steps=self.train_steps, sizer=self.sizer,
-        record_progress=self.record_progress, any_worker=self.any_worker,
-        read_step=lambda: int(self.step.numpy()))
+    # The writer is the default for all of training: leaving `as_default`
+    # flushes it, once here (per point, it flushed ~100 times a run).
+    with (self.writer.as_default() if self.writer else
+          contextlib.nullcontext()):
+      return driver.drive(
+          runner, self.checkpointer, watcher, start=start,
+          train_steps=self.train_steps, sizer=self.sizer,
+          record_progress=self.record_progress, any_worker=self.any_worker,
+          read_step=lambda: int(self.step.numpy()))
 
   # --- evaluation, export, result
 
@@ -264,7 +310,7 @@ class ManagedTraining:
       model, strategy = self.model, self.strategy
     metrics = evaluation.evaluate(
         model, strategy,
-        datasets.eval_dataset(self.task, self.data, self.global_batch),
+        datasets.eval_dataset_fn(self.task, self.data, self.global_batch),
         self.task.eval_steps,
         self.task.model_run_dir if self.is_chief else None, self.train_steps)
     export.export_trained_model(
@@ -276,6 +322,7 @@ class ManagedTraining:
              exported: bool) -> Dict[str, Any]:
     if summary['preempted']:
       self.checkpointer.record_preempted(summary['steps'])
+    self.checkpointer.record_storage_retries()
     result = dict(summary)
     result['examples_per_sec'] = round(
         result.pop('steps_per_sec') * self.examples_per_step, 2)
@@ -298,6 +345,8 @@ class ManagedTraining:
         'pipeline_parallel': None if self.plan is None else {
             'num_stages': self.plan['num_stages'],
             'num_microbatches': self.gpipe_runner.num_microbatches,
+            'schedule': self.gpipe_runner.schedule,
+            'data_parallel_replicas': self.gpipe_runner.data_parallel_replicas,
             'boundaries': self.plan['boundaries'],
             'remat': self.plan['remat'],
         },
@@ -318,13 +367,17 @@ def run_managed_training(task: TrainingTask,
   training = ManagedTraining(task, strategy)
   training.build_model()
   try:
-    summary = training.train(training.checkpointer.restore())
+    try:
+      summary = training.train(training.restore())
+    finally:
+      training.checkpointer.close()
+    if summary['preempted']:
+      return training.result(summary, {}, exported=False)
+    eval_metrics = training.evaluate_and_export()
+    result = training.result(summary, eval_metrics,
+                             exported=training.is_chief)
+    if training.fault_tolerance.delete_after_export:
+      training.checkpointer.delete_all()
+    return result
   finally:
-    training.checkpointer.close()
-  if summary['preempted']:
-    return training.result(summary, {}, exported=False)
-  eval_metrics = training.evaluate_and_export()
-  result = training.result(summary, eval_metrics, exported=training.is_chief)
-  if training.fault_tolerance.delete_after_export:
-    training.checkpointer.delete_all()
-  return result
+    training.checkpointer.release()

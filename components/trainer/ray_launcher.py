@@ -38,6 +38,7 @@ import ray.util.client
 from ray.util import scheduling_strategies
 
 from components.trainer import launcher
+from components.trainer import progress
 
 # Placeholders in a task's argv that the actor replaces on its node: its
 # Python interpreter and its local copy of the training task file.
@@ -51,7 +52,8 @@ CONNECT_TIMEOUT_S = 10.0
 PLACEMENT_TIMEOUT_S = 120.0
 # How long the driver waits for an actor to answer a log pull.
 LOG_PULL_TIMEOUT_S = 10.0
-_DONE, _FAILED, _TIMEOUT = 'done', 'failed', 'timeout'
+_DONE, _FAILED, _TIMEOUT, _PREEMPTED = ('done', 'failed', 'timeout',
+                                       'preempted')
 
 
 class RayUnreachableError(ConnectionError):
@@ -191,6 +193,11 @@ class _TaskActor:
     with self._lock:
       return bytes(self._log[offset:])
 
+  def terminate(self) -> None:
+    """Passes a preemption notice on: SIGTERM to the process group."""
+    if self._popen is not None and self._popen.poll() is None:
+      launcher._signal_group(self._popen.pid, signal.SIGTERM)  # pylint: disable=protected-access
+
   def stop(self, grace_s: float) -> None:
     """SIGTERM the process group, SIGKILL it after `grace_s`."""
     if self._popen is None:
@@ -303,6 +310,15 @@ class _Attempt:
     return launcher.ProcessExit(name, code, self.log_path(name), tail,
                                 self.attempt, time.time())
 
+  def terminate(self) -> None:
+    """SIGTERM to every task's process (the coordinator's included)."""
+    for name in self.names:
+      if name not in self._dead:
+        self.actors[name].terminate.remote()
+    for process in self.local.values():
+      if process.popen.poll() is None:
+        launcher._signal_group(process.popen.pid, signal.SIGTERM)  # pylint: disable=protected-access
+
   def stop(self, grace_s: float) -> None:
     """Stops every process, keeps the last of its log, frees the nodes."""
     launcher._stop_all(list(self.local.values()), grace_s)  # pylint: disable=protected-access
@@ -316,11 +332,20 @@ class _Attempt:
 
 
 def _watch(attempt: _Attempt, servers: set, start: float, timeout_s: float,
-           poll_interval_s: float) -> Tuple[str, Optional[
-               launcher.ProcessExit]]:
-  """Waits on the actors' runs until done, a failure, or the time limit."""
+           poll_interval_s: float, forwarder: launcher.SigtermForwarder
+          ) -> Tuple[str, Optional[launcher.ProcessExit]]:
+  """Waits on the actors' runs until done, a failure, the time limit, or,
+  after SIGTERM, until every trainer has checkpointed and stopped."""
   pending = set(attempt.refs)
+  notified = False
   while True:
+    if forwarder.received and not notified:
+      # Not from the signal handler itself: Ray calls must not interrupt
+      # the Ray calls of this loop.
+      logging.warning('SIGTERM: passing the preemption notice on to %s',
+                      attempt.names)
+      attempt.terminate()
+      notified = True
     ready = []
     if pending:
       ready, _ = ray.wait(list(pending), num_returns=1,
@@ -337,7 +362,7 @@ def _watch(attempt: _Attempt, servers: set, start: float, timeout_s: float,
         # The actor or its node died: the process went with it.
         attempt.errors[name] = f'{type(e).__name__}: {e}'
         return _FAILED, attempt.exit_record(name, None)
-      if code != 0 or name in servers:
+      if not notified and (code != 0 or name in servers):
         return _FAILED, attempt.exit_record(name, code)
     running = [attempt.refs[r] for r in pending
                if attempt.refs[r] not in servers]
@@ -345,9 +370,13 @@ def _watch(attempt: _Attempt, servers: set, start: float, timeout_s: float,
       code = process.popen.poll()
       if code is None:
         running.append(name)
-      elif code != 0:
+      elif code != 0 and not notified:
         return _FAILED, attempt.exit_record(name, code)
     if not running:
+      if notified:
+        trainer = next(n for n in attempt.names + list(attempt.local)
+                       if n not in servers)
+        return _PREEMPTED, attempt.exit_record(trainer, None)
       return _DONE, None
     if timeout_s and time.monotonic() - start > timeout_s:
       return _TIMEOUT, attempt.exit_record(running[0], None)
@@ -370,7 +399,9 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
                local_paths: Dict[str, str],
                timeout_s: float = 0, max_restarts: int = 0,
                poll_interval_s: float = 0.5,
-               grace_s: float = launcher.DEFAULT_GRACE_S
+               grace_s: float = launcher.DEFAULT_GRACE_S,
+               read_progress: Optional[
+                   Callable[[], Optional[Dict[str, Any]]]] = None
               ) -> launcher.LaunchResult:
   """Runs the cluster on the connected Ray cluster, relaunching on failure.
 
@@ -386,10 +417,14 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
     max_restarts: Whole-cluster relaunches allowed after a failure.
     poll_interval_s: How often logs are pulled while waiting.
     grace_s: Time between SIGTERM and SIGKILL when stopping processes.
+    read_progress: The chief's progress record, logged every few seconds
+      as with the local launcher.
 
   Raises:
     launcher.ClusterFailedError: A task failed and no restart was left.
     launcher.ClusterTimeoutError: The time limit passed.
+    launcher.ClusterPreemptedError: SIGTERM arrived; it went on to every
+      task's process, which checkpointed and stopped.
     PlacementError: The cluster's resources cannot hold the tasks.
     StorageNotSharedError: Local outputs with tasks on several hosts.
   """
@@ -402,7 +437,8 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
   start = time.monotonic()
   restarts: List[launcher.ProcessExit] = []
   attempt_index = 0
-  with tempfile.TemporaryDirectory(prefix='hpm-ray-driver-') as local_dir:
+  with tempfile.TemporaryDirectory(prefix='hpm-ray-driver-') as local_dir, \
+      launcher.SigtermForwarder() as forwarder:
     local_task_path = os.path.join(local_dir, 'training_task.json')
     with open(local_task_path, 'w') as f:
       f.write(task_json)
@@ -428,9 +464,19 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
         for spec in specs:
           spec.env = {**forwarded, **spec.env}
         attempt.start(specs, task_json, local_task_path)
-        outcome, failure = _watch(attempt,
-                                  {s.name for s in specs if s.server}, start,
-                                  timeout_s, poll_interval_s)
+        # The coordinator is this process's child: SIGTERM goes on to it
+        # at once; the actors hear of it from _watch.
+        forwarder.running = list(attempt.local.values())
+        relay = launcher.ProgressRelay(read_progress,
+                                       progress.LINE_EVERY_SECONDS,
+                                       len(restarts))
+        try:
+          outcome, failure = _watch(attempt,
+                                    {s.name for s in specs if s.server},
+                                    start, timeout_s, poll_interval_s,
+                                    forwarder)
+        finally:
+          relay.stop()
       finally:
         attempt.stop(grace_s)
       if outcome == _DONE:
@@ -439,6 +485,12 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
                                      placement)
       # Read after stop: the log's last lines arrive with it.
       failure = attempt.exit_record(failure.process, failure.exit_code)
+      if outcome == _PREEMPTED:
+        raise launcher.ClusterPreemptedError(
+            'Preempted (SIGTERM): the training processes were told to '
+            'checkpoint and stop; a rerun resumes. Log of '
+            f'{failure.process} {failure.log_path}, last lines:\n'
+            f'{failure.log_tail}', failure, restarts)
       if outcome == _TIMEOUT:
         raise launcher.ClusterTimeoutError(
             f'Training exceeded timeout_s={timeout_s} and was killed. Last '

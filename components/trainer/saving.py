@@ -1,13 +1,16 @@
 """Checkpoint cadence, restore with its story, and progress of one training.
 
-`Checkpointer` wraps the training's `CheckpointStore`: it restores the newest
-valid checkpoint and records why training starts where it does (resumed,
-restarted without a usable checkpoint, or a fresh start because the inputs
-or config changed), saves with timing statistics, decides when a save is due
-(every N steps, every T seconds), and hands the step reached to the
-background progress marker.
+`Checkpointer` wraps the training's `CheckpointStore`: it takes the folder's
+lease (the chief), restores the newest valid checkpoint and records why
+training starts where it does (resumed, restarted without a usable
+checkpoint, or a fresh start because the inputs or config changed), saves
+with timing statistics, decides when a save is due (every N steps, every T
+seconds), hands the step reached to the background progress marker, and
+records what storage made it do (a lease taken over or waited for, transient
+errors retried) as events for `model_run`.
 """
 
+import collections
 import time
 from typing import Any, Dict, List, Optional
 
@@ -27,10 +30,16 @@ class Checkpointer:
 
   def __init__(self, directory: str, checkpoint: tf.train.Checkpoint,
                config: checkpointing.CheckpointConfig, is_chief: bool,
-               manifest_extra: Dict[str, Any]):
+               manifest_extra: Dict[str, Any], run_id: Optional[str] = None,
+               collective_saves: bool = False):
+    """`run_id` names this run for the lease: the same for every attempt of
+    one execution (the model_run URI), another for another execution."""
     self.config = config
     self.store = checkpointing.CheckpointStore(
-        directory, checkpoint, keep_last=config.keep_last, is_chief=is_chief)
+        directory, checkpoint, keep_last=config.keep_last, is_chief=is_chief,
+        run_id=run_id,
+        lease_heartbeat_seconds=config.lease_heartbeat_seconds,
+        collective_saves=collective_saves)
     self.progress = checkpointing.ProgressMarker(self.store,
                                                  PROGRESS_EVERY_SECONDS)
     self._manifest_extra = manifest_extra
@@ -40,6 +49,14 @@ class Checkpointer:
     self.last_save_step = -1
     self.last_save_path: Optional[str] = None
     self.last_save_time = time.monotonic()
+
+  def acquire_lease(self) -> None:
+    """Takes the folder's lease (chief), per `config.lease`; records how."""
+    event = self.store.acquire_lease(self.config.lease,
+                                     self.config.lease_timeout_seconds)
+    if event:
+      logging.warning('Checkpoint lease: %s', event)
+      self.events = self.store.append_event(event)
 
   def restore(self) -> int:
     """Restores the newest valid checkpoint; records why we start where."""
@@ -57,7 +74,7 @@ class Checkpointer:
                       event.get('steps_lost', 'unknown'))
     elif reached:
       event = {'event': 'restarted', 'from_step': 0, 'steps_lost': reached,
-               'skipped_checkpoints': [],
+               'skipped_checkpoints': self.store.last_skipped,
                'reason': 'no usable checkpoint from the previous attempt'}
       logging.warning('Restarting from step 0: the previous attempt reached '
                       'step %d but left no usable checkpoint.', reached)
@@ -106,8 +123,22 @@ class Checkpointer:
         'event': 'preempted', 'at_step': step,
         'checkpoint': self.last_save_path, 'time': time.time()})
 
+  def record_storage_retries(self) -> None:
+    """One event summing up the transient storage errors retried."""
+    retries = self.store.retries
+    if retries:
+      self.events = self.store.append_event({
+          'event': 'storage_retried', 'retries': len(retries),
+          'operations': dict(collections.Counter(
+              r['operation'] for r in retries)),
+          'last_error': retries[-1]['error'], 'time': time.time()})
+
   def close(self) -> None:
     self.progress.close()
+
+  def release(self) -> None:
+    """Gives up the lease (after training, export and deletion)."""
+    self.store.release_lease()
 
   def delete_all(self) -> None:
     self.store.delete_all()

@@ -51,7 +51,8 @@ class SynchronousSteps:
 
 
 class GPipeSteps:
-  """k pipeline-parallel steps, each the GPipe schedule over micro-batches."""
+  """k pipeline-parallel steps, each the plan's schedule (GPipe or 1F1B,
+  over the plan's data-parallel copies) over micro-batches."""
 
   def __init__(self, runner, dataset: tf.data.Dataset, step: tf.Variable):
     self._iterator = iter(dataset)

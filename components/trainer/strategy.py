@@ -36,6 +36,8 @@ class Environment:
   num_gpus: int = 0
   # Alive nodes of the Ray cluster (launcher `ray`; 0 otherwise).
   ray_nodes: int = 0
+  # A partition plan is wired in: its pipeline places the stages itself.
+  has_partition_plan: bool = False
 
   def cluster_size(self, task_type: str) -> int:
     return len(self.tf_config.get('cluster', {}).get(task_type, []))
@@ -46,7 +48,8 @@ def tf_config_from_env() -> Dict[str, Any]:
   return json.loads(os.environ.get('TF_CONFIG') or '{}')
 
 
-def detect_environment(config: DistributionConfig) -> Environment:
+def detect_environment(config: DistributionConfig,
+                       has_partition_plan: bool = False) -> Environment:
   """Looks for a TPU, an orchestrator's TF_CONFIG and GPUs.
 
   TF_CONFIG only counts for launcher `in_process`: with `local` the launcher
@@ -65,7 +68,8 @@ def detect_environment(config: DistributionConfig) -> Environment:
   # devices can still be configured afterwards.
   num_gpus = len(tf.config.list_physical_devices('GPU'))
   return Environment(tpu_available=tpu_available(config), tf_config=tf_config,
-                     num_gpus=num_gpus, ray_nodes=ray_nodes)
+                     num_gpus=num_gpus, ray_nodes=ray_nodes,
+                     has_partition_plan=has_partition_plan)
 
 
 def tpu_available(config: DistributionConfig) -> bool:
@@ -83,7 +87,8 @@ def choose_strategy(config: DistributionConfig,
                     env: Environment) -> Tuple[str, str]:
   """Returns (strategy name, reason) for the config in the environment.
 
-  Rules for `auto`, first match wins: a TPU; TF_CONFIG with ps tasks
+  Rules for `auto`, first match wins: a partition plan (one_device: the
+  pipeline puts each stage on its own device); a TPU; TF_CONFIG with ps tasks
   (parameter_server); TF_CONFIG with more than one worker/chief
   (multi_worker_mirrored); num_ps > 0 (parameter_server); num_workers > 1
   (multi_worker_mirrored); launcher `ray` on a Ray cluster of several nodes
@@ -93,6 +98,9 @@ def choose_strategy(config: DistributionConfig,
   """
   if config.strategy != 'auto':
     return config.strategy, f'strategy={config.strategy!r} was requested.'
+  if env.has_partition_plan:
+    return ('one_device', 'A partition plan: one pipeline, which places each '
+            'stage on its own device (GPUs, else logical CPUs).')
   ps_tasks = env.cluster_size('ps')
   cluster_workers = env.cluster_size('worker') + env.cluster_size('chief')
   if env.tpu_available:

@@ -4,15 +4,18 @@
     python -m components.trainer.worker --task training_task.json --role server
 
 A `trainer` splits the CPU into logical devices (before TensorFlow starts),
-builds the strategy, resolves batch and step counts for its replica count and
-trains: the managed loop (`loop.run_managed_training`) or the module's
-`run_fn`. The chief writes `training_result.json` into the model_run dir.
-A `server` (parameter-server ps and workers) runs a tf.distribute.Server until
-the launcher stops it. No TFX import here: managed-mode processes start fast.
+seeds itself (`distribution.seed`, `deterministic`), builds the strategy,
+resolves batch and step counts for its replica count and trains: the managed
+loop (`loop.run_managed_training`) or the module's `run_fn`. The chief
+writes `training_result.json` into the model_run dir. A `server` (parameter-server ps and workers) runs a tf.distribute.Server until
+the launcher stops it; it runs only functions the coordinator traced, whose
+random ops carry the coordinator's seeds, so it has nothing to seed. No TFX
+import here: managed-mode processes start fast.
 """
 
 import argparse
 import dataclasses
+import logging as std_logging
 import os
 import sys
 import time
@@ -22,6 +25,7 @@ from typing import Any, Dict, List
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging as absl_logging
 import tensorflow as tf
 
 from components import storage
@@ -78,16 +82,31 @@ def resolve_lengths(task: TrainingTask, num_replicas: int) -> TrainingTask:
                              train_steps=train_steps, eval_steps=eval_steps)
 
 
+def seed_process(config: DistributionConfig) -> None:
+  """Seeds Python, NumPy and TF, and turns on op determinism, as configured.
+
+  Every training process calls it before the model (or the module's run_fn)
+  builds anything, so that initializers and random ops repeat per seed.
+  """
+  if config.seed is not None:
+    tf.keras.utils.set_random_seed(config.seed)
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+
+
 def train(task: TrainingTask) -> Dict[str, Any]:
   """Trains as this process's part of the task; returns the result dict."""
   config = DistributionConfig.from_dict(task.distribution)
   logical_cpus = config.logical_cpu_devices
   if task.partition_plan_uri:
-    # GPipe stages need a device each; without GPUs they are logical CPUs.
+    # Pipeline stages (of each data-parallel copy) need a device each;
+    # without GPUs they are logical CPUs.
     from components.pipeline_parallel import gpipe  # pylint: disable=g-import-not-at-top
-    logical_cpus = max(logical_cpus or 1,
-                       gpipe.load_plan(task.partition_plan_uri)['num_stages'])
+    from components.pipeline_parallel import plan_format  # pylint: disable=g-import-not-at-top
+    logical_cpus = max(logical_cpus or 1, plan_format.num_devices(
+        gpipe.load_plan(task.partition_plan_uri)))
   strategy_lib.configure_logical_cpus(logical_cpus)
+  seed_process(config)
   strategy = strategy_lib.make_strategy(config.strategy, config)
   task = resolve_lengths(task, strategy.num_replicas_in_sync)
   is_chief = strategy_lib.is_chief(strategy_lib.tf_config_from_env())
@@ -109,6 +128,8 @@ def train(task: TrainingTask) -> Dict[str, Any]:
           strategy.num_replicas_in_sync),
       'train_steps': task.train_steps,
       'eval_steps': task.eval_steps,
+      'seed': config.seed,
+      'deterministic': config.deterministic,
       'train_wall_s': time.time() - start,
   }
   if is_chief:
@@ -125,11 +146,30 @@ def run_in_process(task: TrainingTask) -> Dict[str, Any]:
   return train(task)
 
 
+def log_at_info() -> None:
+  """INFO lines (absl's and the progress lines) go to this process's log.
+
+  A fresh process has no log handler and absl's level is WARNING, so the
+  training processes' progress went nowhere. TensorFlow gave its logger a
+  handler of its own (the root had none as it started): without it, its
+  lines are not written twice.
+  """
+  tf_logger = tf.get_logger()
+  for handler in list(tf_logger.handlers):
+    tf_logger.removeHandler(handler)
+  std_logging.basicConfig(
+      level=std_logging.INFO, force=True,
+      format='%(asctime)s %(levelname).1s %(name)s %(filename)s:%(lineno)d] '
+      '%(message)s')
+  absl_logging.set_verbosity(absl_logging.INFO)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--task', required=True, help='TrainingTask JSON file.')
   parser.add_argument('--role', choices=ROLES, default='trainer')
   args = parser.parse_args(argv)
+  log_at_info()
   if args.role == 'server':
     run_server()
   result = train(TrainingTask.load(args.task))
