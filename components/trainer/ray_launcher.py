@@ -52,6 +52,9 @@ CONNECT_TIMEOUT_S = 10.0
 PLACEMENT_TIMEOUT_S = 120.0
 # How long the driver waits for an actor to answer a log pull.
 LOG_PULL_TIMEOUT_S = 10.0
+# What ray.get raises for a task whose actor or node is gone: Ray's errors,
+# and OSError (Broken pipe) when the node's raylet was killed mid-reply.
+_LOST = (ray.exceptions.RayError, OSError)
 _DONE, _FAILED, _TIMEOUT, _PREEMPTED = ('done', 'failed', 'timeout',
                                        'preempted')
 
@@ -295,7 +298,7 @@ class _Attempt:
       name = refs[ref]
       try:
         chunk = ray.get(ref)
-      except ray.exceptions.RayError:
+      except _LOST:
         self._dead.add(name)
         continue
       with open(self.log_path(name), 'ab') as f:
@@ -358,7 +361,7 @@ def _watch(attempt: _Attempt, servers: set, start: float, timeout_s: float,
       name = attempt.refs[ref]
       try:
         code = ray.get(ref)
-      except ray.exceptions.RayError as e:
+      except _LOST as e:
         # The actor or its node died: the process went with it.
         attempt.errors[name] = f'{type(e).__name__}: {e}'
         return _FAILED, attempt.exit_record(name, None)

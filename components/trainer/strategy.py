@@ -61,8 +61,8 @@ def detect_environment(config: DistributionConfig,
   ray_nodes = 0
   if config.launcher == 'ray':
     from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
-    ray_nodes = len(ray_launcher.alive_nodes(ray_launcher.connect(
-        config.ray_address)))
+    ray_launcher.connect(config.ray_address)
+    ray_nodes = len(ray_launcher.alive_nodes())
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # Listing physical devices does not initialize the runtime, so logical
   # devices can still be configured afterwards.
