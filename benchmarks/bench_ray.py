@@ -32,7 +32,7 @@ from tests import trainer_testing as tt
 WORKERS = 2
 BATCH = 32
 TRAIN_STEPS = 600
-PAIRS = 2
+PAIRS = 3
 STARTUP_GOAL_S = 10.0
 RATE_GOAL = 0.95
 TIMEOUT_S = 900

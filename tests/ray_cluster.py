@@ -78,6 +78,8 @@ def _wait_for_nodes(address, count, processes, env):
 @dataclasses.dataclass
 class LocalRayCluster:
   address: str
+  # Ray Client's address (ray://), what a KFP pod connects with.
+  client_address: str
   temp_dir: str
   # The nodes' addresses, which the tests' proxy settings must bypass.
   node_ips: List[str]
@@ -115,11 +117,12 @@ def local_ray_cluster(log_dir: str,
                                                      'http_proxy')}
   port = portpicker.pick_unused_port()
   address = f'127.0.0.1:{port}'
+  client_port = portpicker.pick_unused_port()
   processes = []
   try:
     processes.append(_ray_start(
         ['--head', f'--port={port}', '--include-dashboard=false',
-         f'--ray-client-server-port={portpicker.pick_unused_port()}',
+         f'--ray-client-server-port={client_port}',
          f'--resources={json.dumps({NODE_RESOURCES[0]: 1})}'],
         temp_dir, os.path.join(log_dir, 'ray-head.log'), env))
     _wait_for_nodes(address, 1, processes, env)
@@ -128,7 +131,8 @@ def local_ray_cluster(log_dir: str,
          f'--resources={json.dumps({NODE_RESOURCES[1]: 1})}'],
         temp_dir, os.path.join(log_dir, 'ray-node.log'), env))
     node_ips = _wait_for_nodes(address, 2, processes, env)
-    yield LocalRayCluster(address, temp_dir, node_ips)
+    yield LocalRayCluster(address, f'ray://127.0.0.1:{client_port}',
+                          temp_dir, node_ips)
   finally:
     for process in reversed(processes):
       if process.poll() is None:

@@ -4,7 +4,8 @@ Fast: the Ray options' validation, the storage rule for clusters over
 several hosts, the `auto` rule for a Ray cluster, an unreachable address.
 Slow (a real two-node Ray cluster on localhost, tests/ray_cluster.py):
 MultiWorkerMirrored with 2 workers over the 2 nodes trains to the same
-weights, bit for bit, as the local launcher; SIGKILL of one worker's actor
+weights, bit for bit, as the local launcher, also through Ray Client
+(ray://, as from a Kubeflow pod); SIGKILL of one worker's actor
 process is seen by Ray, the cluster is relaunched and resumes from the last
 checkpoint with every example trained once; SIGTERM to the driver (a
 preemption notice) reaches every worker through its actor, they checkpoint
@@ -350,6 +351,29 @@ def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
           for r in tt.read_id_log(task.hparams['id_log'])]
   # Both workers stopped at the same checkpointed step: none ran twice.
   assert sorted(keys) == [(s, r) for s in range(16) for r in (0, 1)]
+
+
+@pytest.mark.slow
+def test_ray_client_address_trains_as_a_kubeflow_pod_would(
+    tmp_path, data, ray_cluster, monkeypatch, local_baseline):
+  """ray://: the driver is on no Ray node (kubeflow.runner --ray-address)."""
+  for key, value in tt.child_env().items():
+    monkeypatch.setenv(key, value)
+  for key in ('no_proxy', 'NO_PROXY'):
+    monkeypatch.setenv(key, ray_cluster.no_proxy())
+  assert ray_launcher.connect(ray_cluster.client_address) == (
+      ray_cluster.client_address)
+  try:
+    root = str(tmp_path)
+    task = _mwms_task(root, data)
+    launch = _run_on_ray(task, root)
+    labels = ray_cluster_lib.node_labels()
+  finally:
+    ray_launcher.disconnect()
+  assert launch.attempts == 1
+  assert sorted(labels[w['node_id']] for w in launch.placement.values()) == (
+      list(NODES))
+  _assert_equal_tensors(_tensors(task), local_baseline)
 
 
 # As in test_trainer_pipeline: 600 steps beat the majority class of the
