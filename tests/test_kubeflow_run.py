@@ -115,6 +115,56 @@ def test_entrypoint_makes_project_artifact_types_importable(monkeypatch):
   monkeypatch.delitem(sys.modules, 'tfx_hpm')
 
 
+def _executor_input(outputs, output_file):
+  """An ExecutorInput whose outputs are {key: (schema title, uri)}."""
+  return json.dumps({
+      'inputs': {'parameterValues': {}},
+      'outputs': {
+          'artifacts': {key: {'artifacts': [{
+              'name': key, 'uri': uri, 'type': {'schemaTitle': title}}]}
+                        for key, (title, uri) in outputs.items()},
+          'outputFile': output_file}})
+
+
+def test_entrypoint_fails_on_an_unwritable_output_before_the_executor(
+    tmp_path):
+  """Run as the container runs it: the executor never starts."""
+  blocker = tmp_path / 'not_a_folder'
+  blocker.write_text('')
+  model_uri = str(blocker / 'Trainer' / 'model')
+  output_file = tmp_path / 'kfp_outputs' / 'output_metadata.json'
+  executor_input = _executor_input(
+      {'model': ('tfx.Model', model_uri),
+       'model_run': ('tfx.ModelRun',
+                     str(tmp_path / 'Trainer' / 'model_run'))},
+      str(output_file))
+  proc = subprocess.run(
+      [sys.executable, '-m', 'kubeflow.entrypoint', '--executor_class_path',
+       'components.trainer.executor.Executor',
+       '--json_serialized_invocation_args', executor_input],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode != 0
+  assert (f"StorageNotWritableError: Cannot write the model output at "
+          f"'{model_uri}'") in proc.stderr, proc.stderr[-3000:]
+  # The storage's own error, named.
+  assert 'FailedPreconditionError' in proc.stderr
+  assert f'{blocker} is not a directory' in proc.stderr
+  assert 'Starting executor' not in proc.stderr
+  assert not output_file.exists()
+  assert blocker.read_text() == ''
+
+
+def test_entrypoint_probes_a_value_artifact_beside_its_file(tmp_path):
+  model_uri = str(tmp_path / 'Trainer' / 'model')
+  value_uri = str(tmp_path / 'Check' / 'result' / 'value')
+  entrypoint.check_outputs_writable(_executor_input(
+      {'model': ('tfx.Model', model_uri), 'result': ('tfx.String', value_uri)},
+      str(tmp_path / 'output_metadata.json')))
+  # Probed and removed; a value artifact's URI stays free for its file.
+  assert os.listdir(model_uri) == []
+  assert os.listdir(os.path.dirname(value_uri)) == []
+
+
 # --- The harness on small jobs -----------------------------------------------
 
 _PRODUCER = r'''
