@@ -26,11 +26,6 @@ from tests import kfp_backend
 TRAIN_STEPS = 600
 EVAL_STEPS = 50
 ACCURACY_BOUND = 0.78
-# Directory renames on gs:// for the task processes (tests/gcs_rename_shim:
-# the emulator's TF filesystem plugin cannot rename folders, which
-# Transform does; TF's built-in GCS filesystem in the image can).
-GCS_RENAME_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                               'gcs_rename_shim')
 
 _EXAMPLES_SCHEMA = ('title: tfx.Examples\ntype: object\nproperties:\n  span:\n'
                     '    type: integer\n  version:\n    type: integer\n'
@@ -407,31 +402,6 @@ def test_harness_rejects_the_spec_2_0_constant_form(tmp_path):
 # --- The tfx-hpm pipeline, end to end ----------------------------------------
 
 
-_RENAME = r'''
-import sys
-import tensorflow as tf
-root = sys.argv[1]
-tf.io.gfile.makedirs(root + '/src/sub')
-for name in ('a.txt', 'sub/b.txt'):
-  with tf.io.gfile.GFile(f'{root}/src/{name}', 'w') as f:
-    f.write(name)
-tf.io.gfile.rename(root + '/src', root + '/dst', overwrite=True)
-print(sorted(tf.io.gfile.listdir(root + '/dst')),
-      tf.io.gfile.GFile(root + '/dst/sub/b.txt').read(),
-      tf.io.gfile.exists(root + '/src'))
-'''
-
-
-def test_gcs_rename_shim_renames_folders_on_the_emulator(gcs_bucket):
-  env = dict(os.environ, PYTHONPATH=GCS_RENAME_SHIM)
-  proc = subprocess.run(
-      [sys.executable, '-c', _RENAME, f'{gcs_bucket}/shim-{uuid.uuid4().hex}'],
-      env=env, capture_output=True, text=True, timeout=300, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.split() == ["['a.txt',", "'sub/']", 'sub/b.txt',
-                                 'False'], proc.stdout
-
-
 # What the test reads back from gs://, in its own process: this pytest process
 # stays free of TensorFlow, tfma and tfx.v1. With them loaded here, the
 # interpreter crashed at exit after the test had passed (exit code 139: a
@@ -487,10 +457,7 @@ def test_compiled_pipeline_runs_through_pusher_on_gcs(
        '--accuracy-threshold', str(ACCURACY_BOUND)],
       capture_output=True, text=True, timeout=600, check=False)
   assert compiled.returncode == 0, compiled.stderr[-5000:]
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      p for p in (GCS_RENAME_SHIM, env.get('PYTHONPATH')) if p)
-  backend = kfp_backend.KfpBackend(job_path, str(tmp_path / 'pods'), env=env)
+  backend = kfp_backend.KfpBackend(job_path, str(tmp_path / 'pods'))
   try:
     results = backend.run()
   finally:
