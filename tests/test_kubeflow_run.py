@@ -9,6 +9,7 @@ container entrypoint (kubeflow/entrypoint.py) on what KFP hands it.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -181,7 +182,7 @@ out = ei['outputs']['artifacts']['seen']['artifacts'][0]
 os.makedirs(out['uri'], exist_ok=True)
 with open(os.path.join(out['uri'], 'input.json'), 'w') as f:
   json.dump({'executor_input': ei, 'uri_arg': sys.argv[2],
-             'cwd': os.getcwd()}, f)
+             'cwd': os.getcwd(), 'env': os.environ.get('HARNESS_ENV')}, f)
 '''
 
 
@@ -217,7 +218,8 @@ def _container_job(root, producer_code=_PRODUCER):
                   'args': ['{{$}}', "{{$.inputs.parameters['rows']}}"]}},
               'consumer_executor': {'container': {
                   'image': 'x', 'command': ['python', '-c', _CONSUMER],
-                  'args': ['{{$}}', "{{$.inputs.artifacts['data'].uri}}"]}},
+                  'args': ['{{$}}', "{{$.inputs.artifacts['data'].uri}}"],
+                  'env': [{'name': 'HARNESS_ENV', 'value': 'from the spec'}]}},
           }},
           'root': {'dag': {'tasks': {
               # Listed consumer first: the order comes from the inputs.
@@ -271,6 +273,7 @@ def test_harness_passes_outputs_downstream_as_the_kfp_driver_does(tmp_path):
       'name': '1', 'uri': data_uri, 'type': {'instanceSchema': ''},
       'metadata': {'rows': 3.0, 'ok': 1.0, 'display_name': 'data'}}
   assert seen['uri_arg'] == data_uri
+  assert seen['env'] == 'from the spec'
   assert seen['cwd'] == os.path.join(str(tmp_path / 'work'), 'run1',
                                      'consumer')
   assert seen['executor_input']['outputs']['outputFile'] == os.path.join(
@@ -498,9 +501,11 @@ def test_compiled_pipeline_runs_through_pusher_on_gcs(
   print('eval metrics:', json.dumps(seen['metrics']))
   assert seen['metrics']['binary_accuracy'] >= ACCURACY_BOUND, seen['metrics']
   # The trainer checkpointed outside the run's folder, keyed by pipeline
-  # name and node, so a resubmitted run finds the checkpoints.
-  assert seen['checkpoint_dir'].startswith(
-      f'{prefix}/root/_hpm_checkpoints/taxi-hpm/Trainer/'), seen
+  # name and node (from the task's env) and its fingerprint, so a
+  # resubmitted run finds the checkpoints.
+  assert re.fullmatch(
+      re.escape(f'{prefix}/root/_hpm_checkpoints/taxi-hpm/Trainer/') +
+      '[0-9a-f]{16}', seen['checkpoint_dir']), seen
   # The pushed model serves raw serialized tf.Examples.
   assert seen['eval_files'] and seen['examples'] == 16
   assert len(seen['scores']) == 16

@@ -205,7 +205,11 @@ def _stock_trainer_properties(**overrides):
   return {**_runtime_properties(stock), **overrides}
 
 
-def test_trainer_executor_runs_with_every_output_on_ram(tmp_path):
+def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
+  # As in a task compiled by kubeflow.runner: no pipeline or node in the
+  # executor's context, both in the container's env.
+  monkeypatch.setenv(trainer_executor.PIPELINE_NAME_ENV, 'ram-pipeline')
+  monkeypatch.setenv(trainer_executor.NODE_ID_ENV, 'RamTrainer')
   examples, schema = _examples_and_schema(str(tmp_path))
   model_uri, model_run_uri = _ram('model'), _ram('model_run')
   backup_root = _ram('backups')
@@ -234,7 +238,7 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path):
   assert tf.io.gfile.glob(os.path.join(model_run_uri, 'train', '*'))
   # Published checkpoints, with manifests, on the ram:// backup root.
   [checkpoint_dir] = tf.io.gfile.glob(
-      os.path.join(backup_root, '*', 'Trainer', '*'))
+      os.path.join(backup_root, 'ram-pipeline', 'RamTrainer', '*'))
   store = checkpointing.CheckpointStore(checkpoint_dir,
                                         tf.train.Checkpoint())
   newest = store.checkpoint_dirs()[0]
