@@ -161,9 +161,9 @@ def _trainer_env(pipeline) -> Dict[str, Dict[str, str]]:
   two pipelines or trainers sharing a checkpoint root never meet).
   """
   from components.trainer import executor as trainer_executor  # pylint: disable=g-import-not-at-top
-  return {node.id: {
-      trainer_executor.PIPELINE_NAME_ENV: pipeline.pipeline_info.pipeline_name,
-      trainer_executor.NODE_ID_ENV: node.id}
+  name = pipeline.pipeline_info.pipeline_name
+  return {node.id: {trainer_executor.PIPELINE_NAME_ENV: name,
+                    trainer_executor.NODE_ID_ENV: node.id}
           for node in pipeline.components
           if _runs(node, trainer_executor.Executor)}
 
