@@ -25,10 +25,16 @@ compiler_utils._SCHEMA_TITLE_RE). tfx-hpm's types are named
 `tfx_hpm.TunedInputPipeline` and `tfx_hpm.PartitionPlan` but live in
 `components.types`; unless a module `tfx_hpm` is importable, one is made in
 this process that holds them.
+
+And one check: before the executor runs, a probe object is written under
+every output artifact's URI, so that a pipeline root that cannot be written
+fails at the first task that writes, naming the URI and the storage's error,
+before any work (KFP's driver and launcher write nothing there first).
 """
 
 import importlib.util
 import inspect
+import os
 import runpy
 import sys
 import types
@@ -41,6 +47,9 @@ TFX_ENTRYPOINT = (
     'tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor')
 INVOCATION_FLAG = '--json_serialized_invocation_args'
 INPUTS_SPEC_FLAG = '--json_serialized_inputs_spec_args'
+# TF's GCS client retries a missing bucket's 404 without end: the probe of
+# an output that does not answer in this time fails.
+OUTPUT_CHECK_TIMEOUT_S = 60.0
 
 
 def _has_schema(artifact_type: pipeline_spec_pb2.ArtifactTypeSchema) -> bool:
@@ -88,24 +97,53 @@ def _flag_value(argv: List[str], flag: str) -> Optional[int]:
   return None
 
 
+def _flag_text(argv: List[str], flag: str) -> Optional[str]:
+  """`flag`'s value in argv, either form, or None."""
+  index = _flag_value(argv, flag)
+  if index is None:
+    return None
+  value = argv[index]
+  return value[len(flag) + 1:] if value.startswith(flag + '=') else value
+
+
 def repair_argv(argv: List[str]) -> List[str]:
   """argv with its --json_serialized_invocation_args repaired."""
   argv = list(argv)
   invocation = _flag_value(argv, INVOCATION_FLAG)
   if invocation is None:
     return argv  # TFX's own flag parser reports the missing flag.
-  spec_index = _flag_value(argv, INPUTS_SPEC_FLAG)
-  spec_json = None
-  if spec_index is not None:
-    spec_json = argv[spec_index]
-    if spec_json.startswith(INPUTS_SPEC_FLAG + '='):
-      spec_json = spec_json[len(INPUTS_SPEC_FLAG) + 1:]
-  value = argv[invocation]
-  prefix = ''
-  if value.startswith(INVOCATION_FLAG + '='):
-    prefix, value = INVOCATION_FLAG + '=', value[len(INVOCATION_FLAG) + 1:]
-  argv[invocation] = prefix + repair_executor_input(value, spec_json)
+  prefix = (INVOCATION_FLAG + '=' if argv[invocation].startswith(
+      INVOCATION_FLAG + '=') else '')
+  argv[invocation] = prefix + repair_executor_input(
+      _flag_text(argv, INVOCATION_FLAG), _flag_text(argv, INPUTS_SPEC_FLAG))
   return argv
+
+
+def check_outputs_writable(executor_input_json: str,
+                           timeout_s: float = OUTPUT_CHECK_TIMEOUT_S) -> None:
+  """Writes and removes a probe under each output artifact's URI.
+
+  A value artifact's URI is its file, so its folder is probed.
+
+  Raises:
+    components.storage.StorageNotWritableError: naming the output, its URI
+      and the storage's error (or that it did not answer in `timeout_s`).
+  """
+  # pylint: disable=g-import-not-at-top
+  from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_entrypoint_utils
+  from tfx.types import value_artifact
+  from components import storage
+  # pylint: enable=g-import-not-at-top
+  executor_input = json_format.Parse(executor_input_json,
+                                     pipeline_spec_pb2.ExecutorInput(),
+                                     ignore_unknown_fields=True)
+  outputs = kubeflow_v2_entrypoint_utils.parse_raw_artifact_dict(
+      executor_input.outputs.artifacts)
+  for name, artifacts in sorted(outputs.items()):
+    for artifact in artifacts:
+      location = (os.path.dirname(artifact.uri) if isinstance(
+          artifact, value_artifact.ValueArtifact) else artifact.uri)
+      storage.check_writable(location, f'{name} output', timeout_s=timeout_s)
 
 
 def register_artifact_types() -> List[str]:
@@ -135,9 +173,12 @@ def register_artifact_types() -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-  args = sys.argv[1:] if argv is None else argv
+  args = repair_argv(sys.argv[1:] if argv is None else argv)
   register_artifact_types()
-  sys.argv = [TFX_ENTRYPOINT] + repair_argv(args)
+  invocation = _flag_text(args, INVOCATION_FLAG)
+  if invocation is not None:
+    check_outputs_writable(invocation)
+  sys.argv = [TFX_ENTRYPOINT] + args
   runpy.run_module(TFX_ENTRYPOINT, run_name='__main__', alter_sys=True)
 
 

@@ -109,13 +109,12 @@ class Resources:
     return spec
 
 
-def default_checkpoint_root(pipeline_root: str, pipeline_name: str,
-                            node_id: str) -> str:
-  """`<pipeline_root>/_hpm_checkpoints/<pipeline>/<node>`: outside any run's
-  folder (`<pipeline_root>/<pipeline>/<run id>/...`), so a resubmitted run
-  finds the checkpoints of the one it replaces."""
-  return '/'.join([pipeline_root.rstrip('/'), CHECKPOINT_SUBDIR,
-                   pipeline_name, node_id])
+def default_checkpoint_root(pipeline_root: str) -> str:
+  """`<pipeline_root>/_hpm_checkpoints`: outside any run's folder
+  (`<pipeline_root>/<pipeline>/<run id>/...`), so a resubmitted run finds the
+  checkpoints of the one it replaces. The trainer keys its checkpoints under
+  it by pipeline, node and training fingerprint (see `_trainer_env`)."""
+  return '/'.join([pipeline_root.rstrip('/'), CHECKPOINT_SUBDIR])
 
 
 def check_beam_pipeline_args(args: Sequence[str]) -> List[str]:
@@ -128,12 +127,17 @@ def check_beam_pipeline_args(args: Sequence[str]) -> List[str]:
   return args
 
 
-def _is_beam_component(node) -> bool:
-  from tfx.dsl.components.base import base_beam_executor  # pylint: disable=g-import-not-at-top
+def _runs(node, executor_base: type) -> bool:
+  """Whether the node's executor class is `executor_base` or a subclass."""
   executor_class = getattr(getattr(node, 'executor_spec', None),
                            'executor_class', None)
-  return isinstance(executor_class, type) and issubclass(
-      executor_class, base_beam_executor.BaseBeamExecutor)
+  return isinstance(executor_class, type) and issubclass(executor_class,
+                                                          executor_base)
+
+
+def _is_beam_component(node) -> bool:
+  from tfx.dsl.components.base import base_beam_executor  # pylint: disable=g-import-not-at-top
+  return _runs(node, base_beam_executor.BaseBeamExecutor)
 
 
 def _apply_resources(pipeline, trainer_id: str, trainer: Resources,
@@ -149,9 +153,29 @@ def _apply_resources(pipeline, trainer_id: str, trainer: Resources,
   return applied
 
 
-def _add_missing_resources(path: str, applied: Dict[str, Resources]) -> None:
-  """TFX 1.16 drops platform_config for FileBasedExampleGen (CsvExampleGen's
-  container spec is built without it): put it into the compiled JSON."""
+def _trainer_env(pipeline) -> Dict[str, Dict[str, str]]:
+  """Node id -> container env naming the pipeline and node, per HighPerfTrainer.
+
+  TFX's Kubeflow V2 entrypoint builds the executor's context without the
+  pipeline or the node, which the trainer keys its checkpoints by (so that
+  two pipelines or trainers sharing a checkpoint root never meet).
+  """
+  from components.trainer import executor as trainer_executor  # pylint: disable=g-import-not-at-top
+  name = pipeline.pipeline_info.pipeline_name
+  return {node.id: {trainer_executor.PIPELINE_NAME_ENV: name,
+                    trainer_executor.NODE_ID_ENV: node.id}
+          for node in pipeline.components
+          if _runs(node, trainer_executor.Executor)}
+
+
+def _patch_containers(path: str, applied: Dict[str, Resources],
+                      env: Dict[str, Dict[str, str]]) -> None:
+  """Adds to the compiled JSON what TFX 1.16's compiler cannot express.
+
+  Resources: it drops platform_config for FileBasedExampleGen (CsvExampleGen's
+  container spec is built without it). Env: it sets none (platform_config
+  takes a ResourceSpec only).
+  """
   from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
   with open(path) as f:
     job = json.load(f)
@@ -162,6 +186,11 @@ def _add_missing_resources(path: str, applied: Dict[str, Resources]) -> None:
     if container is not None and 'resources' not in container:
       container['resources'] = json_format.MessageToDict(resources.to_proto())
       changed = True
+  for node_id, variables in env.items():
+    container = executors[f'{node_id}_executor']['container']
+    container['env'] = container.get('env', []) + [
+        {'name': name, 'value': value} for name, value in variables.items()]
+    changed = True
   if changed:
     with open(path, 'w') as f:
       json.dump(job, f, sort_keys=True)
@@ -188,7 +217,7 @@ def compile_pipeline(output: str, image: str, pipeline_root: str,
     beam_pipeline_args: Beam flags for every task (default: the multi-process
       DirectRunner inside each task's container).
     checkpoint_root: HighPerfTrainer `fault_tolerance.backup_root`; default
-      `default_checkpoint_root(pipeline_root, name, 'Trainer')`.
+      `default_checkpoint_root(pipeline_root)`.
     compare_to_baseline: Keep the latest-blessed-model Resolver (compiled to
       two `resolver` tasks, which Vertex AI Pipelines runs and open-source
       KFP 2.x refuses); False judges each model on the accuracy bound alone,
@@ -217,8 +246,7 @@ def compile_pipeline(output: str, image: str, pipeline_root: str,
     factories.update(taxi_pipeline.hpm_factories(
         distribution=distribution,
         fault_tolerance={'backup_root': checkpoint_root or
-                         default_checkpoint_root(pipeline_root, name,
-                                                 taxi_pipeline.TRAINER_ID)}))
+                         default_checkpoint_root(pipeline_root)}))
   elif checkpoint_root:
     raise ValueError('checkpoint_root is a HighPerfTrainer setting; the stock '
                      'Trainer does not take it.')
@@ -246,7 +274,7 @@ def compile_pipeline(output: str, image: str, pipeline_root: str,
       output_dir=os.path.dirname(os.path.abspath(output)),
       output_filename=os.path.basename(output))
   runner.run(pipeline)
-  _add_missing_resources(output, applied)
+  _patch_containers(output, applied, _trainer_env(pipeline))
   return output
 
 
@@ -314,8 +342,8 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
       '--checkpoint-root', default=None,
       help='HighPerfTrainer checkpoint root (default: <pipeline-root>/'
-      f'{CHECKPOINT_SUBDIR}/<pipeline>/Trainer, outside the run folders, so '
-      'a resubmitted run resumes).')
+      f'{CHECKPOINT_SUBDIR}, outside the run folders, so a resubmitted run '
+      'resumes; the trainer keys it by <pipeline>/<node>/<fingerprint>).')
   return parser
 
 

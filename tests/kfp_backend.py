@@ -32,7 +32,8 @@ version of kfp-server-api in requirements.lock; master still matches):
   (`addDefaultParams`), then every placeholder of `getPlaceholders` replaced
   in command and args (`{{$}}` is the ExecutorInput as JSON, plus the
   `{{$.inputs/outputs...}}` forms); the container's `command` + `args` run as
-  one process with this process's environment, in the task's folder. The
+  one process with this process's environment plus the container's `env`
+  (driver.go `initPodSpecPatch` puts it on the pod), in the task's folder. The
   only deviation: a leading `python` is this interpreter (the test venv, where
   tfx-hpm is installed as in the image), not the image's.
 - after the process (`execute`, `uploadOutputArtifacts`): a non-zero exit
@@ -458,13 +459,13 @@ class KfpBackend:
   # Executors.
 
   def _exec(self, name: str, argv: List[str], pod_dir: str,
-            log_path: str) -> None:
+            log_path: str, env: Mapping[str, str]) -> None:
     with open(log_path, 'ab') as log:
       log.write(('$ ' + ' '.join(a if len(a) < 200 else a[:200] + '...'
                                   for a in argv) + '\n').encode())
       log.flush()
       try:
-        proc = subprocess.run(argv, cwd=pod_dir, env=self.env,
+        proc = subprocess.run(argv, cwd=pod_dir, env=env,
                               stdout=log, stderr=subprocess.STDOUT,
                               timeout=self.task_timeout_s, check=False)
         code = proc.returncode
@@ -490,14 +491,15 @@ class KfpBackend:
                 exist_ok=True)
     for parameter in executor_input.outputs.parameters.values():
       os.makedirs(os.path.dirname(parameter.output_file), exist_ok=True)
+    env = {**self.env, **{e.name: e.value for e in container.env}}
     hook = container.lifecycle.pre_cache_check
     if hook.command:
       self._exec(name + ' (preCacheCheck)',
                  self._substitute(list(hook.command) + list(hook.args),
-                                  values), pod_dir, log_path)
+                                  values), pod_dir, log_path, env)
     argv = self._substitute(list(container.command) + list(container.args),
                             values)
-    self._exec(name, argv, pod_dir, log_path)
+    self._exec(name, argv, pod_dir, log_path, env)
 
     executor_output = pb.ExecutorOutput()
     if os.path.exists(executor_input.outputs.output_file):

@@ -9,6 +9,7 @@ from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 import pytest
 
+from components.trainer import executor as trainer_executor
 from kubeflow import runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,8 +72,14 @@ def test_compiled_spec_is_a_pipeline_job_with_every_component(tmp_path, stock):
     assert 'components.trainer.executor' in executor
     assert 'tfx_hpm.TunedInputPipeline' in json_format.MessageToJson(
         trainer.input_definitions)
-    assert _fault_tolerance(raw)['backup_root'] == '/'.join(
-        [str(tmp_path / 'root'), '_hpm_checkpoints', 'taxi-hpm', 'Trainer'])
+    # The trainer keys it by pipeline, node and fingerprint itself; the
+    # task's env tells it the pipeline and node, which TFX's KFP entrypoint
+    # leaves out of its context.
+    assert _fault_tolerance(raw)['backup_root'] == os.path.join(
+        str(tmp_path / 'root'), '_hpm_checkpoints')
+    assert _containers(raw)['Trainer']['env'] == [
+        {'name': trainer_executor.PIPELINE_NAME_ENV, 'value': 'taxi-hpm'},
+        {'name': trainer_executor.NODE_ID_ENV, 'value': 'Trainer'}]
   # Pipeline spec 2.1, the form open-source KFP 2.x runs: constants as
   # `runtimeValue.constant` (2.0's `constantValue` fails in KFP's driver)
   # and the inputs spec for TFX's entrypoint (it reads `parameterValues`
@@ -90,6 +97,8 @@ def test_compiled_spec_is_a_pipeline_job_with_every_component(tmp_path, stock):
         spec.components[name].input_definitions.parameters), name
     assert args[-2:] == list(runner.DEFAULT_BEAM_PIPELINE_ARGS), name
     assert 'resources' not in container, name
+    if stock or name != 'Trainer':
+      assert 'env' not in container, name
   hook = _containers(raw)['CsvExampleGen']['lifecycle']['preCacheCheck']
   assert '--json_serialized_inputs_spec_args' in hook['args']
 

@@ -9,6 +9,7 @@ container entrypoint (kubeflow/entrypoint.py) on what KFP hands it.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -26,11 +27,6 @@ from tests import kfp_backend
 TRAIN_STEPS = 600
 EVAL_STEPS = 50
 ACCURACY_BOUND = 0.78
-# Directory renames on gs:// for the task processes (tests/gcs_rename_shim:
-# the emulator's TF filesystem plugin cannot rename folders, which
-# Transform does; TF's built-in GCS filesystem in the image can).
-GCS_RENAME_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                               'gcs_rename_shim')
 
 _EXAMPLES_SCHEMA = ('title: tfx.Examples\ntype: object\nproperties:\n  span:\n'
                     '    type: integer\n  version:\n    type: integer\n'
@@ -115,6 +111,56 @@ def test_entrypoint_makes_project_artifact_types_importable(monkeypatch):
   monkeypatch.delitem(sys.modules, 'tfx_hpm')
 
 
+def _executor_input(outputs, output_file):
+  """An ExecutorInput whose outputs are {key: (schema title, uri)}."""
+  return json.dumps({
+      'inputs': {'parameterValues': {}},
+      'outputs': {
+          'artifacts': {key: {'artifacts': [{
+              'name': key, 'uri': uri, 'type': {'schemaTitle': title}}]}
+                        for key, (title, uri) in outputs.items()},
+          'outputFile': output_file}})
+
+
+def test_entrypoint_fails_on_an_unwritable_output_before_the_executor(
+    tmp_path):
+  """Run as the container runs it: the executor never starts."""
+  blocker = tmp_path / 'not_a_folder'
+  blocker.write_text('')
+  model_uri = str(blocker / 'Trainer' / 'model')
+  output_file = tmp_path / 'kfp_outputs' / 'output_metadata.json'
+  executor_input = _executor_input(
+      {'model': ('tfx.Model', model_uri),
+       'model_run': ('tfx.ModelRun',
+                     str(tmp_path / 'Trainer' / 'model_run'))},
+      str(output_file))
+  proc = subprocess.run(
+      [sys.executable, '-m', 'kubeflow.entrypoint', '--executor_class_path',
+       'components.trainer.executor.Executor',
+       '--json_serialized_invocation_args', executor_input],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode != 0
+  assert (f"StorageNotWritableError: Cannot write the model output at "
+          f"'{model_uri}'") in proc.stderr, proc.stderr[-3000:]
+  # The storage's own error, named.
+  assert 'FailedPreconditionError' in proc.stderr
+  assert f'{blocker} is not a directory' in proc.stderr
+  assert 'Starting executor' not in proc.stderr
+  assert not output_file.exists()
+  assert blocker.read_text() == ''
+
+
+def test_entrypoint_probes_a_value_artifact_beside_its_file(tmp_path):
+  model_uri = str(tmp_path / 'Trainer' / 'model')
+  value_uri = str(tmp_path / 'Check' / 'result' / 'value')
+  entrypoint.check_outputs_writable(_executor_input(
+      {'model': ('tfx.Model', model_uri), 'result': ('tfx.String', value_uri)},
+      str(tmp_path / 'output_metadata.json')))
+  # Probed and removed; a value artifact's URI stays free for its file.
+  assert os.listdir(model_uri) == []
+  assert os.listdir(os.path.dirname(value_uri)) == []
+
+
 # --- The harness on small jobs -----------------------------------------------
 
 _PRODUCER = r'''
@@ -136,7 +182,7 @@ out = ei['outputs']['artifacts']['seen']['artifacts'][0]
 os.makedirs(out['uri'], exist_ok=True)
 with open(os.path.join(out['uri'], 'input.json'), 'w') as f:
   json.dump({'executor_input': ei, 'uri_arg': sys.argv[2],
-             'cwd': os.getcwd()}, f)
+             'cwd': os.getcwd(), 'env': os.environ.get('HARNESS_ENV')}, f)
 '''
 
 
@@ -172,7 +218,8 @@ def _container_job(root, producer_code=_PRODUCER):
                   'args': ['{{$}}', "{{$.inputs.parameters['rows']}}"]}},
               'consumer_executor': {'container': {
                   'image': 'x', 'command': ['python', '-c', _CONSUMER],
-                  'args': ['{{$}}', "{{$.inputs.artifacts['data'].uri}}"]}},
+                  'args': ['{{$}}', "{{$.inputs.artifacts['data'].uri}}"],
+                  'env': [{'name': 'HARNESS_ENV', 'value': 'from the spec'}]}},
           }},
           'root': {'dag': {'tasks': {
               # Listed consumer first: the order comes from the inputs.
@@ -226,6 +273,7 @@ def test_harness_passes_outputs_downstream_as_the_kfp_driver_does(tmp_path):
       'name': '1', 'uri': data_uri, 'type': {'instanceSchema': ''},
       'metadata': {'rows': 3.0, 'ok': 1.0, 'display_name': 'data'}}
   assert seen['uri_arg'] == data_uri
+  assert seen['env'] == 'from the spec'
   assert seen['cwd'] == os.path.join(str(tmp_path / 'work'), 'run1',
                                      'consumer')
   assert seen['executor_input']['outputs']['outputFile'] == os.path.join(
@@ -357,31 +405,6 @@ def test_harness_rejects_the_spec_2_0_constant_form(tmp_path):
 # --- The tfx-hpm pipeline, end to end ----------------------------------------
 
 
-_RENAME = r'''
-import sys
-import tensorflow as tf
-root = sys.argv[1]
-tf.io.gfile.makedirs(root + '/src/sub')
-for name in ('a.txt', 'sub/b.txt'):
-  with tf.io.gfile.GFile(f'{root}/src/{name}', 'w') as f:
-    f.write(name)
-tf.io.gfile.rename(root + '/src', root + '/dst', overwrite=True)
-print(sorted(tf.io.gfile.listdir(root + '/dst')),
-      tf.io.gfile.GFile(root + '/dst/sub/b.txt').read(),
-      tf.io.gfile.exists(root + '/src'))
-'''
-
-
-def test_gcs_rename_shim_renames_folders_on_the_emulator(gcs_bucket):
-  env = dict(os.environ, PYTHONPATH=GCS_RENAME_SHIM)
-  proc = subprocess.run(
-      [sys.executable, '-c', _RENAME, f'{gcs_bucket}/shim-{uuid.uuid4().hex}'],
-      env=env, capture_output=True, text=True, timeout=300, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.split() == ["['a.txt',", "'sub/']", 'sub/b.txt',
-                                 'False'], proc.stdout
-
-
 # What the test reads back from gs://, in its own process: this pytest process
 # stays free of TensorFlow, tfma and tfx.v1. With them loaded here, the
 # interpreter crashed at exit after the test had passed (exit code 139: a
@@ -437,10 +460,7 @@ def test_compiled_pipeline_runs_through_pusher_on_gcs(
        '--accuracy-threshold', str(ACCURACY_BOUND)],
       capture_output=True, text=True, timeout=600, check=False)
   assert compiled.returncode == 0, compiled.stderr[-5000:]
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      p for p in (GCS_RENAME_SHIM, env.get('PYTHONPATH')) if p)
-  backend = kfp_backend.KfpBackend(job_path, str(tmp_path / 'pods'), env=env)
+  backend = kfp_backend.KfpBackend(job_path, str(tmp_path / 'pods'))
   try:
     results = backend.run()
   finally:
@@ -481,9 +501,11 @@ def test_compiled_pipeline_runs_through_pusher_on_gcs(
   print('eval metrics:', json.dumps(seen['metrics']))
   assert seen['metrics']['binary_accuracy'] >= ACCURACY_BOUND, seen['metrics']
   # The trainer checkpointed outside the run's folder, keyed by pipeline
-  # name and node, so a resubmitted run finds the checkpoints.
-  assert seen['checkpoint_dir'].startswith(
-      f'{prefix}/root/_hpm_checkpoints/taxi-hpm/Trainer/'), seen
+  # name and node (from the task's env) and its fingerprint, so a
+  # resubmitted run finds the checkpoints.
+  assert re.fullmatch(
+      re.escape(f'{prefix}/root/_hpm_checkpoints/taxi-hpm/Trainer/') +
+      '[0-9a-f]{16}', seen['checkpoint_dir']), seen
   # The pushed model serves raw serialized tf.Examples.
   assert seen['eval_files'] and seen['examples'] == 16
   assert len(seen['scores']) == 16

@@ -213,4 +213,7 @@ def test_pipeline_parallel_notebook_plans_and_matches_one_device():
   # The notebook asserts the losses match; here, that the table is there.
   assert 'relative difference' in text
   assert "'pipeline_parallel': {'boundaries':" in text, text
+  # GPipe vs 1F1B predicted memory, side by side, and the plan's choice.
+  assert 'gpipe MiB' in text and '1f1b MiB' in text, text
+  assert re.search(r'plan schedule: (gpipe|1f1b) - ', text), text
   _remove_work_dir(root)

@@ -3,28 +3,44 @@
 TensorFlow's `ram://` filesystem stands in for an object store here: it is not
 the local disk, so any `open`/`os.path` on an artifact path fails. It lives in
 one process, so these tests train in the executor's process
-(`launcher='in_process'`); the slow gs:// tests cover the child-process
-launchers against a real GCS API.
+(`launcher='in_process'`), and OptimizedTransform's stock Beam part, which
+cannot reach it, runs on the local disk; the slow gs:// tests cover the
+child-process launchers and the whole Transform against a real GCS API.
 """
 
+import glob
 import json
 import os
 import uuid
+from typing import Dict
 
+import apache_beam as beam
 from google.protobuf import json_format
 import pytest
 import tensorflow as tf
+import tensorflow_transform as tft
+import tensorflow_transform.beam as tft_beam
+from tensorflow_transform.tf_metadata import dataset_metadata
+from tensorflow_transform.tf_metadata import metadata_io
+from tensorflow_transform.tf_metadata import schema_utils
 from tfx import v1 as tfx
+from tfx.components.transform import executor_utils
 from tfx.types import standard_artifacts
+from tfx.utils import import_utils
 
 from components import OptimizedTransform
 from components import HighPerfTrainer
 from components import storage
 from components import types as hpm_types
+from components.data.input_pipeline import InputPipelineConfig
 from components.partitioner import executor as partitioner_executor
 from components.partitioner import plan as plan_lib
 from components.trainer import checkpointing
 from components.trainer import executor as trainer_executor
+from components.transform import executor as transform_executor
+from components.transform import tuner
+from components.transform.config import TuningConfig
+from tests import id_recording_module
 from tests import trainer_testing as tt
 
 ID_MODULE_FILE = os.path.join(tt.REPO_ROOT, 'tests', 'id_recording_module.py')
@@ -189,7 +205,11 @@ def _stock_trainer_properties(**overrides):
   return {**_runtime_properties(stock), **overrides}
 
 
-def test_trainer_executor_runs_with_every_output_on_ram(tmp_path):
+def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
+  # As in a task compiled by kubeflow.runner: no pipeline or node in the
+  # executor's context, both in the container's env.
+  monkeypatch.setenv(trainer_executor.PIPELINE_NAME_ENV, 'ram-pipeline')
+  monkeypatch.setenv(trainer_executor.NODE_ID_ENV, 'RamTrainer')
   examples, schema = _examples_and_schema(str(tmp_path))
   model_uri, model_run_uri = _ram('model'), _ram('model_run')
   backup_root = _ram('backups')
@@ -218,7 +238,7 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path):
   assert tf.io.gfile.glob(os.path.join(model_run_uri, 'train', '*'))
   # Published checkpoints, with manifests, on the ram:// backup root.
   [checkpoint_dir] = tf.io.gfile.glob(
-      os.path.join(backup_root, '*', 'Trainer', '*'))
+      os.path.join(backup_root, 'ram-pipeline', 'RamTrainer', '*'))
   store = checkpointing.CheckpointStore(checkpoint_dir,
                                         tf.train.Checkpoint())
   newest = store.checkpoint_dirs()[0]
@@ -306,3 +326,217 @@ def test_local_launcher_rejects_outputs_other_processes_cannot_see(tmp_path):
     trainer_executor.Executor().Do(
         {'examples': [examples], 'schema': [schema]}, outputs,
         _stock_trainer_properties())
+
+
+# ---------------------------------------------------- OptimizedTransform
+
+_PREPROCESSING_MODULE = '''
+import tensorflow_transform as tft
+
+
+def preprocessing_fn(inputs):
+  return {'id': inputs['id'], 'x': tft.scale_to_z_score(inputs['x']),
+          'label': inputs['label']}
+'''
+
+
+@pytest.fixture(name='preprocessing_module')
+def fixture_preprocessing_module(tmp_path):
+  path = tmp_path / 'preprocessing_module.py'
+  path.write_text(_PREPROCESSING_MODULE)
+  return str(path)
+
+
+def _transform_properties(component_class, module_file, **kwargs):
+  channel = tfx.dsl.Channel
+  return _runtime_properties(component_class(
+      examples=channel(type=standard_artifacts.Examples),
+      schema=channel(type=standard_artifacts.Schema),
+      module_file=module_file, **kwargs))
+
+
+def _transform_outputs(root: str, execution: int = 1):
+  """An artifact per OptimizedTransform output, `<root>/Transform/<key>/<n>`."""
+  channel = tfx.dsl.Channel
+  component = OptimizedTransform(
+      examples=channel(type=standard_artifacts.Examples),
+      schema=channel(type=standard_artifacts.Schema), module_file='unused')
+  outputs = {}
+  for key, output in component.outputs.items():
+    artifact = output.type()
+    artifact.uri = os.path.join(root, component.id, key, str(execution))
+    outputs[key] = [artifact]
+  return outputs
+
+
+def _write_transform_graph(module_file: str, examples, out_dir: str) -> None:
+  """The module's transform graph, analyzed on the train split, with the raw
+  metadata, as the stock Transform writes it."""
+  preprocessing_fn = import_utils.import_func_from_source(module_file,
+                                                          'preprocessing_fn')
+  spec = id_recording_module.FEATURE_SPEC
+  rows = list(tf.data.TFRecordDataset(
+      tf.io.gfile.glob(os.path.join(examples.uri, 'Split-train', '*')),
+      'GZIP').map(lambda r: tf.io.parse_single_example(r, spec))
+              .as_numpy_iterator())
+  metadata = dataset_metadata.DatasetMetadata(
+      schema_utils.schema_from_feature_spec(spec))
+  with beam.Pipeline(argv=['--direct_running_mode=in_memory',
+                           '--direct_num_workers=1']) as pipeline:
+    with tft_beam.Context(temp_dir=os.path.join(out_dir, 'tmp'),
+                          force_tf_compat_v1=False):
+      transform_fn = ((pipeline | beam.Create(rows), metadata)
+                      | tft_beam.AnalyzeDataset(preprocessing_fn))
+      _ = transform_fn | tft_beam.WriteTransformFn(out_dir)
+  tf.io.gfile.rmtree(os.path.join(out_dir, 'tmp'))
+  metadata_io.write_metadata(metadata, os.path.join(
+      out_dir, tft.TFTransformOutput.RAW_METADATA_DIR))
+
+
+def _write_transformed_examples(graph_uri: str, examples, transformed,
+                                num_files: int = 2) -> Dict[str, int]:
+  """Writes what the stock Transform materializes; returns its counters."""
+  output = tft.TFTransformOutput(graph_uri)
+  layer = output.transform_features_layer()
+  counts = {}
+  for split, path in zip(('train', 'eval'), executor_utils.GetSplitPaths(
+      [transformed])):
+    records = tf.data.TFRecordDataset(tf.io.gfile.glob(os.path.join(
+        examples.uri, f'Split-{split}', '*')), 'GZIP')
+    raw = next(iter(records.batch(10_000).map(
+        lambda r: tf.io.parse_example(r, output.raw_feature_spec()))))
+    rows = {k: v.numpy() for k, v in layer(raw).items()}
+    count = len(rows['id'])
+    options = tf.io.TFRecordOptions(compression_type='GZIP')
+    for k in range(num_files):
+      with tf.io.TFRecordWriter(
+          f'{path}-{k:05d}-of-{num_files:05d}.gz', options) as writer:
+        for i in range(count * k // num_files, count * (k + 1) // num_files):
+          writer.write(tf.train.Example(features=tf.train.Features(feature={
+              'id': tf.train.Feature(
+                  int64_list=tf.train.Int64List(value=[rows['id'][i]])),
+              'x': tf.train.Feature(
+                  float_list=tf.train.FloatList(value=rows['x'][i])),
+              'label': tf.train.Feature(
+                  float_list=tf.train.FloatList(value=[rows['label'][i]])),
+          })).SerializeToString())
+    counts[path] = count
+  return counts
+
+
+def test_transform_tuning_runs_with_every_input_and_output_on_ram(
+    tmp_path, preprocessing_module):
+  """What OptimizedTransform adds after the stock Transform, on ram://.
+
+  The stock part stays on the local disk: it runs in Beam, whose filesystems
+  (local, gs://, s3://, hdfs://) do not know TensorFlow's process-local
+  ram://, so the stock Transform cannot write there at all (the slow gs://
+  tests run it whole on an object store). What it leaves is made here as it
+  writes it (the analyzed transform graph with its metadata, sharded
+  transformed examples, the sharded write's example counters), on ram://
+  with the raw examples. Our part then runs twice on it: split sizes from
+  the counters, readers measured on the materialized and (second run) the
+  raw examples through the transform graph, report and tuned config
+  written, the previous training and the previous tuning found and read.
+  """
+  local_examples, _ = _examples_and_schema(str(tmp_path))
+  root = _ram('transform_root')
+  examples = standard_artifacts.Examples()
+  examples.uri = os.path.join(root, 'CsvExampleGen', 'examples', '1')
+  examples.split_names = local_examples.split_names
+  storage.upload_tree(local_examples.uri, examples.uri)
+  # A training result of another batch: its rate is not the consumer's.
+  training_uri = os.path.join(root, 'Trainer', 'model_run', '1')
+  storage.write_json(os.path.join(training_uri, 'training_result.json'),
+                     {'examples_per_sec': 100.0, 'global_batch_size': 8})
+  batch = 16
+  graph_dir = str(tmp_path / 'transform_graph')
+  _write_transform_graph(preprocessing_module, local_examples, graph_dir)
+  tuned_uris = []
+  # The first run reads the materialized examples, the second transforms
+  # the raw ones on the fly with the transform graph.
+  for execution, placement in ((1, 'always'), (2, 'on_the_fly')):
+    properties = _transform_properties(
+        OptimizedTransform, preprocessing_module,
+        tuning={'time_budget_s': 3.0, 'batch_size': batch,
+                'materialize': placement, 'num_output_shards': 2})
+    outputs = _transform_outputs(root, execution)
+    (graph,) = outputs['transform_graph']
+    (transformed,) = outputs['transformed_examples']
+    storage.upload_tree(graph_dir, graph.uri)
+    executor_utils.SetSplitNames(['train', 'eval'], [transformed])
+    counts = _write_transformed_examples(graph.uri, examples, transformed)
+    executor = transform_executor.Executor()
+    plan = executor._plan(outputs, properties)  # pylint: disable=protected-access
+    executor._tune_after_transform(  # pylint: disable=protected-access
+        plan, {'examples': [examples]}, outputs, properties,
+        transform_seconds=1.0, examples_written=counts)
+
+    (tuned,) = outputs['tuned_input_pipeline']
+    tuned_uris.append(tuned.uri)
+    assert sorted(tf.io.gfile.listdir(tuned.uri)) == [
+        'candidates.png', 'config.json', 'fingerprint.json', 'report.md']
+    config = InputPipelineConfig.from_dict(storage.read_json(
+        os.path.join(tuned.uri, 'config.json')))
+    if placement == 'always':
+      assert config.transform_placement == 'materialized'
+    else:
+      assert config.transform_placement == 'on_the_fly'
+      assert config.transform_graph_uri == graph.uri
+    assert tuned.get_int_custom_property('num_examples') == 32  # Counted.
+    assert tuned.get_int_custom_property('batch_size') == batch
+    assert tuned.get_float_custom_property('examples_per_sec') > 0
+    report = storage.read_text(os.path.join(tuned.uri, 'report.md'))
+    assert ('examples per split (Beam counter): Split-eval: 32, '
+            'Split-train: 32') in report
+    assert f'the previous training ({training_uri}) read batches of 8' in (
+        report)
+  # The second run found the first one's tuning beside its own output.
+  assert f'the previous tuning {tuned_uris[0]}' in report
+
+
+def test_transform_fails_before_the_transform_when_its_output_is_unwritable(
+    tmp_path, preprocessing_module):
+  blocker = tmp_path / 'not_a_folder'
+  blocker.write_text('')
+  outputs = _transform_outputs(str(blocker))
+  with pytest.raises(storage.StorageNotWritableError,
+                     match='tuned_input_pipeline output at .*not_a_folder/'
+                     'Transform/tuned_input_pipeline/1'):
+    transform_executor.Executor().Do(
+        {}, outputs,
+        _transform_properties(OptimizedTransform, preprocessing_module))
+  assert blocker.read_text() == ''
+
+
+@pytest.mark.slow
+def test_transform_executor_runs_with_only_the_stock_exec_properties(
+    tmp_path, preprocessing_module):
+  """The drop-in: no `tuning` property, so every tuning default applies."""
+  examples, schema = _examples_and_schema(str(tmp_path))
+  properties = _transform_properties(tfx.components.Transform,
+                                     preprocessing_module)
+  assert transform_executor.TUNING_KEY not in properties
+  outputs = _transform_outputs(str(tmp_path))
+  transform_executor.Executor(transform_executor.Executor.Context(
+      beam_pipeline_args=['--direct_running_mode=in_memory',
+                          '--direct_num_workers=1'],
+      tmp_dir=str(tmp_path / 'beam_tmp'), unique_id='1')).Do(
+          {'examples': [examples], 'schema': [schema]}, outputs, properties)
+
+  defaults = TuningConfig()
+  (transformed,) = outputs['transformed_examples']
+  for split in ('train', 'eval'):
+    files = glob.glob(os.path.join(transformed.uri, f'Split-{split}', '*'))
+    assert len(files) == defaults.num_output_shards, files
+  (tuned,) = outputs['tuned_input_pipeline']
+  assert tuned.get_int_custom_property('batch_size') == (
+      defaults.measure_batch_size)
+  assert tuned.get_int_custom_property('num_examples') == 32
+  assert tuned.get_string_custom_property('decision') in (
+      tuner.SEARCHED, tuner.STOPPED_EARLY)
+  InputPipelineConfig.from_dict(storage.read_json(
+      os.path.join(tuned.uri, 'config.json')))
+  (graph,) = outputs['transform_graph']
+  assert tft.TFTransformOutput(graph.uri).transformed_feature_spec().keys() \
+      == {'id', 'x', 'label'}

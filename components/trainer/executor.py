@@ -48,6 +48,11 @@ DECISION_FILE = 'distribution_decision.json'
 TASK_FILE = 'training_task.json'
 CLUSTER_LOG_DIR = 'cluster_logs'
 CHECKPOINT_SUBDIR = '_hpm_checkpoints'
+# This node's pipeline name and id where the executor's context has none:
+# TFX's Kubeflow V2 entrypoint gives executors no pipeline or node, so
+# kubeflow.runner sets these in the compiled task's container env.
+PIPELINE_NAME_ENV = 'TFX_HPM_PIPELINE_NAME'
+NODE_ID_ENV = 'TFX_HPM_NODE_ID'
 # Distribution options that do not change the training trajectory (steps
 # per call: the same updates on the same batches), left out of the
 # checkpoint fingerprint.
@@ -367,11 +372,15 @@ class Executor(base_executor.BaseExecutor):
 
   def _pipeline_name(self) -> str:
     info = self._context and self._context.pipeline_info
-    return info.id if info and info.id else 'pipeline'
+    if info and info.id:
+      return info.id
+    return os.environ.get(PIPELINE_NAME_ENV) or 'pipeline'
 
   def _node_id(self) -> str:
     node = self._context and self._context.pipeline_node
-    return node.node_info.id if node and node.node_info.id else 'Trainer'
+    if node and node.node_info.id:
+      return node.node_info.id
+    return os.environ.get(NODE_ID_ENV) or 'Trainer'
 
   def _pipeline_root(self, model_run_dir: str) -> str:
     """The pipeline root, from TFX's `<root>/<node>/.system/...` layout.

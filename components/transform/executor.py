@@ -20,6 +20,7 @@
 """
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -134,6 +135,17 @@ def _sharded_writes(num_shards: int):
         transform_executor.TransformProcessor = _STOCK_PROCESSOR
 
 
+@dataclasses.dataclass
+class _Plan:
+  """What the executor decided before the stock Transform ran."""
+  tuning: TuningConfig
+  tuned_artifact: types.Artifact
+  # The previous training's rate; None: measure the model, or search.
+  consumer: Optional[tuner.ConsumerRate] = None
+  notes: List[str] = dataclasses.field(default_factory=list)
+  mismatches: List[str] = dataclasses.field(default_factory=list)
+
+
 class _Background:
   """Runs a function in a thread; `result()` joins it and re-raises."""
 
@@ -205,41 +217,69 @@ class Executor(transform_executor.Executor):
   def Do(self, input_dict: Dict[str, List[types.Artifact]],
          output_dict: Dict[str, List[types.Artifact]],
          exec_properties: Dict[str, Any]) -> None:
-    tuning = TuningConfig.from_json(exec_properties.get(TUNING_KEY))
-    tuned_artifact = artifact_utils.get_single_instance(
-        output_dict[TUNED_INPUT_PIPELINE_KEY])
-    # Before the Transform runs: an unwritable root fails now, naming it.
-    storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
-    batch = tuning.measure_batch_size
-    notes: List[str] = []
-    training = history.previous_training(tuned_artifact.uri)
-    consumer: Any = None
-    mismatches = []
-    if training is not None and training.reader_batch != batch:
-      mismatches.append(
-          f'the previous training ({training.uri}) read batches of '
-          f'{training.reader_batch}, the tuning measures at {batch}')
-    if tuning.early_stop and training is not None:
-      if training.reader_batch == batch:
-        consumer = tuner.ConsumerRate(
-            training.examples_per_sec,
-            f"the previous run's training rate, {training.uri}", batch)
-      else:
-        notes.append('The previous training read another batch: its rate '
-                     'was not used for the consumer.')
-    self._pipelines: List[Any] = []
-    self._model_step: Optional[consumer_lib.ModelStep] = None
-    self._model_prepare: Optional[_Background] = None
-    self._model_note = ''
-    self._wants_model = tuning.early_stop and consumer is None
+    plan = self._plan(output_dict, exec_properties)
     start = time.monotonic()
-    with _sharded_writes(tuning.num_output_shards), user_wheels.unzipped_installs():
+    with _sharded_writes(plan.tuning.num_output_shards), \
+        user_wheels.unzipped_installs():
       super().Do(
           input_dict,
           {k: v for k, v in output_dict.items()
            if k != TUNED_INPUT_PIPELINE_KEY},
           {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
-    transform_seconds = time.monotonic() - start
+    self._tune_after_transform(plan, input_dict, output_dict,
+                               exec_properties, time.monotonic() - start,
+                               self._examples_written())
+
+  def _plan(self, output_dict: Dict[str, List[types.Artifact]],
+            exec_properties: Dict[str, Any]) -> _Plan:
+    """Checks the output and reads the history before the stock Transform.
+
+    An unwritable output fails here, not after the Transform; also resets
+    the state that the stock run fills (its Beam pipelines, the model step
+    prepared meanwhile).
+    """
+    tuning = TuningConfig.from_json(exec_properties.get(TUNING_KEY))
+    tuned_artifact = artifact_utils.get_single_instance(
+        output_dict[TUNED_INPUT_PIPELINE_KEY])
+    storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
+    batch = tuning.measure_batch_size
+    plan = _Plan(tuning, tuned_artifact)
+    training = history.previous_training(tuned_artifact.uri)
+    if training is not None and training.reader_batch != batch:
+      plan.mismatches.append(
+          f'the previous training ({training.uri}) read batches of '
+          f'{training.reader_batch}, the tuning measures at {batch}')
+    if tuning.early_stop and training is not None:
+      if training.reader_batch == batch:
+        plan.consumer = tuner.ConsumerRate(
+            training.examples_per_sec,
+            f"the previous run's training rate, {training.uri}", batch)
+      else:
+        plan.notes.append('The previous training read another batch: its '
+                          'rate was not used for the consumer.')
+    self._pipelines: List[Any] = []
+    self._model_step: Optional[consumer_lib.ModelStep] = None
+    self._model_prepare: Optional[_Background] = None
+    self._model_note = ''
+    self._wants_model = tuning.early_stop and plan.consumer is None
+    return plan
+
+  def _tune_after_transform(self, plan: _Plan,
+                            input_dict: Dict[str, List[types.Artifact]],
+                            output_dict: Dict[str, List[types.Artifact]],
+                            exec_properties: Dict[str, Any],
+                            transform_seconds: float,
+                            examples_written: Dict[str, int]) -> None:
+    """Measures, tunes and writes the artifact, from the Transform's outputs.
+
+    Args:
+      examples_written: Transformed-examples output path -> examples (the
+        sharded write's Beam counters).
+    """
+    tuning, tuned_artifact = plan.tuning, plan.tuned_artifact
+    batch = tuning.measure_batch_size
+    notes = plan.notes
+    consumer: Any = plan.consumer
     # The tuning budget counts from here.
     budget_start = time.monotonic()
     if self._wants_model:
@@ -256,8 +296,8 @@ class Executor(transform_executor.Executor):
     transformed = (
         output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
         if _are_tfrecords(examples) else None)
-    counts = self._examples_written()
-    num_examples = (_split_count(counts, transformed, tuning.tune_split)
+    num_examples = (_split_count(examples_written, transformed,
+                                 tuning.tune_split)
                     if transformed else None)
 
     transform_graph_uri = artifact_utils.get_single_uri(
@@ -293,7 +333,7 @@ class Executor(transform_executor.Executor):
         consumer=consumer,
         previous=previous,
         notes=notes,
-        batch_mismatches=mismatches,
+        batch_mismatches=plan.mismatches,
         clock_start=budget_start)
     tuned_seconds = time.monotonic() - budget_start
     tuned_artifact.set_float_custom_property('transform_seconds',
@@ -309,7 +349,8 @@ class Executor(transform_executor.Executor):
             if transformed else 'none'),
         'examples per split (Beam counter)': ', '.join(
             f'{os.path.basename(os.path.dirname(path))}: {n:,}'
-            for path, n in sorted(counts.items())) or 'not counted',
+            for path, n in sorted(examples_written.items())
+        ) or 'not counted',
         'model step prepared while Beam ran (s)': (
             f'{self._model_step.prepare_seconds:.1f}' + (
                 '; traced again on the real batch'
