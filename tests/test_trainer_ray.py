@@ -160,13 +160,18 @@ def ray_cluster(tmp_path_factory):
     yield cluster
 
 
-@pytest.fixture
-def ray_driver(ray_cluster, monkeypatch):
-  """This process connected as the driver, with the tasks' environment."""
+def _driver_env(monkeypatch, cluster):
+  """The tasks' environment here; the nodes' addresses bypass the proxy."""
   for key, value in tt.child_env().items():
     monkeypatch.setenv(key, value)
   for key in ('no_proxy', 'NO_PROXY'):
-    monkeypatch.setenv(key, ray_cluster.no_proxy())
+    monkeypatch.setenv(key, cluster.no_proxy())
+
+
+@pytest.fixture
+def ray_driver(ray_cluster, monkeypatch):
+  """This process connected as the driver, with the tasks' environment."""
+  _driver_env(monkeypatch, ray_cluster)
   ray_launcher.connect(ray_cluster.address)
   yield ray_cluster
   ray_launcher.disconnect()
@@ -357,10 +362,7 @@ def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
 def test_ray_client_address_trains_as_a_kubeflow_pod_would(
     tmp_path, data, ray_cluster, monkeypatch, local_baseline):
   """ray://: the driver is on no Ray node (kubeflow.runner --ray-address)."""
-  for key, value in tt.child_env().items():
-    monkeypatch.setenv(key, value)
-  for key in ('no_proxy', 'NO_PROXY'):
-    monkeypatch.setenv(key, ray_cluster.no_proxy())
+  _driver_env(monkeypatch, ray_cluster)
   assert ray_launcher.connect(ray_cluster.client_address) == (
       ray_cluster.client_address)
   try:
@@ -395,10 +397,7 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
   from pipelines import summary
   from pipelines import taxi_pipeline
   # pylint: enable=g-import-not-at-top
-  for key, value in tt.child_env().items():
-    monkeypatch.setenv(key, value)
-  for key in ('no_proxy', 'NO_PROXY'):
-    monkeypatch.setenv(key, ray_cluster.no_proxy())
+  _driver_env(monkeypatch, ray_cluster)
   # The default ray_address.
   monkeypatch.setenv('RAY_ADDRESS', ray_cluster.address)
   root = str(tmp_path)
