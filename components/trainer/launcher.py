@@ -122,7 +122,7 @@ class ClusterPreemptedError(ClusterFailedError):
   """A preemption notice (SIGTERM) stopped training at a checkpoint."""
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+def die_with_parent(parent_pid: int) -> Callable[[], None]:
   """preexec_fn: the kernel SIGKILLs the child when the supervisor dies."""
 
   def preexec():
@@ -133,7 +133,8 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
   return preexec
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
+  """Signals a process group; one that is gone already is no error."""
   try:
     os.killpg(pgid, sig)
   except (ProcessLookupError, PermissionError):
@@ -167,24 +168,31 @@ def read_tail(path: str, lines: int = TAIL_LINES) -> str:
       without_startup_noise(text.splitlines()), maxlen=lines))
 
 
-class _Running:
+def process_env(overrides: Dict[str, Optional[str]]) -> Dict[str, str]:
+  """This process's environment with `overrides` (None removes a variable),
+  unbuffered, so that a log is complete up to a crash."""
+  env = dict(os.environ, PYTHONUNBUFFERED='1')
+  for key, value in overrides.items():
+    if value is None:
+      env.pop(key, None)
+    else:
+      env[key] = value
+  return env
+
+
+class RunningProcess:
   """A started process with its log file."""
 
   def __init__(self, spec: ProcessSpec, log_path: str):
     self.spec = spec
     self.log_path = log_path
-    env = dict(os.environ, PYTHONUNBUFFERED='1')
-    for key, value in spec.env.items():
-      if value is None:
-        env.pop(key, None)
-      else:
-        env[key] = value
     self._log = open(log_path, 'wb')
     try:
       self.popen = subprocess.Popen(
-          spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+          spec.argv, env=process_env(spec.env), stdin=subprocess.DEVNULL,
+          stdout=self._log,
           stderr=subprocess.STDOUT, start_new_session=True,
-          preexec_fn=_die_with_parent(os.getpid()))
+          preexec_fn=die_with_parent(os.getpid()))
     except BaseException:
       self._log.close()
       raise
@@ -197,11 +205,11 @@ class _Running:
     self._log.close()
 
 
-def _stop_all(running: List[_Running], grace_s: float) -> None:
+def stop_all(running: List[RunningProcess], grace_s: float) -> None:
   """SIGTERM every process group, SIGKILL what is left after `grace_s`."""
   for r in running:
     if r.popen.poll() is None:
-      _signal_group(r.popen.pid, signal.SIGTERM)
+      signal_group(r.popen.pid, signal.SIGTERM)
   deadline = time.monotonic() + grace_s
   for r in running:
     try:
@@ -209,12 +217,12 @@ def _stop_all(running: List[_Running], grace_s: float) -> None:
     except subprocess.TimeoutExpired:
       pass
     # Also reaches grandchildren left in the group after the leader exited.
-    _signal_group(r.popen.pid, signal.SIGKILL)
+    signal_group(r.popen.pid, signal.SIGKILL)
     r.popen.wait()
     r.close()
 
 
-def _describe(failure: ProcessExit, running: List[_Running]) -> str:
+def _describe(failure: ProcessExit, running: List[RunningProcess]) -> str:
   others = ', '.join(
       f'{r.spec.name}: ' + ('running' if r.popen.poll() is None else
                             f'exit {r.popen.poll()}')
@@ -238,7 +246,7 @@ class SigtermForwarder:
 
   def __init__(self):
     self.received = False
-    self.running: List[_Running] = []
+    self.running: List[RunningProcess] = []
     self._previous = None
 
   def __enter__(self) -> 'SigtermForwarder':
@@ -253,7 +261,7 @@ class SigtermForwarder:
     self.received = True
     for r in self.running:
       if r.popen.poll() is None:
-        _signal_group(r.popen.pid, signal.SIGTERM)
+        signal_group(r.popen.pid, signal.SIGTERM)
 
   def __exit__(self, *unused_exc_info):
     if self._previous is not None:
@@ -350,11 +358,11 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
     while True:
       attempt_dir = os.path.join(log_dir, f'attempt-{attempt}')
       os.makedirs(attempt_dir, exist_ok=True)
-      running: List[_Running] = []
+      running: List[RunningProcess] = []
       forwarder.running = running
       try:
         for spec in make_processes(attempt):
-          running.append(_Running(
+          running.append(RunningProcess(
               spec, os.path.join(attempt_dir, f'{spec.name}.log')))
         logging.info('Attempt %d: started %s', attempt,
                      [(r.spec.name, r.popen.pid) for r in running])
@@ -369,7 +377,7 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
                               time.monotonic() - start, log_dir)
         message = _describe(failure, running)
       finally:
-        _stop_all(running, grace_s)
+        stop_all(running, grace_s)
       if outcome == _TIMEOUT:
         raise ClusterTimeoutError(
             f'Training exceeded timeout_s={timeout_s} and was killed. Last '
@@ -391,7 +399,7 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
 _DONE, _FAILED, _TIMEOUT, _PREEMPTED = 'done', 'failed', 'timeout', 'preempted'
 
 
-def _watch(running: List[_Running], attempt: int, start: float,
+def _watch(running: List[RunningProcess], attempt: int, start: float,
            timeout_s: float, poll_interval_s: float,
            forwarder: SigtermForwarder
           ) -> Tuple[str, Optional[ProcessExit]]:

@@ -173,18 +173,13 @@ class _TaskActor:
       f.write(task_json)
     argv = [sys.executable if a == PYTHON else task_path if a == TASK_FILE
             else a for a in argv]
-    full_env = dict(os.environ, PYTHONUNBUFFERED='1')
-    for key, value in env.items():
-      if value is None:
-        full_env.pop(key, None)
-      else:
-        full_env[key] = value
     # Its own process group (stopped as one), killed by the kernel if this
     # actor dies.
     self._popen = subprocess.Popen(
-        argv, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        argv, env=launcher.process_env(env), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=launcher._die_with_parent(os.getpid()))  # pylint: disable=protected-access
+        preexec_fn=launcher.die_with_parent(os.getpid()))
     for line in self._popen.stdout:
       with self._lock:
         self._log += line
@@ -199,19 +194,19 @@ class _TaskActor:
   def terminate(self) -> None:
     """Passes a preemption notice on: SIGTERM to the process group."""
     if self._popen is not None and self._popen.poll() is None:
-      launcher._signal_group(self._popen.pid, signal.SIGTERM)  # pylint: disable=protected-access
+      launcher.signal_group(self._popen.pid, signal.SIGTERM)
 
   def stop(self, grace_s: float) -> None:
     """SIGTERM the process group, SIGKILL it after `grace_s`."""
     if self._popen is None:
       return
     if self._popen.poll() is None:
-      launcher._signal_group(self._popen.pid, signal.SIGTERM)  # pylint: disable=protected-access
+      launcher.signal_group(self._popen.pid, signal.SIGTERM)
       try:
         self._popen.wait(timeout=grace_s)
       except subprocess.TimeoutExpired:
         pass
-    launcher._signal_group(self._popen.pid, signal.SIGKILL)  # pylint: disable=protected-access
+    launcher.signal_group(self._popen.pid, signal.SIGKILL)
     self._popen.wait()
 
 
@@ -262,7 +257,7 @@ class _Attempt:
     self.refs: Dict[Any, str] = {}
     # The parameter-server coordinator, a child of this process as with the
     # local launcher.
-    self.local: Dict[str, launcher._Running] = {}  # pylint: disable=protected-access
+    self.local: Dict[str, launcher.RunningProcess] = {}
 
   def locate(self) -> Dict[str, Dict[str, Any]]:
     """Each task's node and a free port there, with the node's IP."""
@@ -281,7 +276,7 @@ class _Attempt:
         continue
       argv = [sys.executable if a == PYTHON else
               local_task_path if a == TASK_FILE else a for a in spec.argv]
-      self.local[spec.name] = launcher._Running(  # pylint: disable=protected-access
+      self.local[spec.name] = launcher.RunningProcess(
           launcher.ProcessSpec(spec.name, argv, spec.env, spec.server),
           self.log_path(spec.name))
 
@@ -320,11 +315,11 @@ class _Attempt:
         self.actors[name].terminate.remote()
     for process in self.local.values():
       if process.popen.poll() is None:
-        launcher._signal_group(process.popen.pid, signal.SIGTERM)  # pylint: disable=protected-access
+        launcher.signal_group(process.popen.pid, signal.SIGTERM)
 
   def stop(self, grace_s: float) -> None:
     """Stops every process, keeps the last of its log, frees the nodes."""
-    launcher._stop_all(list(self.local.values()), grace_s)  # pylint: disable=protected-access
+    launcher.stop_all(list(self.local.values()), grace_s)
     alive = [n for n in self.names if n not in self._dead]
     ray.wait([self.actors[n].stop.remote(grace_s) for n in alive],
              num_returns=len(alive), timeout=grace_s + LOG_PULL_TIMEOUT_S)
