@@ -197,6 +197,18 @@ def test_restarts_run_out(tmp_path):
   assert len(error.value.restarts) == 2
 
 
+def test_a_not_retryable_failure_is_not_relaunched(tmp_path):
+  """E.g. another run holds the checkpoint lease: a relaunch meets it too."""
+  specs = [ProcessSpec('worker-0', _python(
+      f'import sys; sys.exit({launcher.NOT_RETRYABLE_EXIT_CODE})'))]
+  with pytest.raises(launcher.ClusterFailedError,
+                     match='exited with code 78 .attempt 0') as error:
+    launcher.run_supervised(lambda attempt: specs, str(tmp_path),
+                            max_restarts=2)
+  assert error.value.restarts == []
+  assert not (tmp_path / 'attempt-1').exists()
+
+
 def test_children_die_with_a_killed_supervisor(tmp_path):
   """SIGKILL of the supervising process leaves no training process behind."""
   pid_file = str(tmp_path / 'orphan.pid')

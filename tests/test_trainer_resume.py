@@ -23,6 +23,7 @@ import pytest
 import tensorflow as tf
 
 from components.trainer import checkpointing
+from components.trainer import launcher
 from components.trainer import preemption
 from tests import trainer_testing as tt
 from tests.faulty_storage import Fault
@@ -246,8 +247,10 @@ def test_a_run_into_a_folder_another_run_holds_fails_or_waits(
   before = _checkpoint_steps(task)
   holder = _hold_lease(task.checkpoint_dir)
   try:
-    # lease='fail': a clear error, and the other run's folder untouched.
-    assert tt.run_child(task, root) != 0
+    # lease='fail': a clear error, and the other run's folder untouched;
+    # the executor's worker says a relaunch would not help.
+    assert tt.run_child(task, root, production=True) == (
+        launcher.NOT_RETRYABLE_EXIT_CODE)
     log = tt.child_log(root)
     assert 'LeaseHeldError' in log and "run 'another-execution'" in log
     assert _checkpoint_steps(task) == before

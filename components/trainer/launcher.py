@@ -42,6 +42,10 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 # A killed cluster's processes get this long to exit after SIGTERM before
 # SIGKILL.
 DEFAULT_GRACE_S = 10.0
+# A training process's exit status for a failure that no relaunch can cure
+# (EX_CONFIG), e.g. another run holds the checkpoint folder's lease: the
+# launcher fails at once instead of using up max_restarts.
+NOT_RETRYABLE_EXIT_CODE = 78
 TAIL_LINES = 40
 # What every TensorFlow process prints as it starts, whatever went wrong
 # later: kept out of the log tail of a failure.
@@ -388,7 +392,8 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
             'Preempted (SIGTERM): the training processes were told to '
             f'checkpoint and stop; a rerun resumes. {message}', failure,
             restarts)
-      if len(restarts) >= max_restarts:
+      if (len(restarts) >= max_restarts or
+          failure.exit_code == NOT_RETRYABLE_EXIT_CODE):
         raise ClusterFailedError(message, failure, restarts)
       logging.warning('Restarting the cluster (%d of %d): %s',
                       len(restarts) + 1, max_restarts, message)

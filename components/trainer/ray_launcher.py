@@ -495,7 +495,8 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
             f'lines of {failure.process} ({failure.log_path}):\n'
             f'{failure.log_tail}', failure, restarts)
       message = _describe(failure)
-      if len(restarts) >= max_restarts:
+      if (len(restarts) >= max_restarts or
+          failure.exit_code == launcher.NOT_RETRYABLE_EXIT_CODE):
         raise launcher.ClusterFailedError(message, failure, restarts)
       logging.warning('Restarting the Ray cluster (%d of %d): %s',
                       len(restarts) + 1, max_restarts, message)

@@ -29,6 +29,8 @@ from absl import logging as absl_logging
 import tensorflow as tf
 
 from components import storage
+from components.trainer import checkpointing
+from components.trainer import launcher
 from components.trainer import preemption
 from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
@@ -172,7 +174,13 @@ def main(argv=None) -> int:
   log_at_info()
   if args.role == 'server':
     run_server()
-  result = train(TrainingTask.load(args.task))
+  try:
+    result = train(TrainingTask.load(args.task))
+  except checkpointing.LeaseHeldError:
+    # Another run trains into this checkpoint folder: a relaunch would
+    # only meet it again.
+    absl_logging.exception('Not retryable:')
+    return launcher.NOT_RETRYABLE_EXIT_CODE
   # A preempted run stopped at a checkpoint: tell the launcher that a rerun
   # resumes.
   return preemption.exit_code(result)
