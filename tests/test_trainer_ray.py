@@ -12,8 +12,8 @@ preemption notice) reaches every worker through its actor, they checkpoint
 and stop, and a rerun resumes with no step lost; parameter_server (ps and
 workers on Ray, the coordinator here) trains the exact step count; the taxi
 pipeline with launcher='ray' and `auto` spreads over both nodes and is
-blessed; SIGKILL of the second node's raylet relaunches the cluster on the
-node that remains, which resumes to the same weights.
+blessed; SIGKILL of the raylet of the node the driver is not on relaunches
+the cluster on the node that remains, which resumes to the same weights.
 """
 
 import json
@@ -172,9 +172,12 @@ def _driver_env(monkeypatch, cluster):
 def ray_driver(ray_cluster, monkeypatch):
   """This process connected as the driver, with the tasks' environment."""
   _driver_env(monkeypatch, ray_cluster)
+  handler = signal.getsignal(signal.SIGTERM)
   ray_launcher.connect(ray_cluster.address)
   yield ray_cluster
   ray_launcher.disconnect()
+  # ray.init's SIGTERM handler (sys.exit) is gone with the connection.
+  assert signal.getsignal(signal.SIGTERM) is handler
 
 
 @pytest.fixture(scope='module')
@@ -410,13 +413,17 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
         eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps),
         distribution={'launcher': 'ray', 'timeout_s': CLUSTER_TIMEOUT_S})
 
+  handler = signal.getsignal(signal.SIGTERM)
   tfx.orchestration.LocalDagRunner().run(taxi_pipeline.create_pipeline(
       pipeline_name='hpm_ray', pipeline_root=root,
       serving_model_dir=os.path.join(root, 'serving_model'),
       data_root=taxi_sample_dir, train_steps=TAXI_STEPS, eval_steps=5,
       make_trainer=make_trainer, accuracy_threshold=ACCURACY_BOUND,
       compare_to_baseline=False))
-  # The executor disconnected; look at the cluster as a driver again.
+  # The executor disconnected, and this process's SIGTERM handling is its
+  # own again (ray.init's exits the process).
+  assert signal.getsignal(signal.SIGTERM) is handler
+  # Look at the cluster as a driver again.
   ray_launcher.connect(ray_cluster.address)
   try:
     labels = ray_cluster_lib.node_labels()
@@ -483,32 +490,41 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
 @pytest.mark.slow
 def test_node_loss_relaunches_on_the_remaining_node_and_resumes_exactly(
     tmp_path, data, ray_driver, local_baseline):
-  """SIGKILL of the second node's raylet mid-training (last: the cluster
-  keeps one node after it)."""
+  """SIGKILL of the other node's raylet mid-training (last: the cluster
+  keeps one node after it).
+
+  The other node than the driver's: both nodes have one IP here, and the
+  driver attaches to either; a driver whose own raylet dies is gone with
+  everything it owns (its actors), as on a real cluster.
+  """
+  import ray  # pylint: disable=g-import-not-at-top
   root = str(tmp_path)
   task = _mwms_task(root, data)
   kill_step = random.Random(SEED + 1).randrange(5, 11)
+  labels = ray_cluster_lib.node_labels()
+  survivor = labels[ray.get_runtime_context().get_node_id()]
+  [victim] = [label for label in NODES if label != survivor]
   killed = {}
 
-  def kill_node_b():
+  def kill_the_other_node():
     deadline = time.monotonic() + CLUSTER_TIMEOUT_S
     while time.monotonic() < deadline:
       records = tt.read_id_log(task.hparams['id_log'])
       if records and records[-1]['step'] >= kill_step:
-        killed['raylet'] = ray_driver.kill_raylet(NODES[1])
+        killed['raylet'] = ray_driver.kill_raylet(victim)
         return
       time.sleep(0.05)
 
-  thread = threading.Thread(target=kill_node_b, daemon=True)
+  thread = threading.Thread(target=kill_the_other_node, daemon=True)
   thread.start()
   # Half a CPU each: both tasks fit on the node that remains.
   launch = _run_on_ray(task, root, cpus=0.5)
   thread.join()
 
   assert killed and launch.attempts == 2 and len(launch.restarts) == 1
-  labels = ray_cluster_lib.node_labels()
+  # The relaunch ran on the node that remained.
   assert {labels[w['node_id']] for w in launch.placement.values()} == {
-      NODES[0]}
+      survivor}
   [event] = tt.read_result(task)['resume_events']
   assert event['event'] == 'resumed' and 0 < event['from_step'] <= (
       kill_step + 1)

@@ -52,11 +52,13 @@ CONNECT_TIMEOUT_S = 10.0
 PLACEMENT_TIMEOUT_S = 120.0
 # How long the driver waits for an actor to answer a log pull.
 LOG_PULL_TIMEOUT_S = 10.0
-# What ray.get raises for a task whose actor or node is gone: Ray's errors,
-# and OSError (Broken pipe) when the node's raylet was killed mid-reply.
-_LOST = (ray.exceptions.RayError, OSError)
 _DONE, _FAILED, _TIMEOUT, _PREEMPTED = ('done', 'failed', 'timeout',
                                        'preempted')
+
+
+# ray.init installs its own handlers for these in a driver's main thread.
+_RAY_SIGNALS = (signal.SIGTERM,)
+_signal_handlers_before_ray: Dict[int, Any] = {}
 
 
 class RayUnreachableError(ConnectionError):
@@ -99,6 +101,9 @@ def connect(address: str) -> str:
   if ray.is_initialized():
     return address
   _check_reachable(address)
+  if threading.current_thread() is threading.main_thread():
+    _signal_handlers_before_ray.update(
+        {sig: signal.getsignal(sig) for sig in _RAY_SIGNALS})
   try:
     ray.init(address=address, log_to_driver=True,
              logging_level=py_logging.WARNING)
@@ -110,7 +115,12 @@ def connect(address: str) -> str:
 
 
 def disconnect() -> None:
+  """Leaves the Ray cluster; the signal handlers ray.init replaced (its
+  SIGTERM handler exits the process) are this process's own again."""
   ray.shutdown()
+  while _signal_handlers_before_ray:
+    sig, handler = _signal_handlers_before_ray.popitem()
+    signal.signal(sig, handler)
 
 
 def alive_nodes() -> List[Dict[str, Any]]:
@@ -293,7 +303,7 @@ class _Attempt:
       name = refs[ref]
       try:
         chunk = ray.get(ref)
-      except _LOST:
+      except ray.exceptions.RayError:
         self._dead.add(name)
         continue
       with open(self.log_path(name), 'ab') as f:
@@ -356,7 +366,7 @@ def _watch(attempt: _Attempt, servers: set, start: float, timeout_s: float,
       name = attempt.refs[ref]
       try:
         code = ray.get(ref)
-      except _LOST as e:
+      except ray.exceptions.RayError as e:
         # The actor or its node died: the process went with it.
         attempt.errors[name] = f'{type(e).__name__}: {e}'
         return _FAILED, attempt.exit_record(name, None)
