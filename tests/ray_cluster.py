@@ -87,8 +87,8 @@ class LocalRayCluster:
   def no_proxy(self) -> str:
     return ','.join([os.environ.get('no_proxy', '')] + self.node_ips)
 
-  def kill_raylet(self, label: str) -> int:
-    """SIGKILLs the raylet of the node with resource `label`; its pid."""
+  def raylet_pid(self, label: str) -> int:
+    """The raylet of the node with resource `label`."""
     import ray  # pylint: disable=g-import-not-at-top
     [port] = [node['NodeManagerPort'] for node in ray.nodes()
               if node['Alive'] and label in node['Resources']]
@@ -100,9 +100,28 @@ class LocalRayCluster:
       except OSError:
         continue
       if argv[0].endswith(b'raylet') and flag in argv:
-        os.kill(pid, signal.SIGKILL)
         return pid
     raise RuntimeError(f'No raylet with {flag!r} under {self.temp_dir}')
+
+  def kill_workers(self, label: str) -> List[int]:
+    """SIGKILLs every Ray worker process of the node with resource `label`
+    (the raylet's children titled `ray::...`: its actors, whose training
+    processes die with them; not its agents, with which the raylet would
+    die); their pids."""
+    raylet = self.raylet_pid(label)
+    killed = []
+    for entry in os.listdir('/proc'):
+      try:
+        with open(f'/proc/{entry}/stat') as f:
+          parent = int(f.read().rpartition(')')[2].split()[1])
+        with open(f'/proc/{entry}/cmdline', 'rb') as f:
+          title = f.read()
+      except (OSError, ValueError, IndexError):
+        continue
+      if parent == raylet and title.startswith(b'ray::'):
+        os.kill(int(entry), signal.SIGKILL)
+        killed.append(int(entry))
+    return killed
 
 
 @contextlib.contextmanager
