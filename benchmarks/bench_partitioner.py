@@ -152,25 +152,35 @@ def _worker_profiles(out_path, unused_argument):
     json.dump(profiles, f)
 
 
-def _worker_pipeline(out_path, unused_argument):
+def _pipeline_devices() -> None:
+  """LOGICAL_DEVICES logical CPUs, one core per op, like devices that
+  compute one op at a time; stages then run in parallel only through
+  inter-op parallelism."""
   gpipe.configure_logical_cpus(LOGICAL_DEVICES)
-  # One core per op, like a device that computes one op at a time; stages
-  # then run in parallel only through inter-op parallelism.
   tf.config.threading.set_intra_op_parallelism_threads(1)
   tf.config.threading.set_inter_op_parallelism_threads(LOGICAL_DEVICES)
+
+
+def _warmed_runner(plan, width, features, labels):
+  """A runner of `plan` for the MLP of `width`, traced by two steps."""
+  devices = gpipe.stage_devices(LOGICAL_DEVICES)[:plan['num_stages']]
+  model = gpipe.build_model_on_devices(
+      lambda: _mlp(width, PIPELINE_LAYERS), plan, devices)
+  runner = gpipe.GPipeRunner(model, plan, devices)
+  for _ in range(2):
+    runner.train_step(features, labels).numpy()
+  return runner
+
+
+def _worker_pipeline(out_path, unused_argument):
+  _pipeline_devices()
   features = tf.random.normal([PIPELINE_BATCH, PIPELINE_WIDTH])
   labels = tf.random.normal([PIPELINE_BATCH, 1])
   graph = graph_lib.LayerGraph(_mlp(PIPELINE_WIDTH, PIPELINE_LAYERS))
-  runners = []
-  for num_stages, num_micro, remat in PIPELINE_RUNS:
-    plan = _runner_plan(graph, num_stages, num_micro, remat)
-    devices = gpipe.stage_devices(LOGICAL_DEVICES)[:num_stages]
-    model = gpipe.build_model_on_devices(
-        lambda: _mlp(PIPELINE_WIDTH, PIPELINE_LAYERS), plan, devices)
-    runner = gpipe.GPipeRunner(model, plan, devices)
-    for _ in range(2):
-      runner.train_step(features, labels).numpy()
-    runners.append(runner)
+  runners = [
+      _warmed_runner(_runner_plan(graph, num_stages, num_micro, remat),
+                     PIPELINE_WIDTH, features, labels)
+      for num_stages, num_micro, remat in PIPELINE_RUNS]
   times, load_before, load_after = _time_round_robin(runners, features,
                                                    labels)
   rows = []
@@ -212,25 +222,16 @@ def _worker_schedules(out_path, unused_argument):
   activation memory shows; with weights as large as the activations, the
   weight gradients of a stage's backward dominate the peak instead.
   """
-  gpipe.configure_logical_cpus(LOGICAL_DEVICES)
-  tf.config.threading.set_intra_op_parallelism_threads(1)
-  tf.config.threading.set_inter_op_parallelism_threads(LOGICAL_DEVICES)
+  _pipeline_devices()
   features = tf.random.normal([MEMORY_BATCH, MEMORY_WIDTH])
   labels = tf.random.normal([MEMORY_BATCH, 1])
   graph = graph_lib.LayerGraph(_mlp(MEMORY_WIDTH, PIPELINE_LAYERS))
   cases = [(k, m, schedule) for k in SCHEDULE_STAGES
            for m in SCHEDULE_MICROBATCHES for schedule in schedules.SCHEDULES]
-  runners = []
-  for num_stages, num_micro, schedule in cases:
-    plan = {**_runner_plan(graph, num_stages, num_micro, 'never'),
-            'schedule': schedule}
-    devices = gpipe.stage_devices(LOGICAL_DEVICES)[:num_stages]
-    model = gpipe.build_model_on_devices(
-        lambda: _mlp(MEMORY_WIDTH, PIPELINE_LAYERS), plan, devices)
-    runner = gpipe.GPipeRunner(model, plan, devices)
-    for _ in range(2):
-      runner.train_step(features, labels).numpy()
-    runners.append(runner)
+  runners = [
+      _warmed_runner({**_runner_plan(graph, num_stages, num_micro, 'never'),
+                      'schedule': schedule}, MEMORY_WIDTH, features, labels)
+      for num_stages, num_micro, schedule in cases]
   times, load_before, load_after = _time_round_robin(runners, features,
                                                    labels)
   rows = []
