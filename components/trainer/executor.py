@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
 from tfx import types
@@ -301,7 +301,8 @@ class Executor(base_executor.BaseExecutor):
   def _run_on_ray(task: TrainingTask, config: config_lib.DistributionConfig,
                   fault_tolerance: checkpointing.CheckpointConfig,
                   shared: Dict[str, str], local_logs: str,
-                  read_progress) -> launcher.LaunchResult:
+                  read_progress: Callable[[], Optional[Dict[str, Any]]]
+                 ) -> launcher.LaunchResult:
     """The cluster as Ray actors; each task gets the task file on its node."""
     from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
 

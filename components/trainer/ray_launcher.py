@@ -56,9 +56,9 @@ _DONE, _FAILED, _TIMEOUT, _PREEMPTED = ('done', 'failed', 'timeout',
                                        'preempted')
 
 
-# ray.init installs its own handlers for these in a driver's main thread.
-_RAY_SIGNALS = (signal.SIGTERM,)
-_signal_handlers_before_ray: Dict[int, Any] = {}
+# This process's SIGTERM handler before ray.init replaced it (in a driver's
+# main thread, with one that exits); None: not replaced.
+_sigterm_before_ray = None
 
 
 class RayUnreachableError(ConnectionError):
@@ -101,9 +101,9 @@ def connect(address: str) -> str:
   if ray.is_initialized():
     return address
   _check_reachable(address)
+  global _sigterm_before_ray
   if threading.current_thread() is threading.main_thread():
-    _signal_handlers_before_ray.update(
-        {sig: signal.getsignal(sig) for sig in _RAY_SIGNALS})
+    _sigterm_before_ray = signal.getsignal(signal.SIGTERM)
   try:
     ray.init(address=address, log_to_driver=True,
              logging_level=py_logging.WARNING)
@@ -115,12 +115,13 @@ def connect(address: str) -> str:
 
 
 def disconnect() -> None:
-  """Leaves the Ray cluster; the signal handlers ray.init replaced (its
-  SIGTERM handler exits the process) are this process's own again."""
+  """Leaves the Ray cluster; the SIGTERM handler ray.init replaced (its
+  own exits the process) is this process's own again."""
+  global _sigterm_before_ray
   ray.shutdown()
-  while _signal_handlers_before_ray:
-    sig, handler = _signal_handlers_before_ray.popitem()
-    signal.signal(sig, handler)
+  if _sigterm_before_ray is not None:
+    signal.signal(signal.SIGTERM, _sigterm_before_ray)
+    _sigterm_before_ray = None
 
 
 def alive_nodes() -> List[Dict[str, Any]]:
@@ -319,7 +320,7 @@ class _Attempt:
                                 self.attempt, time.time())
 
   def terminate(self) -> None:
-    """SIGTERM to every task's process (the coordinator's included)."""
+    """SIGTERM to every task's process, the coordinator's included."""
     for name in self.names:
       if name not in self._dead:
         self.actors[name].terminate.remote()
@@ -351,7 +352,7 @@ def _watch(attempt: _Attempt, servers: set, start: float, timeout_s: float,
       # Not from the signal handler itself: Ray calls must not interrupt
       # the Ray calls of this loop.
       logging.warning('SIGTERM: passing the preemption notice on to %s',
-                      attempt.names)
+                      attempt.names + list(attempt.local))
       attempt.terminate()
       notified = True
     ready = []
@@ -447,6 +448,8 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
   attempt_index = 0
   with tempfile.TemporaryDirectory(prefix='hpm-ray-driver-') as local_dir, \
       launcher.SigtermForwarder() as forwarder:
+    # The forwarder only records the notice (its `running` stays empty):
+    # _watch passes it on, to the actors and the coordinator alike.
     local_task_path = os.path.join(local_dir, 'training_task.json')
     with open(local_task_path, 'w') as f:
       f.write(task_json)
@@ -472,9 +475,6 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
         for spec in specs:
           spec.env = {**forwarded, **spec.env}
         attempt.start(specs, task_json, local_task_path)
-        # The coordinator is this process's child: SIGTERM goes on to it
-        # at once; the actors hear of it from _watch.
-        forwarder.running = list(attempt.local.values())
         relay = launcher.ProgressRelay(read_progress,
                                        progress.LINE_EVERY_SECONDS,
                                        len(restarts))
