@@ -32,12 +32,13 @@ CONTAINER_TOOL ?= $(shell \
   elif command -v docker >/dev/null 2>&1; then echo docker; fi)
 IMAGE_CONTEXT := build/image-context
 
-.PHONY: help venv run run-stock test test-fast test-slow bench kubeflow image notebook clean
+.PHONY: help venv run run-stock test test-all test-fast test-slow bench kubeflow image notebook clean
 
 help:
 	@echo "make run        # full Chicago taxi pipeline with tfx-hpm components (LocalDagRunner)"
 	@echo "make run-stock  # the same pipeline with the stock Transform and Trainer"
-	@echo "make test       # the whole test suite"
+	@echo "make test       # the core test suite (at most 20 min on 2 cores)"
+	@echo "make test-all   # core, then the extended tests (what CI runs; at most 40 min)"
 	@echo "make test-fast  # tests without end-to-end pipeline runs and clusters"
 	@echo "make bench      # side-by-side benchmarks -> benchmarks/results/"
 	@echo "make kubeflow   # compile the pipeline for Kubeflow Pipelines (v2 JSON)"
@@ -64,11 +65,21 @@ run: venv
 run-stock: venv
 	$(VPY) -m pipelines.local_runner --stock --pipeline-root outputs/pipeline_stock $(RUN_ARGS)
 
+# JUnit XML per target; `test-all` ends with the slowest tests and each target's time.
+TEST_RESULTS := outputs/test-results
+
 test: venv
-	$(VPY) -m pytest tests $(PYTEST_ARGS)
+	$(VPY) -m pytest tests -m "not extended" --junitxml=$(TEST_RESULTS)/core.xml $(PYTEST_ARGS)
+
+test-all: venv
+	@status=0; \
+	$(VPY) -m pytest tests -m "not extended" --junitxml=$(TEST_RESULTS)/core.xml $(PYTEST_ARGS) || status=$$?; \
+	$(VPY) -m pytest tests -m extended --junitxml=$(TEST_RESULTS)/extended.xml $(PYTEST_ARGS) || status=$$?; \
+	$(VPY) -m tests.support.timing_report $(TEST_RESULTS)/core.xml $(TEST_RESULTS)/extended.xml; \
+	exit $$status
 
 test-fast: venv
-	$(VPY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
+	$(VPY) -m pytest tests -m "not slow and not extended" $(PYTEST_ARGS)
 
 test-slow: venv
 	$(VPY) -m pytest tests -m slow $(PYTEST_ARGS)

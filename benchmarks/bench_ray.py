@@ -5,7 +5,7 @@
 The same MultiWorkerMirrored training (2 workers, the taxi model on
 synthetic transformed taxi data, batch 32 per replica) through the local
 launcher (processes on this machine) and through the Ray launcher on a
-two-node Ray cluster on localhost (tests/ray_cluster.py: `ray start --head`
+two-node Ray cluster on localhost (tests/support/ray_cluster.py: `ray start --head`
 plus a second `ray start --address` node, started once before the runs;
 its start is not counted, as a Ray cluster exists before a pipeline runs).
 Measured per run: start-up, the seconds from the launcher call to the end
@@ -26,8 +26,8 @@ from benchmarks import bench_resume
 from benchmarks import report
 from components.trainer import launcher
 from components.trainer import ray_launcher
-from tests import ray_cluster
-from tests import trainer_testing as tt
+from tests.support import ray_cluster
+from tests.support import trainer_testing as tt
 
 WORKERS = 2
 BATCH = 32

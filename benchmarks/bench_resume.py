@@ -9,7 +9,7 @@ processes killed with SIGKILL:
    our loop saving every 5 / 25 / 100 (default) steps, and `model.fit` with
    `tf.keras.callbacks.BackupAndRestore` at its defaults (a backup per epoch,
    epochs of 100 steps), three seeded kill points each, same model and data.
-   The model (tests/id_recording_module.py) logs the example ids of every
+   The model (tests/support/id_recording_module.py) logs the example ids of every
    step, so the redone steps are counted exactly, and so are the examples the
    surviving trajectory trained on twice or never (the data position).
 2. Checkpoint overhead at the default interval, on the taxi model over
@@ -38,7 +38,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from benchmarks import report
-from tests import trainer_testing as tt
+from tests.support import trainer_testing as tt
 
 # Part 1: lost work.
 # A multiple of the input pipeline's shuffle window (8 batches): the first

@@ -26,7 +26,7 @@ from typing import Dict, List
 from benchmarks import bench_resume
 from benchmarks import report
 from components.trainer import checkpointing
-from tests import trainer_testing as tt
+from tests.support import trainer_testing as tt
 
 BATCH = bench_resume.TAXI_BATCH
 SAVE_EVERY = 100

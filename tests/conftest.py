@@ -11,7 +11,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
 
 import portpicker  # pylint: disable=g-import-not-at-top
 
-from tests import gcs_emulator  # pylint: disable=g-import-not-at-top
+from tests.support import gcs_emulator  # pylint: disable=g-import-not-at-top
 
 # gs:// goes to a local emulator, in this process and in every process the
 # tests start (pipeline runners, trainer workers inherit os.environ). TF reads

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from components.data import input_pipeline
 from components.data.input_pipeline import InputPipelineConfig
-from tests import transform_data
+from tests.support import transform_data
 
 NUM_EXAMPLES = 1000
 BATCH = 32
@@ -67,7 +67,7 @@ def test_disk_cache_then_later_epochs_from_it(train_patterns, tmp_path):
 _KILLED_WHILE_CACHING = """
 import os, signal, sys
 from components.data import input_pipeline
-from tests import transform_data
+from tests.support import transform_data
 dataset = input_pipeline.build_dataset(
     [sys.argv[1]], transform_data.DENSE_SPEC, 'label', 1024,
     input_pipeline.InputPipelineConfig(cache='disk', cache_dir=sys.argv[2]))

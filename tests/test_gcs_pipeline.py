@@ -1,6 +1,6 @@
 """The taxi pipeline with its pipeline root, data and serving dir on gs://.
 
-A local GCS emulator stands in for Cloud Storage (tests/gcs_emulator.py, the
+A local GCS emulator stands in for Cloud Storage (tests/support/gcs_emulator.py, the
 `gcs_bucket` fixture); TensorFlow, Beam and TFX reach it through their real
 GCS clients. MLMD stays in a local SQLite file. Each test runs the README
 command (`python -m pipelines.local_runner ...`) in a fresh process:
@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from pipelines import data
 from pipelines import summary
-from tests import gcs_emulator
+from tests.support import gcs_emulator
 
 pytestmark = pytest.mark.slow
 

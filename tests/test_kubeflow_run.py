@@ -1,7 +1,7 @@
 """The compiled KFP v2 pipeline runs the way a KFP backend runs it.
 
 The slow test compiles the tfx-hpm taxi pipeline and executes it with
-tests/kfp_backend.py (the OSS KFP driver + launcher, emulated): each task's
+tests/support/kfp_backend.py (the OSS KFP driver + launcher, emulated): each task's
 container command as its own process, artifacts under a gs:// pipeline root
 on the local GCS emulator. The fast tests pin down the harness itself and the
 container entrypoint (kubeflow/entrypoint.py) on what KFP hands it.
@@ -19,7 +19,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2 as pb
 import pytest
 
 from kubeflow import entrypoint
-from tests import kfp_backend
+from tests.support import kfp_backend
 
 # The slow run, on the 2000-row sample: predicting "no tip" for everyone
 # scores 0.767 on its eval split (686 examples); the model reached 0.784 after

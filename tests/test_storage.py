@@ -40,10 +40,10 @@ from components.trainer import executor as trainer_executor
 from components.transform import executor as transform_executor
 from components.transform import tuner
 from components.transform.config import TuningConfig
-from tests import id_recording_module
-from tests import trainer_testing as tt
+from tests.support import id_recording_module
+from tests.support import trainer_testing as tt
 
-ID_MODULE_FILE = os.path.join(tt.REPO_ROOT, 'tests', 'id_recording_module.py')
+ID_MODULE_FILE = os.path.join(tt.REPO_ROOT, 'tests', 'support', 'id_recording_module.py')
 
 
 def _ram(name: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from components.trainer import loop
-from tests import trainer_testing as tt
+from tests.support import trainer_testing as tt
 
 NUM_EXAMPLES = 64
 TRAIN_STEPS = 6

@@ -1,6 +1,6 @@
 """CheckpointConfig, the stable checkpoint location and CheckpointStore.
 
-Storage faults come from `tests.faulty_storage` (a tf.io.gfile wrapper);
+Storage faults come from `tests.support.faulty_storage` (a tf.io.gfile wrapper);
 leases are contended by stores in this process and by real processes.
 """
 
@@ -21,8 +21,8 @@ from components.trainer import checkpointing
 from components.trainer.checkpointing import CheckpointConfig
 from components.trainer.checkpointing import CheckpointStore
 from components.trainer.saving import Checkpointer
-from tests.faulty_storage import Fault
-from tests.faulty_storage import FaultyStorage
+from tests.support.faulty_storage import Fault
+from tests.support.faulty_storage import FaultyStorage
 
 # Retries without waiting: the tests count them, they do not time them.
 NO_WAIT = storage.RetryPolicy(first_delay_s=0.0)

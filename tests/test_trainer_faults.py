@@ -25,7 +25,7 @@ import pytest
 
 from components.trainer import launcher
 from components.trainer import preemption
-from tests import trainer_testing as tt
+from tests.support import trainer_testing as tt
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,7 @@ def _cluster_argv(task, root):
 
   def argv(role):
     if role == 'trainer':
-      return [sys.executable, '-m', 'tests.trainer_testing', task_path]
+      return [sys.executable, '-m', 'tests.support.trainer_testing', task_path]
     return [sys.executable, '-m', 'components.trainer.worker', '--task',
             task_path, '--role', 'server']
 

@@ -19,7 +19,7 @@ from components.trainer import checkpointing
 from components.trainer import driver
 from components.trainer import loop
 from components.trainer import progress
-from tests import trainer_testing as tt
+from tests.support import trainer_testing as tt
 
 # Two windows of the input pipeline's shuffle (8 batches of 4), so the first
 # 64 examples read are exactly one pass over the data.
@@ -159,7 +159,7 @@ def test_time_based_checkpoints(tmp_path, data):
 
 def test_module_without_build_model_is_rejected(tmp_path, data):
   task = tt.make_task(str(tmp_path), data)
-  task.module_path = 'tests.trainer_testing'
+  task.module_path = 'tests.support.trainer_testing'
   with pytest.raises(ValueError, match='needs `build_model`'):
     train_here(task)
 

@@ -2,7 +2,7 @@
 
 Fast: the Ray options' validation, the storage rule for clusters over
 several hosts, the `auto` rule for a Ray cluster, an unreachable address.
-Slow (a real two-node Ray cluster on localhost, tests/ray_cluster.py):
+Slow (a real two-node Ray cluster on localhost, tests/support/ray_cluster.py):
 MultiWorkerMirrored with 2 workers over the 2 nodes trains to the same
 weights, bit for bit, as the local launcher, also through Ray Client
 (ray://, as from a Kubeflow pod); SIGKILL of one worker's actor
@@ -32,8 +32,8 @@ from components.trainer import launcher
 from components.trainer import ray_launcher
 from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
-from tests import ray_cluster as ray_cluster_lib
-from tests import trainer_testing as tt
+from tests.support import ray_cluster as ray_cluster_lib
+from tests.support import trainer_testing as tt
 
 NUM_EXAMPLES = 64
 SEED = 11
@@ -195,7 +195,7 @@ def _mwms_task(root, data):
 
 
 def _run_on_ray(task, root, cpus=1):
-  argv = [ray_launcher.PYTHON, '-m', 'tests.trainer_testing',
+  argv = [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
           ray_launcher.TASK_FILE]
   return ray_launcher.run_on_ray(
       'multi_worker_mirrored', 2, 0, lambda role: argv, task.to_json(),
@@ -236,7 +236,7 @@ def local_baseline(tmp_path_factory, data):
   task = _mwms_task(root, data)
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
-  argv = [sys.executable, '-m', 'tests.trainer_testing', task_path]
+  argv = [sys.executable, '-m', 'tests.support.trainer_testing', task_path]
   with pytest.MonkeyPatch.context() as env:
     for key, value in tt.child_env().items():
       env.setenv(key, value)
@@ -470,7 +470,7 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
   task = tt.make_task(root, data, strategy='parameter_server', num_workers=2,
                       num_ps=1, train_steps=30, per_replica_batch_size=2,
                       fault_tolerance={'save_every_steps': 10})
-  argv = {'trainer': [ray_launcher.PYTHON, '-m', 'tests.trainer_testing',
+  argv = {'trainer': [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
                       ray_launcher.TASK_FILE],
           'server': [ray_launcher.PYTHON, '-m', 'components.trainer.worker',
                      '--task', ray_launcher.TASK_FILE, '--role', 'server']}

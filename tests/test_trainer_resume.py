@@ -2,7 +2,7 @@
 
 (The fast tests at the end check the SIGTERM watcher in this process.)
 
-Every run is a child process (`tests.trainer_testing`, the production
+Every run is a child process (`tests.support.trainer_testing`, the production
 `worker.train` with deterministic ops) on 64 examples with an `id` feature;
 the model logs which ids each optimizer step consumed. A killed-and-rerun
 training must end with the same weights and optimizer state, bit for bit, as
@@ -25,9 +25,9 @@ import tensorflow as tf
 from components.trainer import checkpointing
 from components.trainer import launcher
 from components.trainer import preemption
-from tests import trainer_testing as tt
-from tests.faulty_storage import Fault
-from tests.faulty_storage import FaultyStorage
+from tests.support import trainer_testing as tt
+from tests.support.faulty_storage import Fault
+from tests.support.faulty_storage import FaultyStorage
 
 NUM_EXAMPLES = 64
 TRAIN_STEPS = 32  # 2 examples per step: one pass over the data.

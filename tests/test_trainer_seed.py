@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from components.trainer import launcher
 from components.trainer import worker
-from tests import trainer_testing as tt
+from tests.support import trainer_testing as tt
 
 NUM_EXAMPLES = 64
 RANDOM_MODEL = {'seeded_initializers': False, 'dropout': 0.5}

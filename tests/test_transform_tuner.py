@@ -14,7 +14,7 @@ from components.transform import consumer as consumer_lib
 from components.transform import report
 from components.transform import tuner
 from components.transform.config import TuningConfig
-from tests import transform_data
+from tests.support import transform_data
 
 NUM_EXAMPLES = 2000
 # Cached size of one example: id, label (int64) and x (float32).

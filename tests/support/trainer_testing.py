@@ -1,8 +1,8 @@
 """Shared helpers for the managed-loop, resume and fault tests.
 
 Builds a tiny synthetic problem (examples with an `id` feature, read by
-`tests/id_recording_module.py`), writes `TrainingTask`s for it, runs training
-in real child processes (`python -m tests.trainer_testing TASK_JSON`) and reads
+`tests/support/id_recording_module.py`), writes `TrainingTask`s for it, runs training
+in real child processes (`python -m tests.support.trainer_testing TASK_JSON`) and reads
 back which ids every optimizer step consumed.
 """
 
@@ -18,11 +18,11 @@ import numpy as np
 import tensorflow as tf
 
 from components.trainer.task import TrainingTask
-from tests import faulty_storage
-from tests import id_recording_module
+from tests.support import faulty_storage
+from tests.support import id_recording_module
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULE_PATH = 'tests.id_recording_module'
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODULE_PATH = 'tests.support.id_recording_module'
 CHILD_TIMEOUT_SECONDS = 300
 
 
@@ -111,13 +111,13 @@ def start_child(task: TrainingTask, root: str, faults: Optional[str] = None,
 
   By default through `main` below (op determinism always on); `production`
   runs the executor's worker, which does only what the task configures.
-  `faults`: a `tests.faulty_storage.FaultyStorage` as JSON, installed in the
+  `faults`: a `tests.support.faulty_storage.FaultyStorage` as JSON, installed in the
   child before training.
   """
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
   argv = (worker_argv(task_path) if production else
-          [sys.executable, '-m', 'tests.trainer_testing', task_path])
+          [sys.executable, '-m', 'tests.support.trainer_testing', task_path])
   env = child_env()
   if faults:
     env[faulty_storage.ENV] = faults

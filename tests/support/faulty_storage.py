@@ -11,7 +11,7 @@ every fault it injected and every path deleted.
 
 Installed in this process (`with FaultyStorage(...)`) or, for a training
 child process, through the HPM_TEST_STORAGE_FAULTS environment variable
-(`to_json`), which `tests.trainer_testing` reads.
+(`to_json`), which `tests.support.trainer_testing` reads.
 """
 
 import dataclasses

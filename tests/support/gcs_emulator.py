@@ -309,7 +309,7 @@ class GcsEmulator:
 
 # ----------------------------------------------------- the server process
 #
-# `python tests/gcs_emulator.py --port P --cert C --key K` (what GcsEmulator
+# `python tests/support/gcs_emulator.py --port P --cert C --key K` (what GcsEmulator
 # runs): the emulator on an internal port, behind a threaded front on P that
 # relays plain HTTP and terminates CONNECT tunnels to *.googleapis.com.
 
