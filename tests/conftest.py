@@ -27,6 +27,23 @@ from pipelines import data  # pylint: disable=g-import-not-at-top
 
 SAMPLE_ROWS = 2000
 
+# Seeds the randomized fault tests (kill steps): different every run, printed
+# in the session header so a failure can be replayed with
+# TFX_HPM_TEST_SEED=<seed>.
+RUN_SEED = int(os.environ.get('TFX_HPM_TEST_SEED') or
+               int.from_bytes(os.urandom(4), 'big'))
+
+
+def pytest_report_header(config):
+  del config
+  return f'fault-injection seed: TFX_HPM_TEST_SEED={RUN_SEED}'
+
+
+@pytest.fixture(scope='session')
+def run_seed() -> int:
+  """This run's seed for random fault points (see RUN_SEED)."""
+  return RUN_SEED
+
 
 @pytest.fixture(scope='session')
 def taxi_sample_dir(tmp_path_factory) -> str:
@@ -34,6 +51,19 @@ def taxi_sample_dir(tmp_path_factory) -> str:
   return data.write_sample(data.default_data_root(),
                            str(tmp_path_factory.mktemp('taxi_sample')),
                            SAMPLE_ROWS)
+
+
+@pytest.fixture(scope='session')
+def shared_taxi_root(tmp_path_factory) -> str:
+  """One pipeline root (with its MLMD file) for the Trainer-level taxi
+  pipeline runs of the whole session.
+
+  Every run there uses the pipeline name `tests.support.taxi_runs.NAME`, the
+  taxi sample, the stock Transform and caching on, so ExampleGen ..
+  Transform run once for all of them and each later run executes only its
+  Trainer, Evaluator and Pusher.
+  """
+  return str(tmp_path_factory.mktemp('shared_taxi_root'))
 
 
 @pytest.fixture(scope='session')

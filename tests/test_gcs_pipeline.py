@@ -16,6 +16,7 @@ the majority-class guess cannot reach, and the pushed model on gs:// must load
 and serve raw serialized tf.Examples.
 """
 
+import glob
 import json
 import os
 import signal
@@ -32,8 +33,11 @@ import psutil
 import pytest
 import tensorflow as tf
 
+from components.partitioner import plan as plan_lib
+from components.partitioner import report
 from pipelines import data
 from pipelines import summary
+from tests.support import console_report
 from tests.support import gcs_emulator
 
 pytestmark = pytest.mark.slow
@@ -49,6 +53,9 @@ EVAL_STEPS = 20
 # HighPerfTrainer's default checkpoint interval (fault_tolerance).
 SAVE_EVERY_STEPS = 100
 RUN_TIMEOUT_S = 1500
+# local_runner's default --gpipe-batch-size.
+GPIPE_BATCH = 64
+TAXI_LAYER_CALLS = 21  # 3 deep-input + 4 hidden + 13 wide + 1 output calls.
 
 STOCK_NODES = {'CsvExampleGen', 'StatisticsGen', 'SchemaGen',
                'ExampleValidator', 'Transform', 'Trainer',
@@ -244,10 +251,15 @@ def test_emulator_serves_tensorflow_beam_and_the_storage_api(gcs_bucket):
 
 
 def test_stock_pipeline_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
+  """The stock Transform and Trainer through our runner (`--stock`): blessed,
+  served from gs://, and the console is the progress report."""
   root = f'{gcs_bucket}/stock'
   output = _run(tmp_path, 'gcs_stock', root, gcs_data_root, '--stock')
   _assert_run_on_gcs(tmp_path, 'gcs_stock', root, gcs_bucket, output,
                      STOCK_NODES)
+  # A remote root's log file is local, under the working directory.
+  [log_file] = glob.glob(str(tmp_path / 'cwd' / 'outputs' / 'logs' / '*.log'))
+  console_report.assert_progress_report(output, output, log_file, 'stock')
 
 
 def test_hpm_pipeline_with_gpipe_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
@@ -261,12 +273,33 @@ def test_hpm_pipeline_with_gpipe_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
   metadata_path = str(tmp_path / 'gcs_hpm_gpipe.db')
   model_run = _properties(_latest_artifact(metadata_path, 'ModelRun'))
   assert model_run['strategy'] == 'one_device', model_run
-  plan = _latest_artifact(metadata_path, 'tfx_hpm.PartitionPlan')
-  assert plan.uri.startswith(f'{root}/GPipePartitioner/')
-  with tf.io.gfile.GFile(f'{plan.uri}/plan.json') as f:
-    assert json.load(f)['num_stages'] == 2
+  plan_artifact = _latest_artifact(metadata_path, 'tfx_hpm.PartitionPlan')
+  assert plan_artifact.uri.startswith(f'{root}/GPipePartitioner/')
+  with tf.io.gfile.GFile(f'{plan_artifact.uri}/{plan_lib.PLAN_FILE}') as f:
+    plan = json.load(f)
+  plan_properties = _properties(plan_artifact)
+  assert plan['num_stages'] == plan_properties['num_stages'] == 2
+  assert plan_properties['num_microbatches'] == plan['num_microbatches']
+  # Profiled on real transformed examples, at micro-batches of 1 and the
+  # whole batch (--gpipe-batch-size).
+  assert plan['choice']['measured_microbatch_sizes'] == [1, GPIPE_BATCH]
+  assert plan['microbatch_size'] * plan['num_microbatches'] == GPIPE_BATCH
+  assert len(plan['layer_signature']) == TAXI_LAYER_CALLS
+  assert tf.io.gfile.stat(
+      f'{plan_artifact.uri}/{report.SCHEDULE_PNG}').length > 0
   tuned = _latest_artifact(metadata_path, 'tfx_hpm.TunedInputPipeline')
   assert tf.io.gfile.exists(f'{tuned.uri}/config.json')
+
+  # The trainer executed the plan: the plan's schedule over its stages.
+  with tf.io.gfile.GFile(
+      f"{_latest_artifact(metadata_path, 'ModelRun').uri}"
+      '/training_result.json') as f:
+    result = json.load(f)
+  assert result['pipeline_parallel'] == {
+      'num_stages': 2, 'num_microbatches': plan['num_microbatches'],
+      'schedule': plan['schedule'], 'data_parallel_replicas': 1,
+      'boundaries': plan['boundaries'], 'remat': plan['remat']}
+  assert result['steps'] == TRAIN_STEPS
 
 
 class _KillWorkerWhenCheckpointed:
@@ -348,7 +381,8 @@ def test_hpm_multi_worker_resumes_from_gcs_after_worker_killed(
 
   with tf.io.gfile.GFile(f'{model_run.uri}/training_result.json') as f:
     result = json.load(f)
-  assert result['steps'] == TRAIN_STEPS, result
+  assert result['steps'] == TRAIN_STEPS, result  # Exact across attempts.
+  assert result['start_step'] == event['from_step'], result
   [restart] = result['launch']['restarts']
   assert restart['process'] == 'worker-1', restart
   assert restart['exit_code'] == -signal.SIGKILL, restart

@@ -1,13 +1,13 @@
-"""GPipePartitioner: validation at construction, the executor, a pipeline."""
+"""GPipePartitioner: validation at construction and the executor.
+
+Its pipeline run (Transform -> GPipePartitioner -> Trainer -> Evaluator on gs://)
+is tests/test_gcs_pipeline.py::test_hpm_pipeline_with_gpipe_on_gcs.
+"""
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
-from ml_metadata import metadata_store
-from ml_metadata.proto import metadata_store_pb2
 import pytest
 from tfx import types
 from tfx.types import standard_artifacts
@@ -249,90 +249,3 @@ def test_executor_infeasible_budget_names_the_smallest(small_module,
       memory_budget_bytes=int(error.value.min_budget) + 1)
   assert artifact.get_int_custom_property('peak_memory_bytes') <= (
       error.value.min_budget + 1)
-
-
-# ----------------------------------------------------------------- pipeline
-
-PIPELINE_SCRIPT = textwrap.dedent('''
-    import sys
-    from tfx import v1 as tfx
-    from components import GPipePartitioner
-    from pipelines import taxi_pipeline
-
-    data_root, pipeline_root, serving_dir = sys.argv[1:4]
-
-    def add_partitioner(transformed_examples, transform_outputs, module_file):
-      partitioner = GPipePartitioner(
-          module_file=module_file,
-          config={'batch_size': 32, 'num_stages': 2, 'profile_repeats': 2},
-          examples=transformed_examples,
-          transform_graph=transform_outputs['transform_graph'])
-      return [partitioner], {
-          'partition_plan': partitioner.outputs['partition_plan']}
-
-    pipeline = taxi_pipeline.create_pipeline(
-        pipeline_name='gpipe_e2e', pipeline_root=pipeline_root,
-        serving_model_dir=serving_dir, data_root=data_root,
-        train_steps=600, eval_steps=5, accuracy_threshold=0.78,
-        extra_trainer_inputs=add_partitioner,
-        **taxi_pipeline.hpm_factories(
-            distribution={'global_batch_size': 32}))
-    tfx.orchestration.LocalDagRunner().run(pipeline)
-''')
-
-
-def _artifacts_of_type(metadata_path, type_name):
-  connection = metadata_store_pb2.ConnectionConfig()
-  connection.sqlite.filename_uri = metadata_path
-  connection.sqlite.connection_mode = 1  # Read-only.
-  return metadata_store.MetadataStore(connection).get_artifacts_by_type(
-      type_name)
-
-
-@pytest.mark.slow
-def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
-                                                          taxi_sample_dir):
-  # pylint: disable-next=g-import-not-at-top
-  from pipelines import summary  # Loads TFMA: only this slow test needs it.
-  root = tmp_path / 'root'
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, TF_USE_LEGACY_KERAS='1', PYTHONPATH=repo)
-  proc = subprocess.run(
-      [sys.executable, '-c', PIPELINE_SCRIPT, taxi_sample_dir, str(root),
-       str(tmp_path / 'serving')],
-      cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
-  metadata_path = str(root / 'metadata.db')
-  run = summary.read_run(metadata_path)
-  states = {e.node_id: e.state for e in run.executions}
-  assert {'Transform', 'GPipePartitioner', 'Trainer', 'Evaluator'} <= set(
-      states)
-  assert all(state == 'COMPLETE' for state in states.values()), states
-  # The GPipe-trained model beats the majority class (~0.767 on the sample's
-  # eval split) by the bound the Evaluator blessed it at (0.796 measured).
-  assert run.blessed is True
-  assert run.metrics['binary_accuracy'] >= 0.78, run.metrics
-
-  (plan_artifact,) = _artifacts_of_type(metadata_path, 'tfx_hpm.PartitionPlan')
-  properties = plan_artifact.custom_properties
-  assert properties['num_stages'].int_value == 2
-  with open(os.path.join(plan_artifact.uri, plan_lib.PLAN_FILE)) as f:
-    plan = json.load(f)
-  assert properties['num_microbatches'].int_value == plan['num_microbatches']
-  # Profiled on real transformed examples, at micro-batches of 1 and 32.
-  assert plan['choice']['measured_microbatch_sizes'] == [1, 32]
-  assert plan['microbatch_size'] * plan['num_microbatches'] == 32
-  assert len(plan['layer_signature']) == TAXI_LAYER_CALLS
-  assert os.path.getsize(os.path.join(plan_artifact.uri,
-                                      report.SCHEDULE_PNG)) > 0
-
-  # The trainer executed the plan: GPipe over the plan's stages.
-  (model_run,) = _artifacts_of_type(metadata_path, 'ModelRun')
-  with open(os.path.join(model_run.uri, 'training_result.json')) as f:
-    result = json.load(f)
-  assert result['pipeline_parallel'] == {
-      'num_stages': 2, 'num_microbatches': plan['num_microbatches'],
-      'schedule': plan['schedule'], 'data_parallel_replicas': 1,
-      'boundaries': plan['boundaries'], 'remat': plan['remat']}
-  assert result['steps'] == 600

@@ -30,7 +30,6 @@ from tests.support import trainer_testing as tt
 pytestmark = pytest.mark.slow
 
 NUM_EXAMPLES = 64
-SEED = 7
 STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
 ITERATIONS = 'optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE'
 CLUSTER_TIMEOUT_S = 500
@@ -64,22 +63,34 @@ def _assert_each_id_once(task, train_steps, replicas):
 
 
 @pytest.mark.parametrize('strategy', ['mirrored', 'central_storage'])
-def test_two_replica_strategy_resumes_exactly_after_sigkill(
-    tmp_path, data, strategy):
-  train_steps = 16  # 2 replicas x 2 examples: one pass.
+def test_two_replica_strategy_splits_batches_and_resumes_exactly_after_sigkill(
+    tmp_path, data, strategy, run_seed):
+  """2 replicas x 2 examples x 2 accumulation micro-steps = 8 per update: the
+  uninterrupted run gives each replica its own 4 examples a step and exports;
+  a run SIGKILLed at a random step and rerun ends bit for bit the same."""
+  train_steps = 8  # 8 examples a step: one pass.
 
   def task_in(name):
     return tt.make_task(str(tmp_path / name), data, strategy=strategy,
                         train_steps=train_steps, per_replica_batch_size=2,
-                        logical_cpu_devices=2,
-                        fault_tolerance={'save_every_steps': 3},
+                        accumulation=2, logical_cpu_devices=2,
+                        fault_tolerance={'save_every_steps': 2},
                         hparams={'step_sleep_seconds': 0.1})
 
   baseline = task_in('baseline')
   assert tt.run_child(baseline, str(tmp_path / 'baseline')) == 0
+  result = tt.read_result(baseline)
+  assert result['num_replicas'] == 2 and result['examples_per_step'] == 8
+  assert result['steps'] == train_steps and result['exported'] is True
+  assert set(result['eval']) == {'loss', 'binary_accuracy'}
+  baseline_ids = tt.ids_by_step(tt.read_id_log(baseline.hparams['id_log']))
+  assert all(len(ids) == 4 for ids in baseline_ids.values())
+  _assert_each_id_once(baseline, train_steps, replicas=2)
+
   task = task_in('killed')
   root = str(tmp_path / 'killed')
-  kill_step = random.Random(SEED).randrange(4, train_steps - 3)
+  kill_step = random.Random(run_seed).randrange(3, train_steps - 2)
+  print(f'kill step {kill_step} (TFX_HPM_TEST_SEED={run_seed})')
   _, code = tt.kill_at_step(task, root, kill_step, signal.SIGKILL)
   assert code == -signal.SIGKILL
   assert tt.run_child(task, root) == 0, tt.child_log(root)
@@ -93,7 +104,7 @@ def test_two_replica_strategy_resumes_exactly_after_sigkill(
   for name, value in expected.items():
     np.testing.assert_array_equal(actual[name], value, err_msg=name)
   assert tt.ids_by_step(tt.read_id_log(task.hparams['id_log'])) == (
-      tt.ids_by_step(tt.read_id_log(baseline.hparams['id_log'])))
+      baseline_ids)
   _assert_each_id_once(task, train_steps, replicas=2)
 
 
@@ -158,11 +169,12 @@ def _run_mwms(task, root):
 
 
 def test_mwms_worker_killed_cluster_relaunches_and_resumes(
-    tmp_path, data, child_env):
+    tmp_path, data, child_env, run_seed):
   del child_env
   root = str(tmp_path)
   task = _mwms_task(root, data)
-  kill_step = random.Random(SEED).randrange(5, 11)
+  kill_step = random.Random(run_seed).randrange(5, 11)
+  print(f'kill step {kill_step} (TFX_HPM_TEST_SEED={run_seed})')
   sent = _signal_when(task, _worker_1_at_step(kill_step), signal.SIGKILL)
   launch = _run_mwms(task, root)
 

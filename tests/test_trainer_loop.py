@@ -1,8 +1,9 @@
 """The managed training loop: training, eval, export, TensorBoard, results.
 
-Fast tests train a tiny model in this process with OneDeviceStrategy; the
-`slow` ones run mirrored and central_storage (two logical CPU devices, which
-must be configured before TensorFlow starts) in child processes.
+Fast tests train a tiny model in this process with OneDeviceStrategy.
+mirrored and central_storage (two logical CPU devices, which must be
+configured before TensorFlow starts) split every batch over their replicas in
+tests/test_trainer_faults.py, which runs them in child processes.
 """
 
 import json
@@ -196,26 +197,6 @@ def test_rows_slices_dense_ragged_and_sparse():
   assert rows(ragged, 1, 2).to_list() == [[2, 3], []]
   sparse_rows = rows(ragged.to_sparse(), 2, 2)
   assert tf.RaggedTensor.from_sparse(sparse_rows).to_list() == [[], [4, 5, 6]]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('strategy', ['mirrored', 'central_storage'])
-def test_two_replica_strategies_split_every_batch(tmp_path, data, strategy):
-  """2 replicas x 2 examples x 2 accumulation micro-steps = 8 per update."""
-  task = tt.make_task(str(tmp_path), data, strategy=strategy, train_steps=8,
-                      per_replica_batch_size=2, accumulation=2,
-                      logical_cpu_devices=2)
-  assert tt.run_child(task, str(tmp_path)) == 0, tt.child_log(str(tmp_path))
-  result = tt.read_result(task)
-  assert result['num_replicas'] == 2 and result['examples_per_step'] == 8
-  assert result['steps'] == 8 and result['exported'] is True
-  assert set(result['eval']) == {'loss', 'binary_accuracy'}
-  by_step = tt.ids_by_step(tt.read_id_log(task.hparams['id_log']))
-  assert sorted(by_step) == [(s, r) for s in range(8) for r in (0, 1)]
-  # Each replica trains on its own 4 examples (2 micro-batches of 2).
-  assert all(len(ids) == 4 for ids in by_step.values())
-  assert sorted(i for ids in by_step.values() for i in ids) == list(
-      range(NUM_EXAMPLES))
 
 
 def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
