@@ -5,11 +5,12 @@ A local GCS emulator stands in for Cloud Storage (tests/support/gcs_emulator.py,
 GCS clients. MLMD stays in a local SQLite file. Each test runs the README
 command (`python -m pipelines.local_runner ...`) in a fresh process:
 
-- the stock pipeline (validates the emulator setup on its own);
-- tfx-hpm with a GPipePartitioner, HighPerfTrainer on one device;
+- tfx-hpm with a GPipePartitioner, HighPerfTrainer on one device (the core
+  set's end-to-end pipeline);
+- the stock pipeline (extended);
 - tfx-hpm with HighPerfTrainer under multi_worker_mirrored (2 workers, local
   launcher), one worker SIGKILLed mid-run: the launcher relaunches the
-  cluster, which resumes from its checkpoints on gs://.
+  cluster, which resumes from its checkpoints on gs:// (extended).
 
 Every component must end COMPLETE, the Evaluator must bless at a bound that
 the majority-class guess cannot reach, and the pushed model on gs:// must load
@@ -39,8 +40,6 @@ from pipelines import data
 from pipelines import summary
 from tests.support import console_report
 from tests.support import gcs_emulator
-
-pytestmark = pytest.mark.slow
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # On the 2,000-row sample the eval split (686 examples) is 76.7% negatives: a
@@ -250,9 +249,12 @@ def test_emulator_serves_tensorflow_beam_and_the_storage_api(gcs_bucket):
   assert not [n for n in names if n.startswith('smoke/src')], names
 
 
+@pytest.mark.slow
+@pytest.mark.extended
 def test_stock_pipeline_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
   """The stock Transform and Trainer through our runner (`--stock`): blessed,
-  served from gs://, and the console is the progress report."""
+  served from gs://, and the console is the progress report (as in the hpm
+  runs, which show the trainer's progress lines too)."""
   root = f'{gcs_bucket}/stock'
   output = _run(tmp_path, 'gcs_stock', root, gcs_data_root, '--stock')
   _assert_run_on_gcs(tmp_path, 'gcs_stock', root, gcs_bucket, output,
@@ -262,13 +264,21 @@ def test_stock_pipeline_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
   console_report.assert_progress_report(output, output, log_file, 'stock')
 
 
+@pytest.mark.slow
 def test_hpm_pipeline_with_gpipe_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
+  """The core end-to-end run: all three tfx-hpm components (OptimizedTransform,
+  GPipePartitioner, HighPerfTrainer) under LocalDagRunner on gs://, blessed
+  at a bound the majority class cannot reach, the pushed model serving raw
+  tf.Examples, the console a progress report."""
   root = f'{gcs_bucket}/hpm_gpipe'
   output = _run(tmp_path, 'gcs_hpm_gpipe', root, gcs_data_root,
                 '--gpipe-stages', '2',
                 '--distribution', '{"strategy": "one_device"}')
   _assert_run_on_gcs(tmp_path, 'gcs_hpm_gpipe', root, gcs_bucket, output,
                      STOCK_NODES | {'GPipePartitioner'})
+  [log_file] = glob.glob(str(tmp_path / 'cwd' / 'outputs' / 'logs' / '*.log'))
+  console_report.assert_progress_report(output, output, log_file, 'hpm',
+                                        TRAIN_STEPS)
 
   metadata_path = str(tmp_path / 'gcs_hpm_gpipe.db')
   model_run = _properties(_latest_artifact(metadata_path, 'ModelRun'))
@@ -354,6 +364,8 @@ class _KillWorkerWhenCheckpointed:
     self._thread.join(timeout=60)
 
 
+@pytest.mark.slow
+@pytest.mark.extended
 def test_hpm_multi_worker_resumes_from_gcs_after_worker_killed(
     tmp_path, gcs_bucket, gcs_data_root):
   root = f'{gcs_bucket}/hpm_mwms'
@@ -391,6 +403,7 @@ def test_hpm_multi_worker_resumes_from_gcs_after_worker_killed(
   assert tf.io.gfile.exists(restart['log_path'])
 
 
+@pytest.mark.slow
 def test_missing_bucket_fails_before_any_component_naming_the_root(
     tmp_path, gcs_bucket, gcs_data_root):
   """TF's GCS client retries a missing bucket's 404 without end; the runner's

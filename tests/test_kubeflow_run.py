@@ -447,6 +447,7 @@ def _check_in_child(env, **uris):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(2400)
 def test_compiled_pipeline_runs_through_pusher_on_gcs(
     tmp_path, taxi_sample_dir, gcs_bucket):

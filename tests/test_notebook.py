@@ -8,7 +8,8 @@ store of the notebook's pipeline root (which its first cell prints); the
 charts are inline as image/png outputs, the artifacts' own PNGs byte for
 byte where a notebook shows them; and what each notebook is about (the
 trainer's decision and resume event, the input-bound verdict, the pipelined
-loss). Each takes a few minutes: slow.
+loss). Each takes a few minutes: slow, and extended (`make test-all`);
+the static checks of the committed notebooks are fast.
 """
 
 import base64
@@ -25,7 +26,6 @@ import nbformat
 from nbclient import NotebookClient
 import pytest
 
-pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(REPO, 'notebooks')
@@ -109,6 +109,8 @@ def _remove_work_dir(root: str) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
+@pytest.mark.slow
+@pytest.mark.extended
 def test_walkthrough_runs_the_pipeline_and_shows_the_trainer_decision():
   notebook = nbformat.read(NOTEBOOK, as_version=4)
   # The kernel starts in the repository root, as the notebook asks.
@@ -149,6 +151,8 @@ def test_committed_notebooks_have_no_outputs(name):
           f'(jupyter nbconvert --clear-output --inplace notebooks/{name})')
 
 
+@pytest.mark.slow
+@pytest.mark.extended
 def test_trainer_notebook_trains_kills_resumes_and_evaluates():
   _, code = _execute('trainer.ipynb')
   root = _pipeline_root(code)
@@ -180,6 +184,8 @@ def test_trainer_notebook_trains_kills_resumes_and_evaluates():
   _remove_work_dir(root)
 
 
+@pytest.mark.slow
+@pytest.mark.extended
 def test_input_pipeline_notebook_shows_the_report_and_the_verdict():
   _, code = _execute('input_pipeline.ipynb')
   root = _pipeline_root(code)
@@ -198,6 +204,8 @@ def test_input_pipeline_notebook_shows_the_report_and_the_verdict():
   _remove_work_dir(root)
 
 
+@pytest.mark.slow
+@pytest.mark.extended
 def test_pipeline_parallel_notebook_plans_and_matches_one_device():
   _, code = _execute('pipeline_parallel.ipynb')
   root = _pipeline_root(code)

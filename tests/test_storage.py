@@ -510,6 +510,7 @@ def test_transform_fails_before_the_transform_when_its_output_is_unwritable(
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_transform_executor_runs_with_only_the_stock_exec_properties(
     tmp_path, preprocessing_module):
   """The drop-in: no `tuning` property, so every tuning default applies."""

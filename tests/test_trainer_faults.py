@@ -62,7 +62,8 @@ def _assert_each_id_once(task, train_steps, replicas):
 # ------------------------------------------- single-process, two replicas
 
 
-@pytest.mark.parametrize('strategy', ['mirrored', 'central_storage'])
+@pytest.mark.parametrize('strategy', [
+    'mirrored', pytest.param('central_storage', marks=pytest.mark.extended)])
 def test_two_replica_strategy_splits_batches_and_resumes_exactly_after_sigkill(
     tmp_path, data, strategy, run_seed):
   """2 replicas x 2 examples x 2 accumulation micro-steps = 8 per update: the
@@ -197,6 +198,7 @@ def test_mwms_worker_killed_cluster_relaunches_and_resumes(
       assert record['ids'] == surviving[(record['step'], 1)]
 
 
+@pytest.mark.extended
 def test_mwms_sigterm_checkpoints_on_every_worker_and_loses_nothing(
     tmp_path, data, child_env):
   del child_env
@@ -265,6 +267,7 @@ def test_ps_survives_the_loss_of_a_worker(tmp_path, data):
     assert 'worker/replica:0/task:1 failed' in f.read()
 
 
+@pytest.mark.extended
 def test_ps_coordinator_killed_cluster_relaunches_and_resumes(
     tmp_path, data, child_env):
   del child_env

@@ -99,18 +99,20 @@ def _assert_trained_and_blessed(run, model_run, strategy: str, replicas: int,
   return result
 
 
+# one_device runs in test_in_process_launcher_trains_in_the_executor;
+# multi_worker_mirrored in the pipelines of
+# test_gcs_pipeline.py::test_hpm_multi_worker_resumes_from_gcs_after_worker_killed
+# (local launcher) and
+# test_trainer_ray.py::test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed.
 @pytest.mark.parametrize('distribution,strategy,replicas,processes', [
-    ({'strategy': 'one_device'}, 'one_device', 1, ['trainer']),
     ({'strategy': 'mirrored', 'logical_cpu_devices': 2}, 'mirrored', 2,
      ['trainer']),
     ({'strategy': 'central_storage', 'logical_cpu_devices': 2},
      'central_storage', 2, ['trainer']),
-    ({'strategy': 'multi_worker_mirrored', 'num_workers': 2},
-     'multi_worker_mirrored', 2, ['worker-0', 'worker-1']),
     ({'strategy': 'parameter_server', 'num_workers': 2, 'num_ps': 1},
      'parameter_server', 1, ['chief', 'ps-0', 'worker-0', 'worker-1']),
-], ids=['one_device', 'mirrored', 'central_storage', 'multi_worker_mirrored',
-        'parameter_server'])
+], ids=['mirrored', 'central_storage', 'parameter_server'])
+@pytest.mark.extended
 def test_strategy_trains_taxi_and_is_blessed(shared_taxi_root, taxi_sample_dir,
                                              distribution, strategy, replicas,
                                              processes):
@@ -127,6 +129,7 @@ def test_strategy_trains_taxi_and_is_blessed(shared_taxi_root, taxi_sample_dir,
   assert _completed_runs(shared_taxi_root, 'Transform') == 1
 
 
+@pytest.mark.extended
 def test_run_fn_under_multi_worker_mirrored(shared_taxi_root, taxi_sample_dir):
   """A stock-contract run_fn on 2 workers: the data accessor is sharded to
   fit the file count, and only the chief writes the model and logs."""
@@ -141,6 +144,7 @@ def test_run_fn_under_multi_worker_mirrored(shared_taxi_root, taxi_sample_dir):
   assert os.path.isdir(os.path.join(model_run.uri, 'train'))
 
 
+@pytest.mark.extended
 def test_in_process_launcher_trains_in_the_executor(shared_taxi_root,
                                                     taxi_sample_dir):
   """launcher='in_process' (for orchestrators that run one pod per task),
@@ -150,6 +154,7 @@ def test_in_process_launcher_trains_in_the_executor(shared_taxi_root,
   model_run = _latest_model_run(shared_taxi_root)
   result = _assert_trained_and_blessed(run, model_run, 'one_device', 1,
                                        'managed')
+  assert result['steps'] == TRAIN_STEPS and 0 < result['train_loss'] < 10
   assert model_run.custom_properties['launcher'].string_value == 'in_process'
   assert model_run.custom_properties['seed'].int_value == 11
   assert model_run.custom_properties['deterministic'].int_value == 0
@@ -158,6 +163,7 @@ def test_in_process_launcher_trains_in_the_executor(shared_taxi_root,
   assert not os.path.exists(os.path.join(model_run.uri, 'cluster_logs'))
 
 
+@pytest.mark.extended
 def test_worker_crash_fails_the_component_with_its_log(shared_taxi_root,
                                                        taxi_sample_dir):
   """A training process that dies fails the run with its log, and leaves no
@@ -198,6 +204,7 @@ def _training_processes(root: str) -> list:
   return pids
 
 
+@pytest.mark.extended
 def test_stock_taxi_module_runs_unchanged(tmp_path, taxi_sample_dir):
   """The stock TFX taxi module (run_fn only) trains under HighPerfTrainer."""
   root = str(tmp_path / 'stock_module')

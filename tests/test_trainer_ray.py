@@ -351,6 +351,7 @@ def test_killed_actor_then_lost_node_the_cluster_resumes_each_time(
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
     tmp_path, data, ray_driver, local_baseline):
   del ray_driver
@@ -388,6 +389,7 @@ def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ray_client_address_trains_as_a_kubeflow_pod_would(
     tmp_path, data, ray_cluster, monkeypatch, local_baseline):
   """ray://: the driver is on no Ray node (kubeflow.runner --ray-address)."""
@@ -414,6 +416,7 @@ TAXI_STEPS = 600
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
     shared_taxi_root, taxi_sample_dir, ray_cluster, monkeypatch):
   """`auto` with launcher='ray' on 2 nodes: MultiWorkerMirrored, 1 per node."""
@@ -476,6 +479,7 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_parameter_server_over_ray_trains_the_exact_steps(
     tmp_path, data, ray_driver):
   """ps and workers as actors; the coordinator is this process's child."""

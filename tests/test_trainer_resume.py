@@ -158,7 +158,8 @@ def _truncate(path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('damage', [_flip_a_byte, _truncate])
+@pytest.mark.parametrize('damage', [
+    _flip_a_byte, pytest.param(_truncate, marks=pytest.mark.extended)])
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(
     tmp_path, data, baseline, damage):
   root = str(tmp_path)

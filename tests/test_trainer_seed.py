@@ -113,6 +113,7 @@ def _run_mwms(task, root):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_multi_worker_mirrored_same_seed_same_weights(tmp_path, data,
                                                       child_env):
   del child_env
