@@ -1,5 +1,6 @@
 """The console of a pipeline run: a progress report; everything in the file."""
 
+import argparse
 import inspect
 import io
 import logging
@@ -135,3 +136,24 @@ def test_tfx_logs_the_records_the_console_reads():
   source = inspect.getsource(beam_dag_runner)
   assert "logging.info('node %s is running.', self._node_id)" in source
   assert "logging.info('node %s is finished.', self._node_id)" in source
+
+
+@pytest.mark.parametrize('root,mlmd,logs', [
+    ('root', 'root/metadata.db', 'root/logs'),
+    ('gs://bucket/root', 'outputs/metadata/taxi_hpm.db', 'outputs/logs'),
+])
+def test_metadata_and_log_file_follow_the_pipeline_root(tmp_path, monkeypatch,
+                                                        root, mlmd, logs):
+  """A local root keeps MLMD and the log under it; a remote one in outputs/
+  of the working directory (both absolute, as the runners print them)."""
+  # pylint: disable-next=g-import-not-at-top
+  from pipelines import cli
+  monkeypatch.chdir(tmp_path)
+  parser = argparse.ArgumentParser()
+  cli.add_pipeline_flags(parser)
+  args = parser.parse_args(['--pipeline-root', root])
+  assert cli.metadata_path(args) == str(tmp_path / mlmd)
+  log_file = cli.log_path(args)
+  assert os.path.dirname(log_file) == str(tmp_path / logs)
+  assert os.path.basename(log_file).startswith('taxi_hpm-')
+  assert log_file.endswith('.log') and os.path.isdir(tmp_path / logs)
