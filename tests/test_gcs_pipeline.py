@@ -26,8 +26,6 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
-from ml_metadata import metadata_store
-from ml_metadata.proto import metadata_store_pb2
 import psutil
 import pytest
 import tensorflow as tf
@@ -35,6 +33,7 @@ import tensorflow as tf
 from pipelines import data
 from pipelines import summary
 from tests.support import gcs_emulator
+from tests.support import mlmd
 
 pytestmark = pytest.mark.slow
 
@@ -134,20 +133,6 @@ def _majority_accuracy(examples: List[bytes]) -> float:
     fare = list(feature['fare'].float_list.value)
     positives += bool(fare) and tips[0] > 0.2 * fare[0]
   return max(positives, len(examples) - positives) / len(examples)
-
-
-def _store(metadata_path: str) -> metadata_store.MetadataStore:
-  config = metadata_store_pb2.ConnectionConfig()
-  config.sqlite.filename_uri = metadata_path
-  config.sqlite.connection_mode = 1  # READONLY
-  return metadata_store.MetadataStore(config)
-
-
-def _latest_artifact(metadata_path: str, type_name: str):
-  store = _store(metadata_path)
-  artifacts = store.get_artifacts_by_type(type_name)
-  assert artifacts, f'no {type_name} artifact in {metadata_path}'
-  return max(artifacts, key=lambda a: a.id)
 
 
 def _properties(artifact) -> Dict[str, object]:
@@ -259,13 +244,13 @@ def test_hpm_pipeline_with_gpipe_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
                      STOCK_NODES | {'GPipePartitioner'})
 
   metadata_path = str(tmp_path / 'gcs_hpm_gpipe.db')
-  model_run = _properties(_latest_artifact(metadata_path, 'ModelRun'))
+  model_run = _properties(mlmd.latest_artifact(metadata_path, 'ModelRun'))
   assert model_run['strategy'] == 'one_device', model_run
-  plan = _latest_artifact(metadata_path, 'tfx_hpm.PartitionPlan')
+  plan = mlmd.latest_artifact(metadata_path, 'tfx_hpm.PartitionPlan')
   assert plan.uri.startswith(f'{root}/GPipePartitioner/')
   with tf.io.gfile.GFile(f'{plan.uri}/plan.json') as f:
     assert json.load(f)['num_stages'] == 2
-  tuned = _latest_artifact(metadata_path, 'tfx_hpm.TunedInputPipeline')
+  tuned = mlmd.latest_artifact(metadata_path, 'tfx_hpm.TunedInputPipeline')
   assert tf.io.gfile.exists(f'{tuned.uri}/config.json')
 
 
@@ -336,7 +321,7 @@ def test_hpm_multi_worker_resumes_from_gcs_after_worker_killed(
   # The checkpoints the relaunched cluster resumed from were on gs://.
   assert all(path.startswith(f'{root}/_hpm_checkpoints/')
              for path in killer.killed['checkpoints'])
-  model_run = _latest_artifact(str(tmp_path / f'{name}.db'), 'ModelRun')
+  model_run = mlmd.latest_artifact(str(tmp_path / f'{name}.db'), 'ModelRun')
   props = _properties(model_run)
   assert props['strategy'] == 'multi_worker_mirrored', props
   assert props['num_replicas'] == 2, props

@@ -6,8 +6,6 @@ import subprocess
 import sys
 import textwrap
 
-from ml_metadata import metadata_store
-from ml_metadata.proto import metadata_store_pb2
 import pytest
 from tfx import types
 from tfx.types import standard_artifacts
@@ -19,6 +17,7 @@ from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import report
 from components.partitioner.component import GPipePartitioner
+from tests.support import mlmd
 
 TAXI_MODULE = 'pipelines.taxi_module'
 TAXI_LAYER_CALLS = 21  # 3 deep-input + 4 hidden + 13 wide + 1 output calls.
@@ -281,14 +280,6 @@ PIPELINE_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _artifacts_of_type(metadata_path, type_name):
-  connection = metadata_store_pb2.ConnectionConfig()
-  connection.sqlite.filename_uri = metadata_path
-  connection.sqlite.connection_mode = 1  # Read-only.
-  return metadata_store.MetadataStore(connection).get_artifacts_by_type(
-      type_name)
-
-
 @pytest.mark.slow
 def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
                                                           taxi_sample_dir):
@@ -314,7 +305,8 @@ def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
   assert run.blessed is True
   assert run.metrics['binary_accuracy'] >= 0.78, run.metrics
 
-  (plan_artifact,) = _artifacts_of_type(metadata_path, 'tfx_hpm.PartitionPlan')
+  (plan_artifact,) = mlmd.read_only_store(metadata_path).get_artifacts_by_type(
+      'tfx_hpm.PartitionPlan')
   properties = plan_artifact.custom_properties
   assert properties['num_stages'].int_value == 2
   with open(os.path.join(plan_artifact.uri, plan_lib.PLAN_FILE)) as f:
@@ -328,7 +320,8 @@ def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
                                       report.SCHEDULE_PNG)) > 0
 
   # The trainer executed the plan: GPipe over the plan's stages.
-  (model_run,) = _artifacts_of_type(metadata_path, 'ModelRun')
+  (model_run,) = mlmd.read_only_store(metadata_path).get_artifacts_by_type(
+      'ModelRun')
   with open(os.path.join(model_run.uri, 'training_result.json')) as f:
     result = json.load(f)
   assert result['pipeline_parallel'] == {
