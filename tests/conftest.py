@@ -1,5 +1,6 @@
 """Shared fixtures: a small real slice of the taxi data, tf-keras everywhere,
-and a local GCS server (`gcs_bucket`) for gs:// pipeline roots."""
+a local GCS server (`gcs_bucket`) for gs:// pipeline roots, and the trainer
+tests' id dataset (`data`) and child-process environment (`child_env`)."""
 
 import os
 import sys
@@ -51,6 +52,25 @@ def taxi_sample_dir(tmp_path_factory) -> str:
   return data.write_sample(data.default_data_root(),
                            str(tmp_path_factory.mktemp('taxi_sample')),
                            SAMPLE_ROWS)
+
+
+@pytest.fixture(scope='session', name='data')
+def id_data(tmp_path_factory):
+  """tests/support/trainer_testing's dataset of NUM_EXAMPLES examples with
+  an `id` feature (read only: one for the session)."""
+  # pylint: disable-next=g-import-not-at-top
+  from tests.support import trainer_testing  # TensorFlow: on first use only.
+  return trainer_testing.write_id_dataset(
+      str(tmp_path_factory.mktemp('ids')), trainer_testing.NUM_EXAMPLES)
+
+
+@pytest.fixture
+def child_env(monkeypatch):
+  """The launcher starts processes with this process's environment."""
+  # pylint: disable-next=g-import-not-at-top
+  from tests.support import trainer_testing
+  for key, value in trainer_testing.child_env().items():
+    monkeypatch.setenv(key, value)
 
 
 @pytest.fixture(scope='session')

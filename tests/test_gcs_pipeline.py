@@ -28,8 +28,6 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
-from ml_metadata import metadata_store
-from ml_metadata.proto import metadata_store_pb2
 import psutil
 import pytest
 import tensorflow as tf
@@ -40,6 +38,7 @@ from pipelines import data
 from pipelines import summary
 from tests.support import console_report
 from tests.support import gcs_emulator
+from tests.support import mlmd
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # On the 2,000-row sample the eval split (686 examples) is 76.7% negatives: a
@@ -140,20 +139,6 @@ def _majority_accuracy(examples: List[bytes]) -> float:
     fare = list(feature['fare'].float_list.value)
     positives += bool(fare) and tips[0] > 0.2 * fare[0]
   return max(positives, len(examples) - positives) / len(examples)
-
-
-def _store(metadata_path: str) -> metadata_store.MetadataStore:
-  config = metadata_store_pb2.ConnectionConfig()
-  config.sqlite.filename_uri = metadata_path
-  config.sqlite.connection_mode = 1  # READONLY
-  return metadata_store.MetadataStore(config)
-
-
-def _latest_artifact(metadata_path: str, type_name: str):
-  store = _store(metadata_path)
-  artifacts = store.get_artifacts_by_type(type_name)
-  assert artifacts, f'no {type_name} artifact in {metadata_path}'
-  return max(artifacts, key=lambda a: a.id)
 
 
 def _properties(artifact) -> Dict[str, object]:
@@ -281,9 +266,9 @@ def test_hpm_pipeline_with_gpipe_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
                                         TRAIN_STEPS)
 
   metadata_path = str(tmp_path / 'gcs_hpm_gpipe.db')
-  model_run = _properties(_latest_artifact(metadata_path, 'ModelRun'))
+  model_run = _properties(mlmd.latest_artifact(metadata_path, 'ModelRun'))
   assert model_run['strategy'] == 'one_device', model_run
-  plan_artifact = _latest_artifact(metadata_path, 'tfx_hpm.PartitionPlan')
+  plan_artifact = mlmd.latest_artifact(metadata_path, 'tfx_hpm.PartitionPlan')
   assert plan_artifact.uri.startswith(f'{root}/GPipePartitioner/')
   with tf.io.gfile.GFile(f'{plan_artifact.uri}/{plan_lib.PLAN_FILE}') as f:
     plan = json.load(f)
@@ -297,12 +282,12 @@ def test_hpm_pipeline_with_gpipe_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
   assert len(plan['layer_signature']) == TAXI_LAYER_CALLS
   assert tf.io.gfile.stat(
       f'{plan_artifact.uri}/{report.SCHEDULE_PNG}').length > 0
-  tuned = _latest_artifact(metadata_path, 'tfx_hpm.TunedInputPipeline')
+  tuned = mlmd.latest_artifact(metadata_path, 'tfx_hpm.TunedInputPipeline')
   assert tf.io.gfile.exists(f'{tuned.uri}/config.json')
 
   # The trainer executed the plan: the plan's schedule over its stages.
   with tf.io.gfile.GFile(
-      f"{_latest_artifact(metadata_path, 'ModelRun').uri}"
+      f"{mlmd.latest_artifact(metadata_path, 'ModelRun').uri}"
       '/training_result.json') as f:
     result = json.load(f)
   assert result['pipeline_parallel'] == {
@@ -381,7 +366,7 @@ def test_hpm_multi_worker_resumes_from_gcs_after_worker_killed(
   # The checkpoints the relaunched cluster resumed from were on gs://.
   assert all(path.startswith(f'{root}/_hpm_checkpoints/')
              for path in killer.killed['checkpoints'])
-  model_run = _latest_artifact(str(tmp_path / f'{name}.db'), 'ModelRun')
+  model_run = mlmd.latest_artifact(str(tmp_path / f'{name}.db'), 'ModelRun')
   props = _properties(model_run)
   assert props['strategy'] == 'multi_worker_mirrored', props
   assert props['num_replicas'] == 2, props

@@ -20,12 +20,12 @@ import re
 import shutil
 import tempfile
 
-from ml_metadata import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 import nbformat
 from nbclient import NotebookClient
 import pytest
 
+from tests.support import mlmd
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(REPO, 'notebooks')
@@ -80,10 +80,7 @@ def _pipeline_root(code) -> str:
 
 def _states(root: str):
   """component id -> MLMD state of its last execution (InteractiveContext)."""
-  config = metadata_store_pb2.ConnectionConfig()
-  config.sqlite.filename_uri = os.path.join(root, 'metadata.sqlite')
-  config.sqlite.connection_mode = 1  # READONLY
-  store = metadata_store.MetadataStore(config)
+  store = mlmd.read_only_store(os.path.join(root, 'metadata.sqlite'))
   return {e.properties['component_id'].string_value:
               metadata_store_pb2.Execution.State.Name(e.last_known_state)
           for e in sorted(store.get_executions(), key=lambda e: e.id)}

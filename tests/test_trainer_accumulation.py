@@ -12,17 +12,11 @@ import tensorflow as tf
 from components.trainer import loop
 from tests.support import trainer_testing as tt
 
-NUM_EXAMPLES = 64
 TRAIN_STEPS = 6
 # Float32 sums in a different order: equal up to rounding.
 RTOL, ATOL = 2e-5, 1e-6
 ITERATIONS = 'optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE'
 STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
-
-
-@pytest.fixture(scope='module')
-def data(tmp_path_factory):
-  return tt.write_id_dataset(str(tmp_path_factory.mktemp('ids')), NUM_EXAMPLES)
 
 
 def _train(root, data, **kwargs):

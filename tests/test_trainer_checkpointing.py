@@ -21,6 +21,7 @@ from components.trainer import checkpointing
 from components.trainer.checkpointing import CheckpointConfig
 from components.trainer.checkpointing import CheckpointStore
 from components.trainer.saving import Checkpointer
+from tests.support import faulty_storage
 from tests.support.faulty_storage import Fault
 from tests.support.faulty_storage import FaultyStorage
 
@@ -177,30 +178,13 @@ def _data_file(path):
   return [n for n in tf.io.gfile.listdir(path) if '.data-' in n][0]
 
 
-def _rewrite(path, transform):
-  with tf.io.gfile.GFile(path, 'rb') as f:
-    content = f.read()
-  # TF's ram:// filesystem appends to an existing file instead of replacing.
-  tf.io.gfile.remove(path)
-  with tf.io.gfile.GFile(path, 'wb') as f:
-    f.write(transform(content))
-
-
-def _flip(position):
-  """Damage that flips one byte at `position` (a fraction of the file)."""
-  def flip(content):
-    at = min(len(content) - 1, int(len(content) * position))
-    return content[:at] + bytes([content[at] ^ 0xFF]) + content[at + 1:]
-  return flip
-
-
 @pytest.mark.parametrize('file, damage, reason', [
-    ('data', lambda b: b[:len(b) // 2], 'truncated'),
+    ('data', faulty_storage.halve, 'truncated'),
     # The weights, the step counter and the object graph (TF's crc32c).
-    ('data', _flip(0.0), 'crc32c'),
-    ('data', _flip(0.5), 'crc32c'),
-    ('data', _flip(1.0), 'crc32c'),
-    ('index', _flip(0.5), 'sha256'),
+    ('data', faulty_storage.flip(0.0), 'crc32c'),
+    ('data', faulty_storage.flip(0.5), 'crc32c'),
+    ('data', faulty_storage.flip(1.0), 'crc32c'),
+    ('index', faulty_storage.flip(0.5), 'sha256'),
 ])
 def test_corrupt_newest_falls_back_to_previous(root, file, damage, reason,
                                                caplog):
@@ -209,7 +193,7 @@ def test_corrupt_newest_falls_back_to_previous(root, file, damage, reason,
   _save_steps(store, state, [5, 10])
   newest = store.checkpoint_dirs()[0]
   name = _data_file(newest) if file == 'data' else 'ckpt.index'
-  _rewrite(newest + '/' + name, damage)
+  faulty_storage.rewrite(newest + '/' + name, damage)
   state.set(0)
   restored = store.restore_latest()
   assert restored.step == 5
@@ -573,7 +557,8 @@ def test_checkpointer_events_say_what_storage_did(root):
   first = CheckpointStore(root + '/fp', state.checkpoint)
   _save_steps(first, state, [4, 8])
   newest = first.checkpoint_dirs()[0]
-  _rewrite(newest + '/' + _data_file(newest), _flip(0.5))
+  faulty_storage.rewrite(newest + '/' + _data_file(newest),
+                         faulty_storage.flip(0.5))
   _write_lease(root, pid=_dead_pid(), run_id='model_run/1')
   checkpointer = Checkpointer(root + '/fp', state.checkpoint, config,
                               is_chief=True, manifest_extra={},

@@ -16,7 +16,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -29,34 +28,9 @@ from tests.support import trainer_testing as tt
 
 pytestmark = pytest.mark.slow
 
-NUM_EXAMPLES = 64
 STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
 ITERATIONS = 'optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE'
-CLUSTER_TIMEOUT_S = 500
-
-
-@pytest.fixture(scope='module')
-def data(tmp_path_factory):
-  return tt.write_id_dataset(str(tmp_path_factory.mktemp('ids')), NUM_EXAMPLES)
-
-
-@pytest.fixture
-def child_env(monkeypatch):
-  """The launcher starts processes with this process's environment."""
-  for key, value in tt.child_env().items():
-    monkeypatch.setenv(key, value)
-
-
-def _final_tensors(task):
-  return tt.latest_checkpoint_tensors(task.checkpoint_dir)
-
-
-def _assert_each_id_once(task, train_steps, replicas):
-  by_step = tt.ids_by_step(tt.read_id_log(task.hparams['id_log']))
-  assert sorted(by_step) == [(s, r) for s in range(train_steps)
-                             for r in range(replicas)]
-  assert sorted(i for ids in by_step.values() for i in ids) == list(
-      range(NUM_EXAMPLES))
+CLUSTER_TIMEOUT_S = tt.CLUSTER_TIMEOUT_S
 
 
 # ------------------------------------------- single-process, two replicas
@@ -86,7 +60,7 @@ def test_two_replica_strategy_splits_batches_and_resumes_exactly_after_sigkill(
   assert set(result['eval']) == {'loss', 'binary_accuracy'}
   baseline_ids = tt.ids_by_step(tt.read_id_log(baseline.hparams['id_log']))
   assert all(len(ids) == 4 for ids in baseline_ids.values())
-  _assert_each_id_once(baseline, train_steps, replicas=2)
+  tt.assert_each_id_once(baseline, train_steps, replicas=2)
 
   task = task_in('killed')
   root = str(tmp_path / 'killed')
@@ -99,30 +73,17 @@ def test_two_replica_strategy_splits_batches_and_resumes_exactly_after_sigkill(
   [event] = tt.read_result(task)['resume_events']
   assert event['event'] == 'resumed' and 0 < event['from_step'] <= (
       kill_step + 1)
-  expected = _final_tensors(baseline)
-  actual = _final_tensors(task)
+  expected = tt.final_tensors(baseline)
+  actual = tt.final_tensors(task)
   assert actual[STEP] == train_steps and actual[ITERATIONS] == train_steps
   for name, value in expected.items():
     np.testing.assert_array_equal(actual[name], value, err_msg=name)
   assert tt.ids_by_step(tt.read_id_log(task.hparams['id_log'])) == (
       baseline_ids)
-  _assert_each_id_once(task, train_steps, replicas=2)
+  tt.assert_each_id_once(task, train_steps, replicas=2)
 
 
 # ------------------------------------------------------------- clusters
-
-
-def _cluster_argv(task, root):
-  task_path = os.path.join(root, 'task.json')
-  task.save(task_path)
-
-  def argv(role):
-    if role == 'trainer':
-      return [sys.executable, '-m', 'tests.support.trainer_testing', task_path]
-    return [sys.executable, '-m', 'components.trainer.worker', '--task',
-            task_path, '--role', 'server']
-
-  return argv
 
 
 def _signal_when(task, pick_pid, sig):
@@ -144,16 +105,6 @@ def _signal_when(task, pick_pid, sig):
   return sent
 
 
-def _mwms_task(root, data, **fault_tolerance):
-  # 2 workers x 2 examples per step: one pass in 16 steps; each worker reads
-  # its own file.
-  return tt.make_task(root, data, strategy='multi_worker_mirrored',
-                      num_workers=2, train_steps=16, per_replica_batch_size=2,
-                      fault_tolerance={'save_every_steps': 4,
-                                       'max_restarts': 1, **fault_tolerance},
-                      hparams={'step_sleep_seconds': 0.1})
-
-
 def _worker_1_at_step(step):
   def pick(records):
     mine = [r for r in records if r['replica'] == 1]
@@ -161,23 +112,15 @@ def _worker_1_at_step(step):
   return pick
 
 
-def _run_mwms(task, root):
-  return launcher.run_supervised(
-      lambda attempt: launcher.cluster_processes(
-          'multi_worker_mirrored', 2, 0, _cluster_argv(task, root)),
-      os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S,
-      max_restarts=task.fault_tolerance['max_restarts'])
-
-
 def test_mwms_worker_killed_cluster_relaunches_and_resumes(
     tmp_path, data, child_env, run_seed):
   del child_env
   root = str(tmp_path)
-  task = _mwms_task(root, data)
+  task = tt.mwms_task(root, data)
   kill_step = random.Random(run_seed).randrange(5, 11)
   print(f'kill step {kill_step} (TFX_HPM_TEST_SEED={run_seed})')
   sent = _signal_when(task, _worker_1_at_step(kill_step), signal.SIGKILL)
-  launch = _run_mwms(task, root)
+  launch = tt.run_cluster(task, root)
 
   assert launch.attempts == 2
   assert launch.restarts[0].exit_code == -signal.SIGKILL
@@ -187,9 +130,9 @@ def test_mwms_worker_killed_cluster_relaunches_and_resumes(
   [event] = result['resume_events']
   assert event['event'] == 'resumed' and event['from_step'] % 4 == 0
   assert 0 < event['from_step'] <= kill_step + 1
-  tensors = _final_tensors(task)
+  tensors = tt.final_tensors(task)
   assert tensors[STEP] == 16 and tensors[ITERATIONS] == 16
-  _assert_each_id_once(task, 16, replicas=2)
+  tt.assert_each_id_once(task, 16, replicas=2)
   # The killed worker's redone steps replayed the same examples.
   records = tt.read_id_log(task.hparams['id_log'])
   surviving = tt.ids_by_step(records)
@@ -204,9 +147,9 @@ def test_mwms_sigterm_checkpoints_on_every_worker_and_loses_nothing(
   del child_env
   root = str(tmp_path)
   # Time-based saves too: the workers agree on them with a collective.
-  task = _mwms_task(root, data, save_every_seconds=0.5)
+  task = tt.mwms_task(root, data, save_every_seconds=0.5)
   _signal_when(task, _worker_1_at_step(5), signal.SIGTERM)
-  launch = _run_mwms(task, root)
+  launch = tt.run_cluster(task, root)
 
   # Both workers saved at the agreed step and exited "preempted".
   assert launch.attempts == 2
@@ -219,7 +162,7 @@ def test_mwms_sigterm_checkpoints_on_every_worker_and_loses_nothing(
   # No step ran twice on any replica: nothing was lost.
   keys = [(r['step'], r['replica']) for r in records]
   assert sorted(keys) == [(s, r) for s in range(16) for r in (0, 1)]
-  _assert_each_id_once(task, 16, replicas=2)
+  tt.assert_each_id_once(task, 16, replicas=2)
 
 
 def _ps_task(root, data, train_steps):
@@ -236,7 +179,7 @@ def test_ps_survives_the_loss_of_a_worker(tmp_path, data):
   root = str(tmp_path)
   task = _ps_task(root, data, train_steps=40)
   specs = launcher.cluster_processes('parameter_server', 2, 1,
-                                     _cluster_argv(task, root))
+                                     tt.cluster_argv(task, root))
   processes = {}
   try:
     for spec in specs:
@@ -261,7 +204,7 @@ def test_ps_survives_the_loss_of_a_worker(tmp_path, data):
   result = tt.read_result(task)
   assert result['steps'] == 40 and result['resume_events'] == []
   assert result['exported'] is True
-  tensors = _final_tensors(task)
+  tensors = tt.final_tensors(task)
   assert tensors[STEP] == 40 and tensors[ITERATIONS] == 40
   with open(os.path.join(root, 'chief.log'), errors='replace') as f:
     assert 'worker/replica:0/task:1 failed' in f.read()
@@ -276,15 +219,13 @@ def test_ps_coordinator_killed_cluster_relaunches_and_resumes(
   chief_past_step = lambda records: (  # pylint: disable=g-long-lambda
       records[-1]['pid'] if records and records[-1]['step'] >= 14 else None)
   _signal_when(task, chief_past_step, signal.SIGKILL)
-  launch = launcher.run_supervised(
-      lambda attempt: launcher.cluster_processes(
-          'parameter_server', 2, 1, _cluster_argv(task, root)),
-      os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S, max_restarts=1)
+  launch = tt.run_cluster(task, root, strategy='parameter_server', num_ps=1,
+                         max_restarts=1)
 
   assert launch.attempts == 2 and launch.restarts[0].process == 'chief'
   result = tt.read_result(task)
   [event] = result['resume_events']
   assert event['event'] == 'resumed' and event['from_step'] in (10, 20)
   assert result['start_step'] == event['from_step']
-  tensors = _final_tensors(task)
+  tensors = tt.final_tensors(task)
   assert tensors[STEP] == 30 and tensors[ITERATIONS] == 30

@@ -24,17 +24,12 @@ from tests.support import trainer_testing as tt
 
 # Two windows of the input pipeline's shuffle (8 batches of 4), so the first
 # 64 examples read are exactly one pass over the data.
-NUM_EXAMPLES = 64
+NUM_EXAMPLES = tt.NUM_EXAMPLES  # in the `data` fixture
 # Helpers of the loop tested directly.
 # pylint: disable=protected-access
 per_example_loss = accumulation.per_example_loss
 rows = accumulation.rows
 # pylint: enable=protected-access
-
-
-@pytest.fixture(scope='module')
-def data(tmp_path_factory):
-  return tt.write_id_dataset(str(tmp_path_factory.mktemp('ids')), NUM_EXAMPLES)
 
 
 def train_here(task):

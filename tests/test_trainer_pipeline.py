@@ -12,7 +12,6 @@ import re
 
 import pytest
 import tensorflow as tf
-from ml_metadata import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
 
@@ -21,6 +20,7 @@ from components.trainer.task import TrainingTask
 from pipelines import data
 from pipelines import taxi_pipeline
 from tests.support import taxi_runs
+from tests.support import mlmd
 
 pytestmark = pytest.mark.slow
 
@@ -57,20 +57,12 @@ def _run(root: str, data_root: str, distribution: dict,
                        module_file=module_file)
 
 
-def _store(root: str) -> metadata_store.MetadataStore:
-  config = metadata_store_pb2.ConnectionConfig()
-  config.sqlite.filename_uri = os.path.join(root, 'metadata.db')
-  config.sqlite.connection_mode = 1  # READONLY
-  return metadata_store.MetadataStore(config)
-
-
 def _latest_model_run(root: str):
-  runs = _store(root).get_artifacts_by_type('ModelRun')
-  return max(runs, key=lambda a: a.id)
+  return mlmd.latest_artifact(os.path.join(root, 'metadata.db'), 'ModelRun')
 
 
 def _completed_runs(root: str, node_id: str) -> int:
-  store = _store(root)
+  store = mlmd.read_only_store(os.path.join(root, 'metadata.db'))
   node = store.get_context_by_type_and_name('node',
                                             f'{taxi_runs.NAME}.{node_id}')
   return sum(1 for e in store.get_executions_by_context(node.id)

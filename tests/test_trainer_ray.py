@@ -20,7 +20,6 @@ import json
 import os
 import random
 import signal
-import sys
 import threading
 
 import numpy as np
@@ -31,10 +30,11 @@ from components.trainer import launcher
 from components.trainer import ray_launcher
 from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
+from tests.support import mlmd
 from tests.support import ray_cluster as ray_cluster_lib
 from tests.support import trainer_testing as tt
 
-NUM_EXAMPLES = 64
+NUM_EXAMPLES = tt.NUM_EXAMPLES  # in the `data` fixture
 STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
 ITERATIONS = 'optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE'
 CLUSTER_TIMEOUT_S = 400
@@ -178,20 +178,6 @@ def ray_driver(ray_cluster, monkeypatch):
   assert signal.getsignal(signal.SIGTERM) is handler
 
 
-@pytest.fixture(scope='module')
-def data(tmp_path_factory):
-  return tt.write_id_dataset(str(tmp_path_factory.mktemp('ids')), NUM_EXAMPLES)
-
-
-def _mwms_task(root, data, max_restarts=1):
-  # 2 workers x 2 examples per step: one pass in 16 steps.
-  return tt.make_task(root, data, strategy='multi_worker_mirrored',
-                      num_workers=2, train_steps=16, per_replica_batch_size=2,
-                      fault_tolerance={'save_every_steps': 4,
-                                       'max_restarts': max_restarts},
-                      hparams={'step_sleep_seconds': 0.1})
-
-
 def _run_on_ray(task, root, cpus=1):
   argv = [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
           ray_launcher.TASK_FILE]
@@ -223,26 +209,16 @@ def _run_on_ray_acting(task, root, act):
     thread.join()
 
 
-def _tensors(task):
-  return tt.latest_checkpoint_tensors(task.checkpoint_dir)
-
-
 @pytest.fixture(scope='module')
 def local_baseline(tmp_path_factory, data):
-  """The final tensors of _mwms_task under the local launcher."""
+  """The final tensors of tt.mwms_task under the local launcher."""
   root = str(tmp_path_factory.mktemp('local-baseline'))
-  task = _mwms_task(root, data)
-  task_path = os.path.join(root, 'task.json')
-  task.save(task_path)
-  argv = [sys.executable, '-m', 'tests.support.trainer_testing', task_path]
+  task = tt.mwms_task(root, data)
   with pytest.MonkeyPatch.context() as env:
     for key, value in tt.child_env().items():
       env.setenv(key, value)
-    launcher.run_supervised(
-        lambda attempt: launcher.cluster_processes(
-            'multi_worker_mirrored', 2, 0, lambda role: argv),
-        os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S)
-  return _tensors(task)
+    tt.run_cluster(task, root, max_restarts=0, timeout_s=CLUSTER_TIMEOUT_S)
+  return tt.final_tensors(task)
 
 
 def _assert_equal_tensors(actual, expected, ignore=()):
@@ -258,7 +234,7 @@ def test_mwms_over_two_ray_nodes_matches_the_local_launcher(
     tmp_path, data, ray_driver, local_baseline):
   del ray_driver
   root = str(tmp_path / 'ray')
-  task = _mwms_task(root, data)
+  task = tt.mwms_task(root, data)
   launch = _run_on_ray(task, root)
 
   assert launch.attempts == 1 and not launch.restarts
@@ -276,7 +252,7 @@ def test_mwms_over_two_ray_nodes_matches_the_local_launcher(
     assert 'Traceback' not in text, text
   result = tt.read_result(task)
   assert result['steps'] == 16 and result['num_replicas'] == 2
-  _assert_equal_tensors(_tensors(task), local_baseline)
+  _assert_equal_tensors(tt.final_tensors(task), local_baseline)
 
 
 def _proc_stat(pid):
@@ -299,7 +275,7 @@ def test_killed_actor_then_lost_node_the_cluster_resumes_each_time(
   cannot happen across real hosts). Ray sees each, the cluster is relaunched
   and resumes; the result is the uninterrupted run's, bit for bit."""
   root = str(tmp_path)
-  task = _mwms_task(root, data, max_restarts=2)
+  task = tt.mwms_task(root, data, max_restarts=2)
   rng = random.Random(run_seed)
   actor_step = rng.randrange(5, 9)
   node_step = rng.randrange(actor_step + 2, 14)
@@ -340,11 +316,8 @@ def test_killed_actor_then_lost_node_the_cluster_resumes_each_time(
   assert 0 < events[0]['from_step'] <= actor_step + 1
   assert events[0]['from_step'] <= events[1]['from_step'] <= node_step + 1
   # Bit for bit what the uninterrupted cluster trained.
-  _assert_equal_tensors(_tensors(task), local_baseline)
-  by_step = tt.ids_by_step(tt.read_id_log(task.hparams['id_log']))
-  assert sorted(by_step) == [(s, r) for s in range(16) for r in (0, 1)]
-  assert sorted(i for ids in by_step.values() for i in ids) == list(
-      range(NUM_EXAMPLES))
+  _assert_equal_tensors(tt.final_tensors(task), local_baseline)
+  tt.assert_each_id_once(task, 16, replicas=2)
   # The actor's worker process died with it (PR_SET_PDEATHSIG).
   stat = _proc_stat(killed['worker'])
   assert stat is None or stat[0] in 'ZX', stat
@@ -356,7 +329,7 @@ def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
     tmp_path, data, ray_driver, local_baseline):
   del ray_driver
   root = str(tmp_path)
-  task = _mwms_task(root, data)
+  task = tt.mwms_task(root, data)
 
   def preempt_the_driver_at_step_5(records):
     if not records or records[-1]['step'] < 5:
@@ -378,7 +351,7 @@ def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
   assert events[1]['steps_lost'] == 0
   # All but the step TF's PreemptionCheckpointHandler saved at, which it
   # keeps in the checkpoint (0 in a run it never saved).
-  tensors = _tensors(task)
+  tensors = tt.final_tensors(task)
   assert tensors[PREEMPTION_SAVED_AT] == events[0]['at_step']
   _assert_equal_tensors(tensors, local_baseline,
                         ignore=[PREEMPTION_SAVED_AT])
@@ -398,7 +371,7 @@ def test_ray_client_address_trains_as_a_kubeflow_pod_would(
       ray_cluster.client_address)
   try:
     root = str(tmp_path)
-    task = _mwms_task(root, data)
+    task = tt.mwms_task(root, data)
     launch = _run_on_ray(task, root)
     labels = ray_cluster_lib.node_labels()
   finally:
@@ -406,7 +379,7 @@ def test_ray_client_address_trains_as_a_kubeflow_pod_would(
   assert launch.attempts == 1
   assert sorted(labels[w['node_id']] for w in launch.placement.values()) == (
       list(NODES))
-  _assert_equal_tensors(_tensors(task), local_baseline)
+  _assert_equal_tensors(tt.final_tensors(task), local_baseline)
 
 
 # As in test_trainer_pipeline: 600 steps beat the majority class of the
@@ -422,8 +395,6 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
   """`auto` with launcher='ray' on 2 nodes: MultiWorkerMirrored, 1 per node."""
   # pylint: disable=g-import-not-at-top
   import ray
-  from ml_metadata import metadata_store
-  from ml_metadata.proto import metadata_store_pb2
   from tfx import v1 as tfx
   from components import HighPerfTrainer
   from pipelines import taxi_pipeline
@@ -459,10 +430,8 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
 
   assert run.blessed is True, run.format()
   assert run.metrics['binary_accuracy'] >= ACCURACY_BOUND
-  config = metadata_store_pb2.ConnectionConfig()
-  config.sqlite.filename_uri = os.path.join(root, 'metadata.db')
-  model_run = max(metadata_store.MetadataStore(config).get_artifacts_by_type(
-      'ModelRun'), key=lambda artifact: artifact.id)
+  model_run = mlmd.latest_artifact(os.path.join(root, 'metadata.db'),
+                                  'ModelRun')
   props = model_run.custom_properties
   assert props['strategy'].string_value == 'multi_worker_mirrored'
   assert 'Ray cluster of 2 nodes' in props['strategy_reason'].string_value
@@ -507,7 +476,7 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
           for name in ('ps-0', 'worker-0', 'worker-1')} == set(NODES)
   result = tt.read_result(task)
   assert result['steps'] == 30 and result['exported'] is True
-  tensors = _tensors(task)
+  tensors = tt.final_tensors(task)
   assert tensors[STEP] == 30 and tensors[ITERATIONS] == 30
   with open(os.path.join(root, 'logs', 'attempt-0', 'ps-0.log')) as f:
     assert 'ps-0 serving at' in f.read()

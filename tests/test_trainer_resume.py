@@ -26,10 +26,11 @@ from components.trainer import checkpointing
 from components.trainer import launcher
 from components.trainer import preemption
 from tests.support import trainer_testing as tt
+from tests.support import faulty_storage
 from tests.support.faulty_storage import Fault
 from tests.support.faulty_storage import FaultyStorage
 
-NUM_EXAMPLES = 64
+NUM_EXAMPLES = tt.NUM_EXAMPLES  # in the `data` fixture
 TRAIN_STEPS = 32  # 2 examples per step: one pass over the data.
 SAVE_EVERY = 4
 SEED = 20240611
@@ -46,11 +47,6 @@ def _task(root, data):
 
 
 @pytest.fixture(scope='module')
-def data(tmp_path_factory):
-  return tt.write_id_dataset(str(tmp_path_factory.mktemp('ids')), NUM_EXAMPLES)
-
-
-@pytest.fixture(scope='module')
 def baseline(tmp_path_factory, data):
   """An uninterrupted run: its ids per step and final checkpoint."""
   root = str(tmp_path_factory.mktemp('baseline'))
@@ -60,7 +56,7 @@ def baseline(tmp_path_factory, data):
   assert sorted(i for ids in by_step.values() for i in ids) == list(
       range(NUM_EXAMPLES))
   return {'ids': by_step,
-          'tensors': tt.latest_checkpoint_tensors(task.checkpoint_dir)}
+          'tensors': tt.final_tensors(task)}
 
 
 def _steps_of(records, pid):
@@ -71,7 +67,7 @@ def _assert_same_training(task, baseline):
   """Same final state bit for bit, exact step count, same ids per step."""
   result = tt.read_result(task)
   assert result['steps'] == TRAIN_STEPS and not result['preempted']
-  tensors = tt.latest_checkpoint_tensors(task.checkpoint_dir)
+  tensors = tt.final_tensors(task)
   assert tensors[STEP] == TRAIN_STEPS and tensors[ITERATIONS] == TRAIN_STEPS
   assert sorted(tensors) == sorted(baseline['tensors'])
   for name, value in baseline['tensors'].items():
@@ -144,22 +140,10 @@ def test_sigterm_checkpoints_at_the_next_step_and_loses_nothing(
   assert sorted(steps) == list(range(TRAIN_STEPS))
 
 
-def _flip_a_byte(path):
-  with open(path, 'r+b') as f:
-    f.seek(os.path.getsize(path) // 2)
-    byte = f.read(1)
-    f.seek(-1, os.SEEK_CUR)
-    f.write(bytes([byte[0] ^ 0xFF]))
-
-
-def _truncate(path):
-  with open(path, 'r+b') as f:
-    f.truncate(os.path.getsize(path) // 2)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('damage', [
-    _flip_a_byte, pytest.param(_truncate, marks=pytest.mark.extended)])
+    faulty_storage.flip(0.5),
+    pytest.param(faulty_storage.halve, marks=pytest.mark.extended)])
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(
     tmp_path, data, baseline, damage):
   root = str(tmp_path)
@@ -171,7 +155,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
                if os.path.exists(os.path.join(p, checkpointing.MANIFEST_NAME))]
   newest, previous = published[0], published[1]
   data_file = next(n for n in os.listdir(newest) if '.data-' in n)
-  damage(os.path.join(newest, data_file))
+  faulty_storage.rewrite(os.path.join(newest, data_file), damage)
 
   assert tt.run_child(task, root) == 0, tt.child_log(root)
   result, _ = _assert_same_training(task, baseline)
@@ -180,7 +164,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
   # (A partial write cut by the kill, if any, is skipped too.)
   reasons = {s['path']: s['reason'] for s in event['skipped_checkpoints']}
   # A flipped byte: TF's crc32c on reading; a cut file: its size.
-  expected = 'crc32c' if damage is _flip_a_byte else 'truncated'
+  expected = 'truncated' if damage is faulty_storage.halve else 'crc32c'
   assert expected in reasons[newest]
   assert all(s['deleted'] for s in event['skipped_checkpoints'])
   assert 'falling back to the previous one' in tt.child_log(root)

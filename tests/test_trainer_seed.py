@@ -8,26 +8,17 @@ logical CPUs and a 2-worker MultiWorkerMirrored cluster run the production
 worker (`components.trainer.worker`, op determinism from the config only).
 """
 
-import os
 import random
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer import launcher
 from components.trainer import worker
 from tests.support import trainer_testing as tt
 
-NUM_EXAMPLES = 64
 RANDOM_MODEL = {'seeded_initializers': False, 'dropout': 0.5}
 KERNEL = 'model/layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE'
-CLUSTER_TIMEOUT_S = 500
-
-
-@pytest.fixture(scope='module')
-def data(tmp_path_factory):
-  return tt.write_id_dataset(str(tmp_path_factory.mktemp('ids')), NUM_EXAMPLES)
 
 
 @pytest.fixture
@@ -46,7 +37,7 @@ def _task(root, data, seed, **kwargs):
 
 
 def _trained(task):
-  return (tt.latest_checkpoint_tensors(task.checkpoint_dir),
+  return (tt.final_tensors(task),
           tt.ids_by_step(tt.read_id_log(task.hparams['id_log'])))
 
 
@@ -94,24 +85,6 @@ def test_mirrored_same_seed_same_weights(tmp_path, data):
   _assert_different(runs['a'], runs['other'])
 
 
-@pytest.fixture
-def child_env(monkeypatch):
-  """The launcher starts processes with this process's environment."""
-  for key, value in tt.child_env().items():
-    monkeypatch.setenv(key, value)
-
-
-def _run_mwms(task, root):
-  task_path = os.path.join(root, 'task.json')
-  task.save(task_path)
-  return launcher.run_supervised(
-      lambda attempt: launcher.cluster_processes(
-          'multi_worker_mirrored', 2, 0,
-          lambda role: tt.worker_argv(task_path)),
-      os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S,
-      max_restarts=0)
-
-
 @pytest.mark.slow
 @pytest.mark.extended
 def test_multi_worker_mirrored_same_seed_same_weights(tmp_path, data,
@@ -122,7 +95,7 @@ def test_multi_worker_mirrored_same_seed_same_weights(tmp_path, data,
     root = tmp_path / name
     task = _task(root, data, 7, strategy='multi_worker_mirrored',
                  num_workers=2, per_replica_batch_size=2, deterministic=True)
-    assert _run_mwms(task, str(root)).attempts == 1
+    assert tt.run_cluster(task, str(root), production=True).attempts == 1
     result = tt.read_result(task)
     assert result['num_replicas'] == 2 and result['seed'] == 7
     runs[name] = _trained(task)

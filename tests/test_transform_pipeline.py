@@ -17,8 +17,6 @@ import tensorflow as tf
 import tensorflow_transform as tft
 from tfx import v1 as tfx
 from tfx_bsl.public import tfxio
-from ml_metadata.metadata_store import metadata_store
-from ml_metadata.proto import metadata_store_pb2
 
 from components import OptimizedTransform
 from components.data import input_pipeline
@@ -28,6 +26,7 @@ from components.transform.config import TuningConfig
 from components.types import TunedInputPipeline
 from pipelines import data
 from pipelines import taxi_module
+from tests.support import mlmd
 
 pytestmark = pytest.mark.slow
 
@@ -252,9 +251,7 @@ def test_without_materialization_the_tuned_pipeline_transforms_on_the_fly(
 
 
 def _properties(run, uri):
-  config = metadata_store_pb2.ConnectionConfig()
-  config.sqlite.filename_uri = run.metadata_path
-  store = metadata_store.MetadataStore(config)
+  store = mlmd.read_only_store(run.metadata_path)
   [artifact] = [a for a in store.get_artifacts_by_type(
       TunedInputPipeline.TYPE_NAME)
                 if a.uri == uri]

@@ -9,6 +9,9 @@ transient error (`unavailable`, `deadline`, `reset`), a cut write
 (`truncate`: half the bytes reach storage) or a slow one (`slow`). It records
 every fault it injected and every path deleted.
 
+`rewrite` damages a file already written (`halve`, `flip`), as storage or a
+crash can after the fact.
+
 Installed in this process (`with FaultyStorage(...)`) or, for a training
 child process, through the HPM_TEST_STORAGE_FAULTS environment variable
 (`to_json`), which `tests.support.trainer_testing` reads.
@@ -19,7 +22,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -55,6 +58,33 @@ def _raise(error: str, what: str) -> None:
   if error == 'deadline':
     raise tf.errors.DeadlineExceededError(None, None, message)
   raise ConnectionResetError(message)
+
+
+def halve(content: bytes) -> bytes:
+  """The first half of `content`: a cut write."""
+  return content[:len(content) // 2]
+
+
+def flip(position: float) -> Callable[[bytes], bytes]:
+  """Damage that flips one byte at `position` (a fraction of the file)."""
+  def flipped(content: bytes) -> bytes:
+    at = min(len(content) - 1, int(len(content) * position))
+    return content[:at] + bytes([content[at] ^ 0xFF]) + content[at + 1:]
+  return flipped
+
+
+def rewrite(path: str, damage: Callable[[bytes], bytes],
+            open_file: Optional[Callable[..., Any]] = None,
+            remove: Optional[Callable[[str], None]] = None) -> None:
+  """Replaces the file at `path` with `damage(its content)`, through
+  tf.io.gfile or the given `open_file` (GFile) and `remove`."""
+  open_file = open_file or tf.io.gfile.GFile
+  remove = remove or tf.io.gfile.remove
+  with open_file(path, 'rb') as f:
+    content = f.read()
+  remove(path)  # TF's ram:// filesystem appends instead of replacing.
+  with open_file(path, 'wb') as f:
+    f.write(damage(content))
 
 
 class _CutFile:
@@ -171,11 +201,7 @@ class FaultyStorage:
 
   def _truncate(self, path: str) -> None:
     """Halves a file, with the unwrapped functions (counts no calls)."""
-    with self._saved['GFile'](path, 'rb') as f:
-      content = f.read()
-    self._saved['remove'](path)  # ram:// appends instead of replacing.
-    with self._saved['GFile'](path, 'wb') as f:
-      f.write(content[:len(content) // 2])
+    rewrite(path, halve, self._saved['GFile'], self._saved['remove'])
 
   def install(self) -> 'FaultyStorage':
     for name in _KINDS:

@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from components.trainer import launcher
 from components.trainer.task import TrainingTask
 from tests.support import faulty_storage
 from tests.support import id_recording_module
@@ -24,6 +25,9 @@ from tests.support import id_recording_module
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULE_PATH = 'tests.support.id_recording_module'
 CHILD_TIMEOUT_SECONDS = 300
+CLUSTER_TIMEOUT_S = 500
+# Examples in the id dataset of the `data` fixture (tests/conftest.py).
+NUM_EXAMPLES = 64
 
 
 def write_id_dataset(directory: str, num_examples: int, num_files: int = 2,
@@ -93,6 +97,17 @@ def make_task(root: str, data: Dict[str, str], *, strategy: str = 'one_device',
       input_pipeline=input_pipeline)
 
 
+def mwms_task(root: str, data: Dict[str, str],
+              **fault_tolerance) -> TrainingTask:
+  """2 MultiWorkerMirrored workers x 2 examples per step: one pass over the
+  NUM_EXAMPLES in 16 steps; each worker reads its own file; one relaunch."""
+  return make_task(root, data, strategy='multi_worker_mirrored',
+                   num_workers=2, train_steps=16, per_replica_batch_size=2,
+                   fault_tolerance={'save_every_steps': 4,
+                                    'max_restarts': 1, **fault_tolerance},
+                   hparams={'step_sleep_seconds': 0.1})
+
+
 def child_env() -> Dict[str, str]:
   env = dict(os.environ, TF_USE_LEGACY_KERAS='1', TF_CPP_MIN_LOG_LEVEL='2',
              PYTHONPATH=REPO_ROOT)
@@ -103,6 +118,11 @@ def worker_argv(task_path: str) -> List[str]:
   """The production training process, exactly as the executor starts it."""
   return [sys.executable, '-m', 'components.trainer.worker', '--task',
           task_path, '--role', 'trainer']
+
+
+def _trainer_argv(task_path: str, production: bool) -> List[str]:
+  return (worker_argv(task_path) if production else
+          [sys.executable, '-m', 'tests.support.trainer_testing', task_path])
 
 
 def start_child(task: TrainingTask, root: str, faults: Optional[str] = None,
@@ -116,8 +136,7 @@ def start_child(task: TrainingTask, root: str, faults: Optional[str] = None,
   """
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
-  argv = (worker_argv(task_path) if production else
-          [sys.executable, '-m', 'tests.support.trainer_testing', task_path])
+  argv = _trainer_argv(task_path, production)
   env = child_env()
   if faults:
     env[faulty_storage.ENV] = faults
@@ -131,6 +150,41 @@ def run_child(task: TrainingTask, root: str, faults: Optional[str] = None,
               production: bool = False) -> int:
   process = start_child(task, root, faults, production)
   return process.wait(timeout=CHILD_TIMEOUT_SECONDS)
+
+
+def cluster_argv(task: TrainingTask, root: str, production: bool = False
+                ) -> Callable[[str], List[str]]:
+  """`argv_for_role` of `launcher.cluster_processes` for `task` (saved
+  under `root`): trainers as in `start_child`, servers the production
+  worker's."""
+  task_path = os.path.join(root, 'task.json')
+  task.save(task_path)
+
+  def argv(role: str) -> List[str]:
+    if role == 'trainer':
+      return _trainer_argv(task_path, production)
+    return [sys.executable, '-m', 'components.trainer.worker', '--task',
+            task_path, '--role', 'server']
+
+  return argv
+
+
+def run_cluster(task: TrainingTask, root: str, *,
+                strategy: str = 'multi_worker_mirrored', num_workers: int = 2,
+                num_ps: int = 0, production: bool = False,
+                max_restarts: Optional[int] = None,
+                timeout_s: float = CLUSTER_TIMEOUT_S) -> launcher.LaunchResult:
+  """`task` as a local cluster under the launcher's supervisor (logs under
+  `root`/logs). `max_restarts`: by default the task's (0 if unset). The
+  processes get this process's environment (see the `child_env` fixture)."""
+  if max_restarts is None:
+    max_restarts = task.fault_tolerance.get('max_restarts', 0)
+  argv = cluster_argv(task, root, production)
+  return launcher.run_supervised(
+      lambda attempt: launcher.cluster_processes(strategy, num_workers,
+                                                 num_ps, argv),
+      os.path.join(root, 'logs'), timeout_s=timeout_s,
+      max_restarts=max_restarts)
 
 
 def child_log(root: str) -> str:
@@ -198,6 +252,17 @@ def ids_by_step(records: Sequence[dict]) -> Dict[Tuple[int, int], List[int]]:
   return result
 
 
+def assert_each_id_once(task: TrainingTask, train_steps: int,
+                        replicas: int) -> None:
+  """The surviving trajectory of `task` (over the `data` fixture) trained
+  every step on every replica, and on each of the NUM_EXAMPLES once."""
+  by_step = ids_by_step(read_id_log(task.hparams['id_log']))
+  assert sorted(by_step) == [(s, r) for s in range(train_steps)
+                             for r in range(replicas)]
+  assert sorted(i for ids in by_step.values() for i in ids) == list(
+      range(NUM_EXAMPLES))
+
+
 def latest_checkpoint_tensors(checkpoint_dir: str) -> Dict[str, np.ndarray]:
   """Every tensor (weights, optimizer slots, step) of the newest checkpoint."""
   names = sorted(n for n in os.listdir(checkpoint_dir) if n.startswith('ckpt-'))
@@ -206,6 +271,11 @@ def latest_checkpoint_tensors(checkpoint_dir: str) -> Dict[str, np.ndarray]:
   return {name: reader.get_tensor(name)
           for name in reader.get_variable_to_shape_map()
           if not name.startswith('_CHECKPOINTABLE_OBJECT_GRAPH')}
+
+
+def final_tensors(task: TrainingTask) -> Dict[str, np.ndarray]:
+  """`latest_checkpoint_tensors` of `task`'s checkpoint directory."""
+  return latest_checkpoint_tensors(task.checkpoint_dir)
 
 
 def read_result(task: TrainingTask) -> dict:
