@@ -26,6 +26,7 @@ from benchmarks import bench_resume
 from benchmarks import report
 from components.trainer import launcher
 from components.trainer import ray_launcher
+from components.trainer import tf_cluster
 from tests.support import ray_cluster
 from tests.support import trainer_testing as tt
 
@@ -55,7 +56,7 @@ def _local(task, root: str) -> float:
           task_path]
   began = time.time()
   launcher.run_supervised(
-      lambda attempt: launcher.cluster_processes(
+      lambda attempt: tf_cluster.cluster_processes(
           'multi_worker_mirrored', WORKERS, 0, lambda role: argv),
       os.path.join(root, 'logs'), timeout_s=TIMEOUT_S)
   return began

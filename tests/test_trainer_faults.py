@@ -25,6 +25,7 @@ import pytest
 
 from components.trainer import launcher
 from components.trainer import preemption
+from components.trainer import tf_cluster
 from tests.support import trainer_testing as tt
 
 pytestmark = pytest.mark.slow
@@ -151,7 +152,7 @@ def _worker_1_at_step(step):
 
 def _run_mwms(task, root):
   return launcher.run_supervised(
-      lambda attempt: launcher.cluster_processes(
+      lambda attempt: tf_cluster.cluster_processes(
           'multi_worker_mirrored', 2, 0, _cluster_argv(task, root)),
       os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S,
       max_restarts=task.fault_tolerance['max_restarts'])
@@ -221,7 +222,7 @@ def test_ps_survives_the_loss_of_a_worker(tmp_path, data):
   """No relaunch: the coordinator retries the lost worker's steps elsewhere."""
   root = str(tmp_path)
   task = _ps_task(root, data, train_steps=40)
-  specs = launcher.cluster_processes('parameter_server', 2, 1,
+  specs = tf_cluster.cluster_processes('parameter_server', 2, 1,
                                      _cluster_argv(task, root))
   processes = {}
   try:
@@ -262,7 +263,7 @@ def test_ps_coordinator_killed_cluster_relaunches_and_resumes(
       records[-1]['pid'] if records and records[-1]['step'] >= 14 else None)
   _signal_when(task, chief_past_step, signal.SIGKILL)
   launch = launcher.run_supervised(
-      lambda attempt: launcher.cluster_processes(
+      lambda attempt: tf_cluster.cluster_processes(
           'parameter_server', 2, 1, _cluster_argv(task, root)),
       os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S, max_restarts=1)
 

@@ -31,6 +31,8 @@ import pytest
 from components.trainer import launcher
 from components.trainer import ray_launcher
 from components.trainer import strategy as strategy_lib
+from components.trainer import supervisor
+from components.trainer import tf_cluster
 from components.trainer.config import DistributionConfig
 from tests.support import ray_cluster as ray_cluster_lib
 from tests.support import trainer_testing as tt
@@ -241,7 +243,7 @@ def local_baseline(tmp_path_factory, data):
     for key, value in tt.child_env().items():
       env.setenv(key, value)
     launcher.run_supervised(
-        lambda attempt: launcher.cluster_processes(
+        lambda attempt: tf_cluster.cluster_processes(
             'multi_worker_mirrored', 2, 0, lambda role: argv),
         os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S)
   return _tensors(task)
@@ -346,7 +348,7 @@ def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
     os.kill(os.getpid(), signal.SIGTERM)
     return True
 
-  with pytest.raises(launcher.ClusterPreemptedError, match='SIGTERM'):
+  with pytest.raises(supervisor.ClusterPreemptedError, match='SIGTERM'):
     _run_on_ray_acting(task, root, preempt_the_driver_at_step_5)
   # Both workers checkpointed at the notice's step and exited "preempted".
   assert tt.read_result(task)['preempted'] is True

@@ -23,7 +23,7 @@ import pytest
 import tensorflow as tf
 
 from components.trainer import checkpointing
-from components.trainer import launcher
+from components.trainer import exit_codes
 from components.trainer import preemption
 from tests.support import trainer_testing as tt
 from tests.support.faulty_storage import Fault
@@ -250,7 +250,7 @@ def test_a_run_into_a_folder_another_run_holds_fails_or_waits(
     # lease='fail': a clear error, and the other run's folder untouched;
     # the executor's worker says a relaunch would not help.
     assert tt.run_child(task, root, production=True) == (
-        launcher.NOT_RETRYABLE_EXIT_CODE)
+        exit_codes.NOT_RETRYABLE_EXIT_CODE)
     log = tt.child_log(root)
     assert 'LeaseHeldError' in log and "run 'another-execution'" in log
     assert _checkpoint_steps(task) == before

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from components.trainer import launcher
+from components.trainer import tf_cluster
 from components.trainer import worker
 from tests.support import trainer_testing as tt
 
@@ -105,7 +106,7 @@ def _run_mwms(task, root):
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
   return launcher.run_supervised(
-      lambda attempt: launcher.cluster_processes(
+      lambda attempt: tf_cluster.cluster_processes(
           'multi_worker_mirrored', 2, 0,
           lambda role: tt.worker_argv(task_path)),
       os.path.join(root, 'logs'), timeout_s=CLUSTER_TIMEOUT_S,

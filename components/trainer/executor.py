@@ -35,6 +35,8 @@ from components.trainer import config as config_lib
 from components.trainer import launcher
 from components.trainer import progress
 from components.trainer import strategy as strategy_lib
+from components.trainer import supervisor
+from components.trainer import tf_cluster
 from components.trainer import user_module
 from components.trainer import worker
 from components.trainer.task import TrainingTask
@@ -274,14 +276,14 @@ class Executor(base_executor.BaseExecutor):
                                   local_logs, read_progress)
       else:
         launch = launcher.run_supervised(
-            lambda attempt: launcher.cluster_processes(
+            lambda attempt: tf_cluster.cluster_processes(
                 config.strategy, config.num_workers, config.num_ps,
                 argv_for_role),
             local_logs,
             timeout_s=config.timeout_s,
             max_restarts=fault_tolerance.max_restarts,
             read_progress=read_progress)
-    except launcher.ClusterFailedError as e:
+    except supervisor.ClusterFailedError as e:
       # The same error, naming the uploaded logs instead of the local ones.
       raise type(e)(str(e).replace(local_logs, logs), e.failure,
                     e.restarts) from e
@@ -302,7 +304,7 @@ class Executor(base_executor.BaseExecutor):
                   fault_tolerance: checkpointing.CheckpointConfig,
                   shared: Dict[str, str], local_logs: str,
                   read_progress: Callable[[], Optional[Dict[str, Any]]]
-                 ) -> launcher.LaunchResult:
+                 ) -> supervisor.LaunchResult:
     """The cluster as Ray actors; each task gets the task file on its node."""
     from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
 

@@ -30,16 +30,16 @@ import tensorflow as tf
 
 from components import storage
 from components.trainer import checkpointing
-from components.trainer import launcher
 from components.trainer import preemption
 from components.trainer import strategy as strategy_lib
+from components.trainer import tf_cluster
 from components.trainer.config import DistributionConfig
+from components.trainer.exit_codes import NOT_RETRYABLE_EXIT_CODE
 from components.trainer.task import TrainingTask
 from components.data import input_pipeline
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 RESULT_FILE = 'training_result.json'
-ROLES = ('trainer', 'server')
 
 
 def run_server() -> None:
@@ -169,7 +169,7 @@ def log_at_info() -> None:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--task', required=True, help='TrainingTask JSON file.')
-  parser.add_argument('--role', choices=ROLES, default='trainer')
+  parser.add_argument('--role', choices=tf_cluster.ROLES, default='trainer')
   args = parser.parse_args(argv)
   log_at_info()
   if args.role == 'server':
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     # Another run trains into this checkpoint folder: a relaunch would
     # only meet it again.
     absl_logging.exception('Not retryable:')
-    return launcher.NOT_RETRYABLE_EXIT_CODE
+    return NOT_RETRYABLE_EXIT_CODE
   # A preempted run stopped at a checkpoint: tell the launcher that a rerun
   # resumes.
   return preemption.exit_code(result)
