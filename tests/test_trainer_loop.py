@@ -15,7 +15,8 @@ import pytest
 import tensorflow as tf
 
 from components.trainer import accumulation
-from components.trainer import checkpointing
+from components.trainer.checkpoint import location as location_lib
+from components.trainer.checkpoint import records as records_lib
 from components.trainer import driver
 from components.trainer import loop
 from components.trainer import progress
@@ -122,12 +123,12 @@ def test_rerun_resumes_with_the_exact_data_order(tmp_path, data):
 
 def test_changed_fingerprint_starts_fresh_and_says_so(tmp_path, data):
   root = str(tmp_path / 'backups')
-  old_dir = checkpointing.stable_checkpoint_dir(
+  old_dir = location_lib.stable_checkpoint_dir(
       root, 'taxi', 'HighPerfTrainer',
-      checkpointing.training_fingerprint({'examples': 'a'}, {'steps': 2}))
-  new_fingerprint = checkpointing.training_fingerprint({'examples': 'b'},
+      location_lib.training_fingerprint({'examples': 'a'}, {'steps': 2}))
+  new_fingerprint = location_lib.training_fingerprint({'examples': 'b'},
                                                        {'steps': 2})
-  new_dir = checkpointing.stable_checkpoint_dir(root, 'taxi',
+  new_dir = location_lib.stable_checkpoint_dir(root, 'taxi',
                                                 'HighPerfTrainer',
                                                 new_fingerprint)
   train_here(tt.make_task(str(tmp_path / 'old'), data, train_steps=2,
@@ -245,7 +246,7 @@ def test_progress_is_written_at_most_once_a_second(tmp_path, data,
                                   tf.distribute.OneDeviceStrategy('/cpu:0'))
   training.build_model()
   writes, flushes = [], []
-  store, writer = training.checkpointer.store, training.writer
+  store, writer = training.checkpointer.records, training.writer
   write_progress, flush = store.write_progress, writer.flush
   monkeypatch.setattr(store, 'write_progress', lambda *args: (
       writes.append(args[0]), write_progress(*args)))
@@ -268,7 +269,7 @@ def test_progress_is_written_at_most_once_a_second(tmp_path, data,
   # After the first call, which traces: no steady rate yet for an ETA.
   assert lines[0].startswith('Training step 1/') and ', ETA ?, ' in lines[0]
   # What the launcher relays: the chief's last record, in the same words.
-  record = checkpointing.read_progress(task.checkpoint_dir)
+  record = records_lib.read_progress(task.checkpoint_dir)
   assert record['step'] == record['train_steps'] == train_steps
   assert record['examples_per_sec'] > 0 and record['loss'] > 0
   assert record['checkpoints'] == 1

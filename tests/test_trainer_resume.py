@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer import checkpointing
+from components.trainer.checkpoint import store as store_lib
 from components.trainer import exit_codes
 from components.trainer import preemption
 from tests.support import trainer_testing as tt
@@ -99,7 +99,7 @@ def test_sigkill_at_random_step_then_rerun_is_exact(tmp_path, data, baseline,
   assert event['from_step'] % SAVE_EVERY == 0
   assert event['from_step'] <= killed_steps[-1] + 1
   assert event['checkpoint'].endswith(
-      checkpointing.CheckpointStore.checkpoint_name(event['from_step']))
+      store_lib.CheckpointStore.checkpoint_name(event['from_step']))
   # The progress marker is throttled, so it may undercount, never overcount.
   assert 0 <= event['steps_lost'] <= killed_steps[-1] + 1 - event['from_step']
   # Redone steps replayed exactly the ids the killed process had trained on.
@@ -130,7 +130,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_loses_nothing(
   assert preempted['resume_events'][-1]['at_step'] == last_trained + 1
   assert os.path.isdir(os.path.join(
       task.checkpoint_dir,
-      checkpointing.CheckpointStore.checkpoint_name(last_trained + 1)))
+      store_lib.CheckpointStore.checkpoint_name(last_trained + 1)))
 
   assert tt.run_child(task, root) == 0, tt.child_log(root)
   result, records = _assert_same_training(task, baseline)
@@ -163,9 +163,9 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
   task = _task(root, data)
   _, code = tt.kill_at_step(task, root, 3 * SAVE_EVERY, signal.SIGKILL)
   assert code == -signal.SIGKILL
-  store = checkpointing.CheckpointStore(task.checkpoint_dir, None)
+  store = store_lib.CheckpointStore(task.checkpoint_dir, None)
   published = [p for p in store.checkpoint_dirs()
-               if os.path.exists(os.path.join(p, checkpointing.MANIFEST_NAME))]
+               if os.path.exists(os.path.join(p, store_lib.MANIFEST_NAME))]
   newest, previous = published[0], published[1]
   data_file = next(n for n in os.listdir(newest) if '.data-' in n)
   damage(os.path.join(newest, data_file))
@@ -184,7 +184,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
 
 
 def _checkpoint_steps(task):
-  store = checkpointing.CheckpointStore(task.checkpoint_dir, None)
+  store = store_lib.CheckpointStore(task.checkpoint_dir, None)
   return [int(p.rsplit('-', 1)[1]) for p in store.checkpoint_dirs()]
 
 
@@ -226,9 +226,9 @@ def _hold_lease(checkpoint_dir):
   holder = subprocess.Popen(
       [sys.executable, '-c',
        'import sys, time\n'
-       'from components.trainer import checkpointing\n'
-       'store = checkpointing.CheckpointStore(sys.argv[1], None,\n'
-       '                                      run_id="another-execution")\n'
+       'from components.trainer.checkpoint.store import CheckpointStore\n'
+       'store = CheckpointStore(sys.argv[1], None,\n'
+       '                        run_id="another-execution")\n'
        'store.acquire_lease()\n'
        'print("held", flush=True)\n'
        'time.sleep(600)\n', checkpoint_dir],

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from absl import logging
 
 from components.trainer import preemption
-from components.trainer.saving import Checkpointer
+from components.trainer.checkpoint.checkpointer import Checkpointer
 
 AUTO = 'auto'
 # 'auto' tries these steps per call, in order, while the time per step keeps

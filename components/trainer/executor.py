@@ -30,8 +30,11 @@ from tfx.utils import io_utils
 
 from components import storage
 from components import user_wheels
-from components.trainer import checkpointing
+from components.records import training_result
 from components.trainer import config as config_lib
+from components.trainer.checkpoint import location
+from components.trainer.checkpoint import records
+from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer import launcher
 from components.trainer import progress
 from components.trainer import strategy as strategy_lib
@@ -49,7 +52,6 @@ PARTITION_PLAN_KEY = 'partition_plan'
 DECISION_FILE = 'distribution_decision.json'
 TASK_FILE = 'training_task.json'
 CLUSTER_LOG_DIR = 'cluster_logs'
-CHECKPOINT_SUBDIR = '_hpm_checkpoints'
 # This node's pipeline name and id where the executor's context has none:
 # TFX's Kubeflow V2 entrypoint gives executors no pipeline or node, so
 # kubeflow.runner sets these in the compiled task's container env.
@@ -123,7 +125,7 @@ class Executor(base_executor.BaseExecutor):
     # drop-in then trains with the defaults.
     config = config_lib.DistributionConfig.from_json(
         exec_properties.get(DISTRIBUTION_KEY))
-    fault_tolerance = checkpointing.CheckpointConfig.from_json(
+    fault_tolerance = FaultToleranceConfig.from_json(
         exec_properties.get(FAULT_TOLERANCE_KEY))
     model_run = artifact_utils.get_single_instance(
         output_dict[standard_component_specs.MODEL_RUN_KEY])
@@ -198,7 +200,7 @@ class Executor(base_executor.BaseExecutor):
         input_dict.get(TUNED_INPUT_PIPELINE_KEY), 'config.json')
     partition_plan = input_dict.get(PARTITION_PLAN_KEY)
     hparams = _hparams(stock_args)
-    fingerprint = checkpointing.training_fingerprint(
+    fingerprint = location.training_fingerprint(
         {key: [a.uri for a in artifacts]
          for key, artifacts in sorted(input_dict.items())},
         {'module': module_identity, 'mode': mode, 'hparams': hparams,
@@ -224,10 +226,10 @@ class Executor(base_executor.BaseExecutor):
         custom_config=stock_args.custom_config or {},
         distribution=config.to_dict(),
         fault_tolerance=fault_tolerance.to_dict(),
-        checkpoint_dir=checkpointing.stable_checkpoint_dir(
+        checkpoint_dir=location.stable_checkpoint_dir(
             fault_tolerance.backup_root or os.path.join(
                 self._pipeline_root(stock_args.model_run_dir),
-                CHECKPOINT_SUBDIR),
+                location.CHECKPOINT_SUBDIR),
             self._pipeline_name(), self._node_id(), fingerprint),
         input_pipeline=input_pipeline,
         partition_plan_uri=(artifact_utils.get_single_uri(partition_plan)
@@ -240,7 +242,7 @@ class Executor(base_executor.BaseExecutor):
 
   def _train(self, task: TrainingTask,
              config: config_lib.DistributionConfig,
-             fault_tolerance: checkpointing.CheckpointConfig
+             fault_tolerance: FaultToleranceConfig
             ) -> Dict[str, Any]:
     if config.launcher == 'in_process':
       return worker.run_in_process(task)
@@ -268,7 +270,7 @@ class Executor(base_executor.BaseExecutor):
     def read_progress():
       # The chief's progress marker: the launcher logs it every few
       # seconds, so this component's log shows training as it runs.
-      return checkpointing.read_progress(task.checkpoint_dir)
+      return records.read_progress(task.checkpoint_dir)
 
     try:
       if config.launcher == 'ray':
@@ -290,18 +292,18 @@ class Executor(base_executor.BaseExecutor):
     finally:
       storage.upload_tree(local_logs, logs)
       shutil.rmtree(local_dir, ignore_errors=True)
-    result_path = os.path.join(task.model_run_dir, worker.RESULT_FILE)
-    result = storage.read_json(result_path)
+    result = training_result.read(task.model_run_dir)
     if result is None:
-      raise RuntimeError(f'Training finished but wrote no result to '
-                         f'{result_path}; cluster logs: {logs}.')
+      raise RuntimeError(
+          'Training finished but wrote no result to '
+          f'{training_result.path(task.model_run_dir)}; cluster logs: {logs}.')
     result['launch'] = launch.relocated(local_logs, logs).to_dict()
-    storage.write_json(result_path, result)
+    training_result.write(task.model_run_dir, result)
     return result
 
   @staticmethod
   def _run_on_ray(task: TrainingTask, config: config_lib.DistributionConfig,
-                  fault_tolerance: checkpointing.CheckpointConfig,
+                  fault_tolerance: FaultToleranceConfig,
                   shared: Dict[str, str], local_logs: str,
                   read_progress: Callable[[], Optional[Dict[str, Any]]]
                  ) -> supervisor.LaunchResult:

@@ -7,7 +7,7 @@ one concern per module: what it reads (`datasets`), the per-replica update
 with gradient accumulation (`accumulation`), how k steps run in one call for
 each kind of training (`step_runners`: synchronous replicas, parameter
 servers, GPipe), the loop that drives them with saving, preemption and
-progress (`driver`), checkpoint cadence and restore (`saving`), evaluation
+progress (`driver`), checkpoint cadence and restore (`checkpoint.checkpointer`), evaluation
 (`evaluation`) and export (`export`). This module builds the model in the
 strategy (or on the GPipe stage devices), picks the step runner and
 assembles the result.
@@ -33,7 +33,6 @@ from components import autograph
 from components.pipeline_parallel import gpipe
 from components.pipeline_parallel import plan_format
 from components.trainer import accumulation
-from components.trainer import checkpointing
 from components.trainer import datasets
 from components.trainer import driver
 from components.trainer import evaluation
@@ -43,7 +42,8 @@ from components.trainer import progress
 from components.trainer import step_runners
 from components.trainer import user_module
 from components.trainer.config import DistributionConfig
-from components.trainer.saving import Checkpointer
+from components.trainer.checkpoint.checkpointer import Checkpointer
+from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.task import TrainingTask
 
 # Parameter-server closures scheduled per call (between two joins) for
@@ -118,8 +118,8 @@ class ManagedTraining:
     self.module = user_module.load(task.module_file, task.module_path)
     self.data = datasets.training_data(task, self.module)
     self.distribution = DistributionConfig.from_dict(task.distribution)
-    self.fault_tolerance = checkpointing.CheckpointConfig.from_dict(
-        task.fault_tolerance)
+    self.fault_tolerance = FaultToleranceConfig.from_dict(
+        task.fault_tolerance).checkpoint()
     self.accumulation = self.distribution.gradient_accumulation_steps
     self.replicas = strategy.num_replicas_in_sync
     self.global_batch = self.distribution.global_batch(self.replicas)

@@ -24,7 +24,6 @@ import logging as py_logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,10 +38,10 @@ from ray.util import scheduling_strategies
 
 from components.trainer import launcher
 from components.trainer import supervisor
-from components.trainer.ray_actor import PYTHON
-from components.trainer.ray_actor import TASK_FILE
-from components.trainer.ray_actor import RemoteTaskActor
 from components.trainer import tf_cluster
+from components.trainer.ray_actor import PYTHON
+from components.trainer.ray_actor import RemoteTaskActor
+from components.trainer.ray_actor import TASK_FILE
 
 # The driver's environment variables every task gets (the rest is its
 # node's): the import path of the suite and of the user module.

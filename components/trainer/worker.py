@@ -28,18 +28,17 @@ os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 from absl import logging as absl_logging
 import tensorflow as tf
 
-from components import storage
-from components.trainer import checkpointing
+from components.records import training_result
 from components.trainer import preemption
 from components.trainer import strategy as strategy_lib
 from components.trainer import tf_cluster
+from components.trainer.checkpoint.lease import LeaseHeldError
 from components.trainer.config import DistributionConfig
 from components.trainer.exit_codes import NOT_RETRYABLE_EXIT_CODE
 from components.trainer.task import TrainingTask
 from components.data import input_pipeline
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-RESULT_FILE = 'training_result.json'
 
 
 def run_server() -> None:
@@ -135,7 +134,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
       'train_wall_s': time.time() - start,
   }
   if is_chief:
-    storage.write_json(os.path.join(task.model_run_dir, RESULT_FILE), result)
+    training_result.write(task.model_run_dir, result)
   return result
 
 
@@ -176,7 +175,7 @@ def main(argv=None) -> int:
     run_server()
   try:
     result = train(TrainingTask.load(args.task))
-  except checkpointing.LeaseHeldError:
+  except LeaseHeldError:
     # Another run trains into this checkpoint folder: a relaunch would
     # only meet it again.
     absl_logging.exception('Not retryable:')
