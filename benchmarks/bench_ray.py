@@ -52,7 +52,7 @@ def _task(root: str, data):
 def _local(task, root: str) -> float:
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
-  argv = [sys.executable, '-m', 'components.trainer.worker', '--task',
+  argv = [sys.executable, '-m', 'components.trainer.task_process', '--task',
           task_path]
   began = time.time()
   launcher.run_supervised(
@@ -63,8 +63,8 @@ def _local(task, root: str) -> float:
 
 
 def _ray(task, root: str) -> float:
-  argv = [ray_launcher.PYTHON, '-m', 'components.trainer.worker', '--task',
-          ray_launcher.TASK_FILE]
+  argv = [ray_launcher.PYTHON, '-m', 'components.trainer.task_process',
+          '--task', ray_launcher.TASK_FILE]
   began = time.time()
   ray_launcher.run_on_ray(
       'multi_worker_mirrored', WORKERS, 0, lambda role: argv, task.to_json(),

@@ -17,13 +17,13 @@ import pytest
 import tensorflow as tf
 
 from components import storage
+from components.trainer.checkpoint.checkpointer import Checkpointer
+from components.trainer.checkpoint.config import CheckpointConfig
+from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.checkpoint import lease as lease_lib
 from components.trainer.checkpoint import location as location_lib
 from components.trainer.checkpoint import records as records_lib
 from components.trainer.checkpoint import store as store_lib
-from components.trainer.checkpoint.checkpointer import Checkpointer
-from components.trainer.checkpoint.config import CheckpointConfig
-from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.checkpoint.store import CheckpointStore
 from tests.support.faulty_storage import Fault
 from tests.support.faulty_storage import FaultyStorage
@@ -88,7 +88,8 @@ def test_fault_tolerance_splits_checkpoints_from_restarts():
 
 def test_both_intervals_may_be_disabled_or_combined():
   assert FaultToleranceConfig(save_every_steps=None).validate()
-  assert FaultToleranceConfig(save_every_steps=5, save_every_seconds=0.5).validate()
+  assert FaultToleranceConfig(save_every_steps=5,
+                              save_every_seconds=0.5).validate()
 
 
 # ------------------------------------------------------- stable location

@@ -108,7 +108,7 @@ def _cluster_argv(task, root):
   def argv(role):
     if role == 'trainer':
       return [sys.executable, '-m', 'tests.support.trainer_testing', task_path]
-    return [sys.executable, '-m', 'components.trainer.worker', '--task',
+    return [sys.executable, '-m', 'components.trainer.task_process', '--task',
             task_path, '--role', 'server']
 
   return argv

@@ -17,9 +17,9 @@ import tensorflow as tf
 from components.trainer import accumulation
 from components.trainer.checkpoint import location as location_lib
 from components.trainer.checkpoint import records as records_lib
-from components.trainer import driver
 from components.trainer import loop
 from components.trainer import progress
+from components.trainer import step_loop
 from tests.support import trainer_testing as tt
 
 # Two windows of the input pipeline's shuffle (8 batches of 4), so the first
@@ -220,7 +220,7 @@ def test_two_replica_strategies_split_every_batch(tmp_path, data, strategy):
 
 
 def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
-  steady = driver.StepStats(start_step=0)
+  steady = step_loop.StepStats(start_step=0)
   steady.steps_done(50)  # One parameter-server join: tracing included.
   only_join = steady.summary(50, 0.1, preempted=False)
   assert only_join['steps_per_sec'] > 0
@@ -229,7 +229,7 @@ def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
   two_joins = steady.summary(100, 0.1, preempted=False)
   assert two_joins['steps_per_sec'] > 0
   assert two_joins['rate_includes_first_step'] is False
-  assert driver.StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0
+  assert step_loop.StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0
 
 
 def test_progress_is_written_at_most_once_a_second(tmp_path, data,
@@ -295,7 +295,7 @@ def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):
     results[setting]['ids'] = tt.ids_by_step(
         tt.read_id_log(task.hparams['id_log']))
   assert results[5]['steps_per_execution'] == 5
-  assert results['auto']['steps_per_execution'] in driver.AUTO_CANDIDATES
+  assert results['auto']['steps_per_execution'] in step_loop.AUTO_CANDIDATES
   for setting in (5, 'auto'):
     assert results[setting]['ids'] == results[1]['ids']
     for name, value in weights[1].items():
@@ -314,7 +314,7 @@ class _FakeClock:
 
 
 def _search(clock, agree=lambda flag: flag):
-  sizer = driver.CallSizer('auto', agree=agree)
+  sizer = step_loop.CallSizer('auto', agree=agree)
   sizer.observe(1, 5.0)  # The first call traces: not measured.
   calls = 0
   while sizer.searching and calls < 100:

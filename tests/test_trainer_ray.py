@@ -28,12 +28,12 @@ import numpy as np
 import portpicker
 import pytest
 
+from components.trainer.config import DistributionConfig
 from components.trainer import launcher
 from components.trainer import ray_launcher
 from components.trainer import strategy as strategy_lib
 from components.trainer import supervisor
 from components.trainer import tf_cluster
-from components.trainer.config import DistributionConfig
 from tests.support import ray_cluster as ray_cluster_lib
 from tests.support import trainer_testing as tt
 
@@ -474,7 +474,8 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
                       fault_tolerance={'save_every_steps': 10})
   argv = {'trainer': [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
                       ray_launcher.TASK_FILE],
-          'server': [ray_launcher.PYTHON, '-m', 'components.trainer.worker',
+          'server': [ray_launcher.PYTHON, '-m',
+                     'components.trainer.task_process',
                      '--task', ray_launcher.TASK_FILE, '--role', 'server']}
   # Three Ray tasks on the two 1-CPU nodes.
   launch = ray_launcher.run_on_ray(

@@ -2,9 +2,9 @@
 
 (The fast tests at the end check the SIGTERM watcher in this process.)
 
-Every run is a child process (`tests.support.trainer_testing`, the production
-`worker.train` with deterministic ops) on 64 examples with an `id` feature;
-the model logs which ids each optimizer step consumed. A killed-and-rerun
+Every run is a child process (`tests.support.trainer_testing`, the
+production `task_process.train` with deterministic ops) on 64 examples with an
+`id` feature; the model logs which ids each optimizer step consumed. A killed-and-rerun
 training must end with the same weights and optimizer state, bit for bit, as
 an uninterrupted one, after exactly `TRAIN_STEPS` optimizer steps, and every
 step of the surviving trajectory must have trained on the same ids.

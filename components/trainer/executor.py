@@ -32,16 +32,16 @@ from components import storage
 from components import user_wheels
 from components.records import training_result
 from components.trainer import config as config_lib
-from components.trainer.checkpoint import location
-from components.trainer.checkpoint import records
-from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer import launcher
 from components.trainer import progress
 from components.trainer import strategy as strategy_lib
 from components.trainer import supervisor
+from components.trainer import task_process
 from components.trainer import tf_cluster
 from components.trainer import user_module
-from components.trainer import worker
+from components.trainer.checkpoint import location
+from components.trainer.checkpoint import records
+from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.task import TrainingTask
 
 DISTRIBUTION_KEY = 'distribution'
@@ -245,7 +245,7 @@ class Executor(base_executor.BaseExecutor):
              fault_tolerance: FaultToleranceConfig
             ) -> Dict[str, Any]:
     if config.launcher == 'in_process':
-      return worker.run_in_process(task)
+      return task_process.run_in_process(task)
     shared = {'model': task.serving_model_dir, 'model_run': task.model_run_dir,
               'checkpoints': task.checkpoint_dir}
     unshared = {k: v for k, v in shared.items() if storage.is_process_local(v)}
@@ -264,7 +264,7 @@ class Executor(base_executor.BaseExecutor):
     logs = os.path.join(task.model_run_dir, CLUSTER_LOG_DIR)
 
     def argv_for_role(role):
-      return [sys.executable, '-m', 'components.trainer.worker', '--task',
+      return [sys.executable, '-m', 'components.trainer.task_process', '--task',
               task_path, '--role', role]
 
     def read_progress():
@@ -311,7 +311,7 @@ class Executor(base_executor.BaseExecutor):
     from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
 
     def argv_for_role(role):
-      return [ray_launcher.PYTHON, '-m', 'components.trainer.worker',
+      return [ray_launcher.PYTHON, '-m', 'components.trainer.task_process',
               '--task', ray_launcher.TASK_FILE, '--role', role]
 
     return ray_launcher.run_on_ray(

@@ -26,9 +26,9 @@ from typing import Any, Dict, Optional, Tuple
 from absl import logging
 import tensorflow as tf
 
-from components import storage
 from components.data.input_pipeline import InputPipelineConfig
 from components.records import training_result
+from components import storage
 
 FINGERPRINT_FILE = 'fingerprint.json'
 CONFIG_FILE = 'config.json'

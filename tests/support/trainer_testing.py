@@ -101,7 +101,7 @@ def child_env() -> Dict[str, str]:
 
 def worker_argv(task_path: str) -> List[str]:
   """The production training process, exactly as the executor starts it."""
-  return [sys.executable, '-m', 'components.trainer.worker', '--task',
+  return [sys.executable, '-m', 'components.trainer.task_process', '--task',
           task_path, '--role', 'trainer']
 
 
@@ -220,13 +220,13 @@ def main(task_path: str) -> int:
   code."""
   # pylint: disable=g-import-not-at-top
   from components.trainer import preemption
-  from components.trainer import worker
+  from components.trainer import task_process
   # pylint: enable=g-import-not-at-top
   tf.config.experimental.enable_op_determinism()
   if os.environ.get(faulty_storage.ENV):
     faulty_storage.FaultyStorage.from_json(
         os.environ[faulty_storage.ENV]).install()
-  return preemption.exit_code(worker.train(TrainingTask.load(task_path)))
+  return preemption.exit_code(task_process.train(TrainingTask.load(task_path)))
 
 
 if __name__ == '__main__':

@@ -14,6 +14,6 @@ Layout of one checkpoint directory (any `tf.io.gfile` filesystem):
     MANIFEST.json             step, every file's size, the index's sha256
   LEASE.json                  which run may write, prune and delete here
   events.json                 resume events of every attempt (chief only)
-  progress.json               last step reached, so a restart knows what it lost,
-                              with the progress the launcher logs (progress.py)
+  progress.json               last step reached, so a restart knows what it
+                              lost, with the progress the supervisor logs
 """

@@ -156,7 +156,8 @@ class CheckpointStore:
     steps = sorted((int(m.group(1))
                     for m in map(_CHECKPOINT_DIR.match, names) if m),
                    reverse=True)
-    return [location.join(self.directory, self.checkpoint_name(s)) for s in steps]
+    return [location.join(self.directory, self.checkpoint_name(s))
+            for s in steps]
 
   @staticmethod
   def _remove_if_exists(path: str) -> None:
