@@ -60,6 +60,15 @@ def test_default_config_is_valid_and_round_trips():
     ({'lease_timeout_seconds': 0}, 'lease_timeout_seconds=0'),
     ({'lease_heartbeat_seconds': '10'}, "lease_heartbeat_seconds='10'"),
     ({'lease_heartbeat_seconds': True}, 'lease_heartbeat_seconds=True'),
+    ({'save_every_seconds': float('nan')}, 'save_every_seconds=nan'),
+    ({'save_every_seconds': float('inf')}, 'save_every_seconds=inf'),
+    ({'lease_timeout_seconds': float('nan')}, 'lease_timeout_seconds=nan'),
+    ({'lease_timeout_seconds': float('inf')}, 'lease_timeout_seconds=inf'),
+    ({'lease_heartbeat_seconds': float('nan')},
+     'lease_heartbeat_seconds=nan'),
+    ({'lease_heartbeat_seconds': float('-inf')},
+     'lease_heartbeat_seconds=-inf'),
+    ({'max_restarts': float('nan')}, 'max_restarts=nan'),
 ])
 def test_bad_config_names_value_and_allowed(values, message):
   with pytest.raises(ValueError) as error:

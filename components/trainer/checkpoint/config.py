@@ -9,9 +9,13 @@ the same keys in one flat JSON object, plus the supervisor's
 import dataclasses
 from typing import Optional
 
-from components.json_config import JsonConfig, is_int
+from components.json_config import JsonConfig, is_int, is_number
 
 LEASE_MODES = ('fail', 'wait')
+
+
+def _positive(value) -> bool:
+  return is_number(value) and value > 0
 
 
 @dataclasses.dataclass
@@ -58,12 +62,10 @@ class CheckpointConfig(JsonConfig):
         self.save_every_steps, minimum=1):
       raise ValueError(f'save_every_steps={self.save_every_steps!r} must be an '
                        'integer >= 1 or None.')
-    if self.save_every_seconds is not None and (
-        isinstance(self.save_every_seconds, bool) or
-        not isinstance(self.save_every_seconds, (int, float)) or
-        not self.save_every_seconds > 0):
+    if self.save_every_seconds is not None and not _positive(
+        self.save_every_seconds):
       raise ValueError(f'save_every_seconds={self.save_every_seconds!r} must '
-                       'be a number > 0 or None.')
+                       'be a finite number > 0 or None.')
     if not is_int(self.keep_last, minimum=1):
       raise ValueError(f'keep_last={self.keep_last!r} must be an integer >= 1 '
                        '(the newest checkpoint is always kept).')
@@ -74,9 +76,8 @@ class CheckpointConfig(JsonConfig):
       raise ValueError(f'lease={self.lease!r} must be one of {LEASE_MODES}.')
     for name in ('lease_timeout_seconds', 'lease_heartbeat_seconds'):
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(
-          value, (int, float)) or not value > 0:
-        raise ValueError(f'{name}={value!r} must be a number > 0.')
+      if not _positive(value):
+        raise ValueError(f'{name}={value!r} must be a finite number > 0.')
     return self
 
 
