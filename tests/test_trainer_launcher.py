@@ -234,6 +234,26 @@ def test_a_preempted_exit_relaunches_without_using_a_restart(tmp_path):
       (75, 0), (75, 1), (4, 2)]
 
 
+def test_one_judge_for_every_backend():
+  """The outcome from the tasks' states alone, whichever backend reports
+  them: a task lost with its host (Ray: no exit code) is a failure; after a
+  preemption notice, only the trainers' exits count."""
+  status = supervisor.TaskStatus
+  ps = status('ps-0', server=True, running=True)
+  chief = status('chief', server=False, running=True)
+  lost = status('worker-0', server=True, running=False, note='[Ray] died')
+  assert supervisor.judge([ps, chief], notified=False) is None
+  assert supervisor.judge([ps, lost, chief], notified=False) == (
+      supervisor.Outcome.FAILED, lost)
+  done = status('chief', server=False, running=False, exit_code=0)
+  assert supervisor.judge([ps, done], notified=False) == (
+      supervisor.Outcome.DONE, done)
+  stopped = status('chief', server=False, running=False, exit_code=-15)
+  assert supervisor.judge([ps, lost, stopped], notified=True) == (
+      supervisor.Outcome.PREEMPTED, stopped)
+  assert supervisor.judge([lost, chief], notified=True) is None
+
+
 def test_children_die_with_a_killed_supervisor(tmp_path):
   """SIGKILL of the supervising process leaves no training process behind."""
   pid_file = str(tmp_path / 'orphan.pid')
