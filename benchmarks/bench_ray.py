@@ -26,6 +26,7 @@ from benchmarks import bench_resume
 from benchmarks import report
 from components.trainer import launcher
 from components.trainer import ray_launcher
+from components.trainer import tf_cluster
 from tests.support import ray_cluster
 from tests.support import trainer_testing as tt
 
@@ -51,19 +52,19 @@ def _task(root: str, data):
 def _local(task, root: str) -> float:
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
-  argv = [sys.executable, '-m', 'components.trainer.worker', '--task',
+  argv = [sys.executable, '-m', 'components.trainer.task_process', '--task',
           task_path]
   began = time.time()
   launcher.run_supervised(
-      lambda attempt: launcher.cluster_processes(
+      lambda attempt: tf_cluster.cluster_processes(
           'multi_worker_mirrored', WORKERS, 0, lambda role: argv),
       os.path.join(root, 'logs'), timeout_s=TIMEOUT_S)
   return began
 
 
 def _ray(task, root: str) -> float:
-  argv = [ray_launcher.PYTHON, '-m', 'components.trainer.worker', '--task',
-          ray_launcher.TASK_FILE]
+  argv = [ray_launcher.PYTHON, '-m', 'components.trainer.task_process',
+          '--task', ray_launcher.TASK_FILE]
   began = time.time()
   ray_launcher.run_on_ray(
       'multi_worker_mirrored', WORKERS, 0, lambda role: argv, task.to_json(),

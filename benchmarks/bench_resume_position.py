@@ -25,7 +25,7 @@ from typing import Dict, List
 
 from benchmarks import bench_resume
 from benchmarks import report
-from components.trainer import checkpointing
+from components.trainer.checkpoint import records as records_lib
 from tests.support import trainer_testing as tt
 
 BATCH = bench_resume.TAXI_BATCH
@@ -65,7 +65,7 @@ def _restart_seconds(task, root: str, position: int) -> float:
   deadline = time.monotonic() + CHILD_TIMEOUT_S
   try:
     while time.monotonic() < deadline:
-      record = checkpointing.read_progress(task.checkpoint_dir)
+      record = records_lib.read_progress(task.checkpoint_dir)
       if record and record['step'] > position:
         return record['time'] - spawned
       if process.poll() is not None:

@@ -13,7 +13,7 @@ import json
 import os
 import threading
 import uuid
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, List, Optional, TypeVar
 
 from absl import logging
 import tenacity
@@ -173,3 +173,13 @@ def check_writable(path: str, what: str,
   if failure:
     raise StorageNotWritableError(
         f'Cannot write the {what} at {path!r}: {failure[0]}')
+
+
+def newest_first(paths: List[str]) -> List[str]:
+  """`paths` by modification time, newest first (unreadable ones last)."""
+  def mtime(path: str) -> int:
+    try:
+      return tf.io.gfile.stat(path).mtime_nsec
+    except tf.errors.OpError:
+      return -1
+  return sorted(paths, key=mtime, reverse=True)

@@ -25,6 +25,8 @@ import re
 import sys
 from typing import Dict, List, Optional, Sequence
 
+from components.trainer.checkpoint.location import CHECKPOINT_SUBDIR
+
 # What `make image` builds (the Makefile's IMAGE default); tests check both.
 DEFAULT_IMAGE = 'tfx-hpm:0.1.0'
 # Where kubeflow/Dockerfile puts the package's data inside the image.
@@ -33,7 +35,6 @@ DEFAULT_BEAM_PIPELINE_ARGS = ('--direct_running_mode=multi_processing',
                               '--direct_num_workers=0')
 # The container command of every executor (TFX's entrypoint, repaired).
 ENTRYPOINT_COMMAND = ('python', '-m', 'kubeflow.entrypoint')
-CHECKPOINT_SUBDIR = '_hpm_checkpoints'
 PIPELINE_NAME = 'taxi-hpm'
 
 _CPU = re.compile(r'^(\d+(\.\d+)?|\.\d+)(m?)$')

@@ -14,7 +14,7 @@ import warnings
 from absl import logging as absl_logging
 import pytest
 
-from components.trainer import launcher
+from components.trainer import supervisor
 from pipelines import console
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +57,7 @@ def _a_component_runs():
     warnings.warn('a library deprecation', FutureWarning)
   absl_logging.warning('ArtifactQuery.property_predicate is not supported.')
   # A warning from our own code (absl, like TFX's).
-  launcher.SigtermForwarder()._forward(signal.SIGTERM, None)  # pylint: disable=protected-access
+  supervisor.SigtermForwarder()._forward(signal.SIGTERM, None)  # pylint: disable=protected-access
   absl_logging.error('an error from anywhere')
   absl_logging.info('Component %s is finished.', 'Trainer')
 

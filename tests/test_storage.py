@@ -35,7 +35,7 @@ from components import types as hpm_types
 from components.data.input_pipeline import InputPipelineConfig
 from components.partitioner import executor as partitioner_executor
 from components.partitioner import plan as plan_lib
-from components.trainer import checkpointing
+from components.trainer.checkpoint import store as store_lib
 from components.trainer import executor as trainer_executor
 from components.transform import executor as transform_executor
 from components.transform import tuner
@@ -101,7 +101,7 @@ def test_unwritable_path_fails_naming_path_and_error(tmp_path):
 def test_checkpoints_publish_and_restore_on_ram():
   directory = _ram('checkpoints')
   variable = tf.Variable([1.0, 2.0])
-  store = checkpointing.CheckpointStore(
+  store = store_lib.CheckpointStore(
       directory, tf.train.Checkpoint(v=variable), keep_last=2)
   for step in (1, 2, 3):
     variable.assign([float(step), float(step)])
@@ -239,7 +239,7 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
   # Published checkpoints, with manifests, on the ram:// backup root.
   [checkpoint_dir] = tf.io.gfile.glob(
       os.path.join(backup_root, 'ram-pipeline', 'RamTrainer', '*'))
-  store = checkpointing.CheckpointStore(checkpoint_dir,
+  store = store_lib.CheckpointStore(checkpoint_dir,
                                         tf.train.Checkpoint())
   newest = store.checkpoint_dirs()[0]
   assert newest.endswith(store.checkpoint_name(4))

@@ -1,4 +1,4 @@
-"""CheckpointConfig, the stable checkpoint location and CheckpointStore.
+"""FaultToleranceConfig, the stable checkpoint location and CheckpointStore.
 
 Storage faults come from `tests.support.faulty_storage` (a tf.io.gfile wrapper);
 leases are contended by stores in this process and by real processes.
@@ -17,10 +17,14 @@ import pytest
 import tensorflow as tf
 
 from components import storage
-from components.trainer import checkpointing
-from components.trainer.checkpointing import CheckpointConfig
-from components.trainer.checkpointing import CheckpointStore
-from components.trainer.saving import Checkpointer
+from components.trainer.checkpoint.checkpointer import Checkpointer
+from components.trainer.checkpoint.config import CheckpointConfig
+from components.trainer.checkpoint.config import FaultToleranceConfig
+from components.trainer.checkpoint import lease as lease_lib
+from components.trainer.checkpoint import location as location_lib
+from components.trainer.checkpoint import records as records_lib
+from components.trainer.checkpoint import store as store_lib
+from components.trainer.checkpoint.store import CheckpointStore
 from tests.support import faulty_storage
 from tests.support.faulty_storage import Fault
 from tests.support.faulty_storage import FaultyStorage
@@ -33,12 +37,12 @@ NO_WAIT = storage.RetryPolicy(first_delay_s=0.0)
 
 
 def test_default_config_is_valid_and_round_trips():
-  config = CheckpointConfig().validate()
+  config = FaultToleranceConfig().validate()
   assert config.save_every_steps == 100 and config.keep_last == 3
   assert config.delete_after_export is True and config.max_restarts == 2
-  assert CheckpointConfig.from_dict(config.to_dict()) == config
-  assert CheckpointConfig.from_json(config.to_json()) == config
-  assert CheckpointConfig.from_json('') == CheckpointConfig()
+  assert FaultToleranceConfig.from_dict(config.to_dict()) == config
+  assert FaultToleranceConfig.from_json(config.to_json()) == config
+  assert FaultToleranceConfig.from_json('') == FaultToleranceConfig()
   json.dumps(config.to_dict())
 
 
@@ -57,10 +61,19 @@ def test_default_config_is_valid_and_round_trips():
     ({'lease_timeout_seconds': 0}, 'lease_timeout_seconds=0'),
     ({'lease_heartbeat_seconds': '10'}, "lease_heartbeat_seconds='10'"),
     ({'lease_heartbeat_seconds': True}, 'lease_heartbeat_seconds=True'),
+    ({'save_every_seconds': float('nan')}, 'save_every_seconds=nan'),
+    ({'save_every_seconds': float('inf')}, 'save_every_seconds=inf'),
+    ({'lease_timeout_seconds': float('nan')}, 'lease_timeout_seconds=nan'),
+    ({'lease_timeout_seconds': float('inf')}, 'lease_timeout_seconds=inf'),
+    ({'lease_heartbeat_seconds': float('nan')},
+     'lease_heartbeat_seconds=nan'),
+    ({'lease_heartbeat_seconds': float('-inf')},
+     'lease_heartbeat_seconds=-inf'),
+    ({'max_restarts': float('nan')}, 'max_restarts=nan'),
 ])
 def test_bad_config_names_value_and_allowed(values, message):
   with pytest.raises(ValueError) as error:
-    CheckpointConfig.from_dict(values)
+    FaultToleranceConfig.from_dict(values)
   assert message in str(error.value)
   assert 'must be' in str(error.value)
 
@@ -68,12 +81,25 @@ def test_bad_config_names_value_and_allowed(values, message):
 def test_unknown_config_key_is_rejected_with_allowed_keys():
   with pytest.raises(ValueError, match=r"\['save_every_step'\].*allowed.*"
                      'save_every_steps'):
-    CheckpointConfig.from_dict({'save_every_step': 10})
+    FaultToleranceConfig.from_dict({'save_every_step': 10})
+
+
+def test_fault_tolerance_splits_checkpoints_from_restarts():
+  """The exec property's one flat object: the training processes get the
+  checkpoint settings, the supervisor max_restarts."""
+  config = FaultToleranceConfig.from_dict({'max_restarts': 0, 'keep_last': 5})
+  checkpoint = config.checkpoint()
+  assert type(checkpoint) is CheckpointConfig  # pylint: disable=unidiomatic-typecheck
+  assert checkpoint.keep_last == 5 and not hasattr(checkpoint, 'max_restarts')
+  assert config.max_restarts == 0
+  with pytest.raises(ValueError, match=r"\['max_restarts'\]"):
+    CheckpointConfig.from_dict({'max_restarts': 1})
 
 
 def test_both_intervals_may_be_disabled_or_combined():
-  assert CheckpointConfig(save_every_steps=None).validate()
-  assert CheckpointConfig(save_every_steps=5, save_every_seconds=0.5).validate()
+  assert FaultToleranceConfig(save_every_steps=None).validate()
+  assert FaultToleranceConfig(save_every_steps=5,
+                              save_every_seconds=0.5).validate()
 
 
 # ------------------------------------------------------- stable location
@@ -82,15 +108,15 @@ def test_both_intervals_may_be_disabled_or_combined():
 def test_fingerprint_is_stable_and_sensitive():
   inputs = {'examples': '/p/Transform/examples/7', 'graph': '/p/T/graph/7'}
   config = {'hparams': {'lr': 0.1}, 'train_steps': 100}
-  fingerprint = checkpointing.training_fingerprint(inputs, config)
-  assert fingerprint == checkpointing.training_fingerprint(
+  fingerprint = location_lib.training_fingerprint(inputs, config)
+  assert fingerprint == location_lib.training_fingerprint(
       dict(reversed(list(inputs.items()))), dict(config))
   assert len(fingerprint) == 16
   changed_input = dict(inputs, examples='/p/Transform/examples/8')
   changed_config = dict(config, hparams={'lr': 0.2})
-  assert checkpointing.training_fingerprint(changed_input,
+  assert location_lib.training_fingerprint(changed_input,
                                             config) != fingerprint
-  assert checkpointing.training_fingerprint(inputs,
+  assert location_lib.training_fingerprint(inputs,
                                             changed_config) != fingerprint
 
 
@@ -100,16 +126,16 @@ def test_fingerprint_is_stable_and_sensitive():
     ('/tmp/ckpts', '/tmp/ckpts/taxi/Trainer/abc'),
 ])
 def test_stable_checkpoint_dir_keeps_the_filesystem(root, expected):
-  assert checkpointing.stable_checkpoint_dir(root, 'taxi', 'Trainer',
+  assert location_lib.stable_checkpoint_dir(root, 'taxi', 'Trainer',
                                              'abc') == expected
 
 
 def test_stable_checkpoint_dir_sanitizes_and_rejects_empty():
-  assert checkpointing.stable_checkpoint_dir(
+  assert location_lib.stable_checkpoint_dir(
       '/r', 'my pipeline', 'Trainer.v2/x', 'f') == (
           '/r/my_pipeline/Trainer.v2_x/f')
   with pytest.raises(ValueError, match="node_id=''"):
-    checkpointing.stable_checkpoint_dir('/r', 'p', '', 'f')
+    location_lib.stable_checkpoint_dir('/r', 'p', '', 'f')
 
 
 # ------------------------------------------------------------- the store
@@ -215,7 +241,7 @@ def test_crash_before_manifest_never_looks_valid(root, monkeypatch):
   def crash(*unused_args, **unused_kwargs):
     raise KeyboardInterrupt('killed while publishing')
 
-  monkeypatch.setattr(checkpointing.storage, 'write_json', crash)
+  monkeypatch.setattr(store_lib.storage, 'write_json', crash)
   state.set(8)
   with pytest.raises(KeyboardInterrupt):
     store.save(8)
@@ -247,8 +273,8 @@ def test_non_chief_saves_nothing_shared(root):
   state.set(7)
   assert store.save(7) == ''
   assert store.checkpoint_dirs() == []
-  store.append_event({'event': 'x'})
-  store.write_progress(7)
+  store.records.append_event({'event': 'x'})
+  store.records.write_progress(7)
   assert not tf.io.gfile.exists(root + '/fp')
 
 
@@ -258,13 +284,13 @@ def test_events_progress_and_other_fingerprints(root):
   _save_steps(old, state, [1])
   store = CheckpointStore(root + '/node/newfingerprint', state.checkpoint)
   assert store.other_fingerprints() == ['oldfingerprint']
-  assert store.read_progress() is None
-  store.write_progress(12)
-  assert store.read_progress()['step'] == 12
-  store.append_event({'event': 'fresh_start'})
-  assert store.append_event({'event': 'resumed'}) == [
+  assert store.records.read_progress() is None
+  store.records.write_progress(12)
+  assert store.records.read_progress()['step'] == 12
+  store.records.append_event({'event': 'fresh_start'})
+  assert store.records.append_event({'event': 'resumed'}) == [
       {'event': 'fresh_start'}, {'event': 'resumed'}]
-  assert store.read_events()[-1] == {'event': 'resumed'}
+  assert store.records.read_events()[-1] == {'event': 'resumed'}
   store.delete_all()
   assert not tf.io.gfile.exists(root + '/node/newfingerprint')
   assert old.checkpoint_dirs()
@@ -272,11 +298,11 @@ def test_events_progress_and_other_fingerprints(root):
 
 def test_progress_marker_records_the_latest_step(root):
   store = CheckpointStore(root + '/fp', _State().checkpoint)
-  marker = checkpointing.ProgressMarker(store, min_interval_seconds=0.01)
+  marker = records_lib.ProgressMarker(store.records, min_interval_seconds=0.01)
   for step in range(1, 50):
     marker.update(step)
   marker.close()
-  assert store.read_progress()['step'] == 49
+  assert store.records.read_progress()['step'] == 49
 
 
 # --------------------------------------------------------- flaky storage
@@ -341,7 +367,7 @@ def test_storage_that_keeps_failing_fails_the_restore_and_deletes_nothing(
   _save_steps(store, state, [4, 8])
   with FaultyStorage(root, [Fault('checkpoint_read', 1, 'unavailable',
                                   count=100)]) as faults:
-    with pytest.raises(checkpointing.CheckpointStorageError,
+    with pytest.raises(store_lib.CheckpointStorageError,
                        match='ckpt-000000000008.*UnavailableError.*Nothing '
                        'was deleted'):
       store.restore_latest()
@@ -398,7 +424,7 @@ def test_a_changed_model_is_a_clear_error_and_keeps_checkpoints(
   state = _State()
   _save_steps(CheckpointStore(root + '/fp', state.checkpoint), state, [4, 8])
   store = CheckpointStore(root + '/fp', changed())
-  with pytest.raises(checkpointing.CheckpointMismatchError,
+  with pytest.raises(store_lib.CheckpointMismatchError,
                      match=message) as error:
     store.restore_latest()
   assert 'ckpt-000000000008 is intact but does not fit the model' in str(
@@ -420,7 +446,7 @@ def _write_lease(root, **holder):
   lease = {'run_id': 'other-run', 'host': socket.gethostname(),
            'pid': os.getpid(), 'token': 'theirs', 'heartbeat': time.time(),
            'heartbeat_seconds': 10.0, **holder}
-  storage.write_json(root + '/fp/' + checkpointing.LEASE_NAME, lease)
+  storage.write_json(root + '/fp/' + lease_lib.LEASE_NAME, lease)
   return lease
 
 
@@ -430,7 +456,7 @@ def test_a_second_run_fails_naming_the_holder_and_prunes_nothing(root):
   assert first.acquire_lease() is None
   _save_steps(first, state, [4])
   second = _lease_store(root, 'model_run/2')
-  with pytest.raises(checkpointing.LeaseHeldError) as error:
+  with pytest.raises(lease_lib.LeaseHeldError) as error:
     second.acquire_lease('fail')
   message = str(error.value)
   assert "run 'model_run/1'" in message and str(os.getpid()) in message
@@ -467,7 +493,7 @@ def test_wait_mode_takes_the_lease_once_the_holder_releases(root, caplog):
 def test_wait_mode_gives_up_after_its_timeout(root):
   _lease_store(root, 'model_run/1').acquire_lease()
   second = _lease_store(root, 'model_run/2', heartbeat=0.01)
-  with pytest.raises(checkpointing.LeaseHeldError,
+  with pytest.raises(lease_lib.LeaseHeldError,
                      match='still holds it after'):
     second.acquire_lease('wait', timeout_seconds=0.05)
 
@@ -506,7 +532,7 @@ def test_a_restarted_attempt_of_the_same_run_takes_its_lease_at_once(root):
 
 def test_a_live_lease_on_another_host_is_not_taken_over(root):
   _write_lease(root, host='elsewhere', pid=1)
-  with pytest.raises(checkpointing.LeaseHeldError, match='on elsewhere'):
+  with pytest.raises(lease_lib.LeaseHeldError, match='on elsewhere'):
     _lease_store(root, 'model_run/1').acquire_lease('fail')
 
 
@@ -517,10 +543,10 @@ def test_a_run_whose_lease_was_taken_stops_before_deleting(root):
   _save_steps(store, state, [4])
   _write_lease(root, host='elsewhere')  # Another run took over.
   with FaultyStorage(root, []) as faults:
-    with pytest.raises(checkpointing.LeaseLostError,
+    with pytest.raises(lease_lib.LeaseLostError,
                        match="taken over by run 'other-run'"):
       _save_steps(store, state, [8])
-    with pytest.raises(checkpointing.LeaseLostError):
+    with pytest.raises(lease_lib.LeaseLostError):
       store.delete_all()
   assert faults.deleted == []
   assert _published(store) == ['ckpt-000000000004']
@@ -584,17 +610,17 @@ def test_checkpointer_events_say_what_storage_did(root):
   assert events[2]['retries'] == 2
   assert events[2]['operations'] == {'read checkpoint': 1,
                                      'write checkpoint': 1}
-  assert CheckpointStore(root + '/fp', None).read_events() == events
+  assert CheckpointStore(root + '/fp', None).records.read_events() == events
 
 def test_progress_marker_writes_new_details_of_the_same_step(root):
   """A save records the step, then the loop the step with its details: the
   second write is not skipped for having the same step."""
   store = CheckpointStore(root + '/fp', _State().checkpoint)
-  marker = checkpointing.ProgressMarker(store, min_interval_seconds=0.01)
+  marker = records_lib.ProgressMarker(store.records, min_interval_seconds=0.01)
   marker.update(150, {'checkpoints': 2})
   deadline = time.monotonic() + 30
-  while store.read_progress() is None and time.monotonic() < deadline:
+  while store.records.read_progress() is None and time.monotonic() < deadline:
     time.sleep(0.01)
   marker.update(150, {'checkpoints': 3})
   marker.close()
-  assert store.read_progress()['checkpoints'] == 3
+  assert store.records.read_progress()['checkpoints'] == 3

@@ -107,6 +107,20 @@ def test_negative_or_zero_counts(field, value):
   assert f'{field}={value!r}' in _error(**{field: value})
 
 
+@pytest.mark.parametrize('value', [
+    float('nan'), float('inf'), float('-inf'), True, '60', None, [60]])
+def test_timeout_must_be_a_finite_number(value):
+  """NaN passed the '< 0' check (every comparison with NaN is False)."""
+  message = _error(timeout_s=value)
+  assert f'timeout_s={value!r} must be a finite number >= 0' in message
+
+
+@pytest.mark.parametrize('value', [float('nan'), float('inf'), '1', None])
+def test_ray_resources_must_be_finite_numbers(value):
+  message = _error(launcher='ray', ray_resources={'cpus': value})
+  assert f"ray_resources['cpus']={value!r} must be a finite number" in message
+
+
 def test_batch_arithmetic():
   config = DistributionConfig.from_dict({'per_replica_batch_size': 16})
   assert config.per_replica_batch(4) == 16 and config.global_batch(4) == 64

@@ -22,8 +22,8 @@ import time
 import numpy as np
 import pytest
 
-from components.trainer import launcher
 from components.trainer import preemption
+from components.trainer import tf_cluster
 from tests.support import trainer_testing as tt
 
 pytestmark = pytest.mark.slow
@@ -178,7 +178,7 @@ def test_ps_survives_the_loss_of_a_worker(tmp_path, data):
   """No relaunch: the coordinator retries the lost worker's steps elsewhere."""
   root = str(tmp_path)
   task = _ps_task(root, data, train_steps=40)
-  specs = launcher.cluster_processes('parameter_server', 2, 1,
+  specs = tf_cluster.cluster_processes('parameter_server', 2, 1,
                                      tt.cluster_argv(task, root))
   processes = {}
   try:

@@ -11,9 +11,12 @@ import time
 
 import pytest
 
+from components.trainer import exit_codes
 from components.trainer import launcher
 from components.trainer import progress
-from components.trainer.launcher import ProcessSpec
+from components.trainer import supervisor
+from components.trainer import tf_cluster
+from components.trainer.tf_cluster import ProcessSpec
 
 
 def _python(code: str):
@@ -91,7 +94,7 @@ def test_crash_fails_with_log_tail_and_kills_the_rest(tmp_path):
       """)
   specs = [ProcessSpec('worker-0', crash),
            ProcessSpec('worker-1', _sleeper(pid_file))]
-  with pytest.raises(launcher.ClusterFailedError) as error:
+  with pytest.raises(supervisor.ClusterFailedError) as error:
     launcher.run_supervised(lambda attempt: specs, str(tmp_path))
   message = str(error.value)
   assert "'worker-0' exited with code 3" in message
@@ -108,7 +111,7 @@ def test_signal_death_is_reported(tmp_path):
       print('about to die')
       os.kill(os.getpid(), signal.SIGKILL)
       """))]
-  with pytest.raises(launcher.ClusterFailedError,
+  with pytest.raises(supervisor.ClusterFailedError,
                      match="'worker-0' was killed by signal 9"):
     launcher.run_supervised(lambda attempt: specs, str(tmp_path))
 
@@ -129,7 +132,7 @@ def test_servers_are_stopped_when_trainers_finish(tmp_path):
 def test_server_exit_is_a_failure(tmp_path):
   specs = [ProcessSpec('ps-0', _python('print("ps quits")'), server=True),
            ProcessSpec('chief', _python('import time; time.sleep(600)'))]
-  with pytest.raises(launcher.ClusterFailedError,
+  with pytest.raises(supervisor.ClusterFailedError,
                      match="'ps-0' exited with code 0") as error:
     launcher.run_supervised(lambda attempt: specs, str(tmp_path))
   assert 'ps quits' in str(error.value)
@@ -138,7 +141,7 @@ def test_server_exit_is_a_failure(tmp_path):
 def test_timeout_kills_and_fails(tmp_path):
   pid_file = str(tmp_path / 'stuck.pid')
   specs = [ProcessSpec('trainer', _sleeper(pid_file))]
-  with pytest.raises(launcher.ClusterTimeoutError, match='timeout_s=2'):
+  with pytest.raises(supervisor.ClusterTimeoutError, match='timeout_s=2'):
     launcher.run_supervised(lambda attempt: specs, str(tmp_path), timeout_s=2)
   _assert_killed(pid_file)
 
@@ -152,7 +155,7 @@ def test_sigterm_ignoring_process_is_sigkilled_after_grace(tmp_path):
                sys.exit(1)
                """)),
            ProcessSpec('worker-1', _sleeper(pid_file, ignore_term=True))]
-  with pytest.raises(launcher.ClusterFailedError):
+  with pytest.raises(supervisor.ClusterFailedError):
     launcher.run_supervised(lambda attempt: specs, str(tmp_path), grace_s=1)
   # It ignored SIGTERM: only the SIGKILL after the grace period ended it.
   _assert_killed(pid_file)
@@ -168,7 +171,7 @@ def test_grandchildren_are_killed_with_their_group(tmp_path):
         time.sleep(0.05)
       sys.exit(2)
       """))]
-  with pytest.raises(launcher.ClusterFailedError):
+  with pytest.raises(supervisor.ClusterFailedError):
     launcher.run_supervised(lambda attempt: specs, str(tmp_path))
   assert _wait_until_dead(int(_wait_for_file(pid_file)), timeout_s=5)
 
@@ -191,7 +194,7 @@ def test_restart_relaunches_the_whole_cluster(tmp_path):
 
 def test_restarts_run_out(tmp_path):
   specs = [ProcessSpec('worker-0', _python('import sys; sys.exit(4)'))]
-  with pytest.raises(launcher.ClusterFailedError, match='attempt 2') as error:
+  with pytest.raises(supervisor.ClusterFailedError, match='attempt 2') as error:
     launcher.run_supervised(lambda attempt: specs, str(tmp_path),
                             max_restarts=2)
   assert len(error.value.restarts) == 2
@@ -200,8 +203,8 @@ def test_restarts_run_out(tmp_path):
 def test_a_not_retryable_failure_is_not_relaunched(tmp_path):
   """E.g. another run holds the checkpoint lease: a relaunch meets it too."""
   specs = [ProcessSpec('worker-0', _python(
-      f'import sys; sys.exit({launcher.NOT_RETRYABLE_EXIT_CODE})'))]
-  with pytest.raises(launcher.ClusterFailedError,
+      f'import sys; sys.exit({exit_codes.NOT_RETRYABLE_EXIT_CODE})'))]
+  with pytest.raises(supervisor.ClusterFailedError,
                      match='exited with code 78 .attempt 0') as error:
     launcher.run_supervised(lambda attempt: specs, str(tmp_path),
                             max_restarts=2)
@@ -209,12 +212,54 @@ def test_a_not_retryable_failure_is_not_relaunched(tmp_path):
   assert not (tmp_path / 'attempt-1').exists()
 
 
+def test_a_preempted_exit_relaunches_without_using_a_restart(tmp_path):
+  """A task preempted on its own (SIGTERM to its node, not to the
+  supervisor) exits 75 at a checkpoint: the relaunch resumes, and is not
+  counted against max_restarts, even where none is allowed."""
+  def make(attempt):
+    code = (exit_codes.PREEMPTED_EXIT_CODE if attempt < 2 else
+            4 if attempt == 2 else 0)
+    return [ProcessSpec('worker-0', _python(f'import sys; sys.exit({code})')),
+            ProcessSpec('worker-1', _python('print("ok")'))]
+
+  with pytest.raises(supervisor.ClusterFailedError,
+                     match='exited with code 4 .attempt 2') as error:
+    launcher.run_supervised(make, str(tmp_path), max_restarts=0)
+  assert [r.exit_code for r in error.value.restarts] == [75, 75]
+
+  result = launcher.run_supervised(make, str(tmp_path / 'again'),
+                                   max_restarts=1)
+  assert result.attempts == 4
+  assert [(r.exit_code, r.attempt) for r in result.restarts] == [
+      (75, 0), (75, 1), (4, 2)]
+
+
+def test_one_judge_for_every_backend():
+  """The outcome from the tasks' states alone, whichever backend reports
+  them: a task lost with its host (Ray: no exit code) is a failure; after a
+  preemption notice, only the trainers' exits count."""
+  status = supervisor.TaskStatus
+  ps = status('ps-0', server=True, running=True)
+  chief = status('chief', server=False, running=True)
+  lost = status('worker-0', server=True, running=False, note='[Ray] died')
+  assert supervisor.judge([ps, chief], notified=False) is None
+  assert supervisor.judge([ps, lost, chief], notified=False) == (
+      supervisor.Outcome.FAILED, lost)
+  done = status('chief', server=False, running=False, exit_code=0)
+  assert supervisor.judge([ps, done], notified=False) == (
+      supervisor.Outcome.DONE, done)
+  stopped = status('chief', server=False, running=False, exit_code=-15)
+  assert supervisor.judge([ps, lost, stopped], notified=True) == (
+      supervisor.Outcome.PREEMPTED, stopped)
+  assert supervisor.judge([lost, chief], notified=True) is None
+
+
 def test_children_die_with_a_killed_supervisor(tmp_path):
   """SIGKILL of the supervising process leaves no training process behind."""
   pid_file = str(tmp_path / 'orphan.pid')
   supervisor = subprocess.Popen(_python(f"""
-      from components.trainer import launcher
-      spec = launcher.ProcessSpec('worker-0', {_sleeper(pid_file)!r})
+      from components.trainer import launcher, tf_cluster
+      spec = tf_cluster.ProcessSpec('worker-0', {_sleeper(pid_file)!r})
       launcher.run_supervised(lambda attempt: [spec], {str(tmp_path)!r})
       """), cwd=os.path.dirname(os.path.dirname(__file__)))
   child = int(_wait_for_file(pid_file))
@@ -242,13 +287,13 @@ def test_sigterm_is_forwarded_and_fails_as_preempted(tmp_path):
       """)
   server = _sleeper(str(tmp_path / 'server.pid'))
   supervisor = subprocess.Popen(_python(f"""
-      from components.trainer import launcher
-      specs = [launcher.ProcessSpec('ps-0', {server!r}, server=True),
-               launcher.ProcessSpec('chief', {trainer!r})]
+      from components.trainer import launcher, supervisor, tf_cluster
+      specs = [tf_cluster.ProcessSpec('ps-0', {server!r}, server=True),
+               tf_cluster.ProcessSpec('chief', {trainer!r})]
       try:
         launcher.run_supervised(lambda attempt: specs, {str(tmp_path)!r},
                                 max_restarts=3)
-      except launcher.ClusterPreemptedError as e:
+      except supervisor.ClusterPreemptedError as e:
         print('PREEMPTED', e.failure.process, e.failure.exit_code,
               len(e.restarts))
       """), cwd=os.path.dirname(os.path.dirname(__file__)),
@@ -355,7 +400,7 @@ def test_error_tail_drops_tensorflow_startup_noise(tmp_path):
       train()
       """))
   specs = [ProcessSpec('trainer', [sys.executable, str(script)])]
-  with pytest.raises(launcher.ClusterFailedError) as error:
+  with pytest.raises(supervisor.ClusterFailedError) as error:
     launcher.run_supervised(lambda attempt: specs, str(tmp_path))
   message = str(error.value)
   assert 'training step 3' in message
@@ -372,11 +417,11 @@ def test_error_tail_drops_tensorflow_startup_noise(tmp_path):
 
 def test_cluster_layouts():
   argv = lambda role: ['train', role]  # pylint: disable=unnecessary-lambda-assignment
-  single = launcher.cluster_processes('mirrored', 1, 0, argv)
+  single = tf_cluster.cluster_processes('mirrored', 1, 0, argv)
   assert [(p.name, p.argv, p.env) for p in single] == [
       ('trainer', ['train', 'trainer'], {'TF_CONFIG': None})]
 
-  mwm = launcher.cluster_processes('multi_worker_mirrored', 3, 0, argv)
+  mwm = tf_cluster.cluster_processes('multi_worker_mirrored', 3, 0, argv)
   configs = [json.loads(p.env['TF_CONFIG']) for p in mwm]
   assert [c['task'] for c in configs] == [
       {'type': 'worker', 'index': i} for i in range(3)]
@@ -385,7 +430,7 @@ def test_cluster_layouts():
                                         for c in configs)
   assert not any(p.server for p in mwm)
 
-  ps = launcher.cluster_processes('parameter_server', 2, 1, argv)
+  ps = tf_cluster.cluster_processes('parameter_server', 2, 1, argv)
   assert [(p.name, p.argv[1], p.server) for p in ps] == [
       ('ps-0', 'server', True), ('worker-0', 'server', True),
       ('worker-1', 'server', True), ('chief', 'trainer', False)]

@@ -16,10 +16,11 @@ import pytest
 import tensorflow as tf
 
 from components.trainer import accumulation
-from components.trainer import checkpointing
-from components.trainer import driver
+from components.trainer.checkpoint import location as location_lib
+from components.trainer.checkpoint import records as records_lib
 from components.trainer import loop
 from components.trainer import progress
+from components.trainer import step_loop
 from tests.support import trainer_testing as tt
 
 # Two windows of the input pipeline's shuffle (8 batches of 4), so the first
@@ -118,12 +119,12 @@ def test_rerun_resumes_with_the_exact_data_order(tmp_path, data):
 
 def test_changed_fingerprint_starts_fresh_and_says_so(tmp_path, data):
   root = str(tmp_path / 'backups')
-  old_dir = checkpointing.stable_checkpoint_dir(
+  old_dir = location_lib.stable_checkpoint_dir(
       root, 'taxi', 'HighPerfTrainer',
-      checkpointing.training_fingerprint({'examples': 'a'}, {'steps': 2}))
-  new_fingerprint = checkpointing.training_fingerprint({'examples': 'b'},
+      location_lib.training_fingerprint({'examples': 'a'}, {'steps': 2}))
+  new_fingerprint = location_lib.training_fingerprint({'examples': 'b'},
                                                        {'steps': 2})
-  new_dir = checkpointing.stable_checkpoint_dir(root, 'taxi',
+  new_dir = location_lib.stable_checkpoint_dir(root, 'taxi',
                                                 'HighPerfTrainer',
                                                 new_fingerprint)
   train_here(tt.make_task(str(tmp_path / 'old'), data, train_steps=2,
@@ -195,7 +196,7 @@ def test_rows_slices_dense_ragged_and_sparse():
 
 
 def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
-  steady = driver.StepStats(start_step=0)
+  steady = step_loop.StepStats(start_step=0)
   steady.steps_done(50)  # One parameter-server join: tracing included.
   only_join = steady.summary(50, 0.1, preempted=False)
   assert only_join['steps_per_sec'] > 0
@@ -204,7 +205,7 @@ def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
   two_joins = steady.summary(100, 0.1, preempted=False)
   assert two_joins['steps_per_sec'] > 0
   assert two_joins['rate_includes_first_step'] is False
-  assert driver.StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0
+  assert step_loop.StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0
 
 
 def test_progress_is_written_at_most_once_a_second(tmp_path, data,
@@ -221,7 +222,7 @@ def test_progress_is_written_at_most_once_a_second(tmp_path, data,
                                   tf.distribute.OneDeviceStrategy('/cpu:0'))
   training.build_model()
   writes, flushes = [], []
-  store, writer = training.checkpointer.store, training.writer
+  store, writer = training.checkpointer.records, training.writer
   write_progress, flush = store.write_progress, writer.flush
   monkeypatch.setattr(store, 'write_progress', lambda *args: (
       writes.append(args[0]), write_progress(*args)))
@@ -244,7 +245,7 @@ def test_progress_is_written_at_most_once_a_second(tmp_path, data,
   # After the first call, which traces: no steady rate yet for an ETA.
   assert lines[0].startswith('Training step 1/') and ', ETA ?, ' in lines[0]
   # What the launcher relays: the chief's last record, in the same words.
-  record = checkpointing.read_progress(task.checkpoint_dir)
+  record = records_lib.read_progress(task.checkpoint_dir)
   assert record['step'] == record['train_steps'] == train_steps
   assert record['examples_per_sec'] > 0 and record['loss'] > 0
   assert record['checkpoints'] == 1
@@ -270,7 +271,7 @@ def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):
     results[setting]['ids'] = tt.ids_by_step(
         tt.read_id_log(task.hparams['id_log']))
   assert results[5]['steps_per_execution'] == 5
-  assert results['auto']['steps_per_execution'] in driver.AUTO_CANDIDATES
+  assert results['auto']['steps_per_execution'] in step_loop.AUTO_CANDIDATES
   for setting in (5, 'auto'):
     assert results[setting]['ids'] == results[1]['ids']
     for name, value in weights[1].items():
@@ -289,7 +290,7 @@ class _FakeClock:
 
 
 def _search(clock, agree=lambda flag: flag):
-  sizer = driver.CallSizer('auto', agree=agree)
+  sizer = step_loop.CallSizer('auto', agree=agree)
   sizer.observe(1, 5.0)  # The first call traces: not measured.
   calls = 0
   while sizer.searching and calls < 100:

@@ -184,7 +184,7 @@ def _training_processes(root: str) -> list:
         argv = f.read().decode(errors='replace').split('\0')
     except OSError:
       continue
-    if 'components.trainer.worker' not in argv or '--task' not in argv:
+    if 'components.trainer.task_process' not in argv or '--task' not in argv:
       continue
     try:
       task = TrainingTask.load(argv[argv.index('--task') + 1])

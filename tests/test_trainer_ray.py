@@ -26,9 +26,9 @@ import numpy as np
 import portpicker
 import pytest
 
-from components.trainer import launcher
 from components.trainer import ray_launcher
 from components.trainer import strategy as strategy_lib
+from components.trainer import supervisor
 from components.trainer.config import DistributionConfig
 from tests.support import mlmd
 from tests.support import ray_cluster as ray_cluster_lib
@@ -338,7 +338,7 @@ def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
     os.kill(os.getpid(), signal.SIGTERM)
     return True
 
-  with pytest.raises(launcher.ClusterPreemptedError, match='SIGTERM'):
+  with pytest.raises(supervisor.ClusterPreemptedError, match='SIGTERM'):
     _run_on_ray_acting(task, root, preempt_the_driver_at_step_5)
   # Both workers checkpointed at the notice's step and exited "preempted".
   assert tt.read_result(task)['preempted'] is True
@@ -459,7 +459,8 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
                       fault_tolerance={'save_every_steps': 10})
   argv = {'trainer': [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
                       ray_launcher.TASK_FILE],
-          'server': [ray_launcher.PYTHON, '-m', 'components.trainer.worker',
+          'server': [ray_launcher.PYTHON, '-m',
+                     'components.trainer.task_process',
                      '--task', ray_launcher.TASK_FILE, '--role', 'server']}
   # Three Ray tasks on the two 1-CPU nodes.
   launch = ray_launcher.run_on_ray(

@@ -2,9 +2,9 @@
 
 (The fast tests at the end check the SIGTERM watcher in this process.)
 
-Every run is a child process (`tests.support.trainer_testing`, the production
-`worker.train` with deterministic ops) on 64 examples with an `id` feature;
-the model logs which ids each optimizer step consumed. A killed-and-rerun
+Every run is a child process (`tests.support.trainer_testing`, the
+production `task_process.train` with deterministic ops) on 64 examples with an
+`id` feature; the model logs which ids each optimizer step consumed. A killed-and-rerun
 training must end with the same weights and optimizer state, bit for bit, as
 an uninterrupted one, after exactly `TRAIN_STEPS` optimizer steps, and every
 step of the surviving trajectory must have trained on the same ids.
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer import checkpointing
-from components.trainer import launcher
+from components.trainer.checkpoint import store as store_lib
+from components.trainer import exit_codes
 from components.trainer import preemption
 from tests.support import trainer_testing as tt
 from tests.support import faulty_storage
@@ -97,7 +97,7 @@ def test_sigkill_at_random_step_then_rerun_is_exact(tmp_path, data, baseline,
   assert event['from_step'] % SAVE_EVERY == 0
   assert event['from_step'] <= killed_steps[-1] + 1
   assert event['checkpoint'].endswith(
-      checkpointing.CheckpointStore.checkpoint_name(event['from_step']))
+      store_lib.CheckpointStore.checkpoint_name(event['from_step']))
   # The progress marker is throttled, so it may undercount, never overcount.
   assert 0 <= event['steps_lost'] <= killed_steps[-1] + 1 - event['from_step']
   # Redone steps replayed exactly the ids the killed process had trained on.
@@ -128,7 +128,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_loses_nothing(
   assert preempted['resume_events'][-1]['at_step'] == last_trained + 1
   assert os.path.isdir(os.path.join(
       task.checkpoint_dir,
-      checkpointing.CheckpointStore.checkpoint_name(last_trained + 1)))
+      store_lib.CheckpointStore.checkpoint_name(last_trained + 1)))
 
   assert tt.run_child(task, root) == 0, tt.child_log(root)
   result, records = _assert_same_training(task, baseline)
@@ -150,9 +150,9 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
   task = _task(root, data)
   _, code = tt.kill_at_step(task, root, 3 * SAVE_EVERY, signal.SIGKILL)
   assert code == -signal.SIGKILL
-  store = checkpointing.CheckpointStore(task.checkpoint_dir, None)
+  store = store_lib.CheckpointStore(task.checkpoint_dir, None)
   published = [p for p in store.checkpoint_dirs()
-               if os.path.exists(os.path.join(p, checkpointing.MANIFEST_NAME))]
+               if os.path.exists(os.path.join(p, store_lib.MANIFEST_NAME))]
   newest, previous = published[0], published[1]
   data_file = next(n for n in os.listdir(newest) if '.data-' in n)
   faulty_storage.rewrite(os.path.join(newest, data_file), damage)
@@ -171,7 +171,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
 
 
 def _checkpoint_steps(task):
-  store = checkpointing.CheckpointStore(task.checkpoint_dir, None)
+  store = store_lib.CheckpointStore(task.checkpoint_dir, None)
   return [int(p.rsplit('-', 1)[1]) for p in store.checkpoint_dirs()]
 
 
@@ -213,9 +213,9 @@ def _hold_lease(checkpoint_dir):
   holder = subprocess.Popen(
       [sys.executable, '-c',
        'import sys, time\n'
-       'from components.trainer import checkpointing\n'
-       'store = checkpointing.CheckpointStore(sys.argv[1], None,\n'
-       '                                      run_id="another-execution")\n'
+       'from components.trainer.checkpoint.store import CheckpointStore\n'
+       'store = CheckpointStore(sys.argv[1], None,\n'
+       '                        run_id="another-execution")\n'
        'store.acquire_lease()\n'
        'print("held", flush=True)\n'
        'time.sleep(600)\n', checkpoint_dir],
@@ -237,7 +237,7 @@ def test_a_run_into_a_folder_another_run_holds_fails_or_waits(
     # lease='fail': a clear error, and the other run's folder untouched;
     # the executor's worker says a relaunch would not help.
     assert tt.run_child(task, root, production=True) == (
-        launcher.NOT_RETRYABLE_EXIT_CODE)
+        exit_codes.NOT_RETRYABLE_EXIT_CODE)
     log = tt.child_log(root)
     assert 'LeaseHeldError' in log and "run 'another-execution'" in log
     assert _checkpoint_steps(task) == before

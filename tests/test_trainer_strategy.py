@@ -217,10 +217,10 @@ def _task(tmp_path, distribution, mode='managed', train_steps=0,
 
 
 def test_lengths_and_batch_resolved_for_the_replicas(tmp_path):
-  from components.trainer import worker  # pylint: disable=g-import-not-at-top
+  from components.trainer import task_process  # pylint: disable=g-import-not-at-top
   task = _task(tmp_path, {'global_batch_size': 64, 'train_epochs': 2,
                           'gradient_accumulation_steps': 2})
-  resolved = worker.resolve_lengths(task, num_replicas=4)
+  resolved = task_process.resolve_lengths(task, num_replicas=4)
   config = DistributionConfig.from_dict(resolved.distribution)
   assert (config.per_replica_batch_size, config.global_batch_size) == (16, None)
   assert config.train_epochs == 0
@@ -230,7 +230,7 @@ def test_lengths_and_batch_resolved_for_the_replicas(tmp_path):
 
   run_fn_task = _task(tmp_path, {'per_replica_batch_size': 8}, mode='run_fn',
                       train_steps=7)
-  resolved = worker.resolve_lengths(run_fn_task, num_replicas=2)
+  resolved = task_process.resolve_lengths(run_fn_task, num_replicas=2)
   assert (resolved.train_steps, resolved.eval_steps) == (7, 0)
   with pytest.raises(ValueError, match='3 replicas'):
-    worker.resolve_lengths(task, num_replicas=3)
+    task_process.resolve_lengths(task, num_replicas=3)

@@ -7,6 +7,7 @@ import time
 import tensorflow as tf
 
 from components.data.input_pipeline import InputPipelineConfig
+from components.records import training_result
 from components.transform import history
 
 SPEC = {'x': tf.io.FixedLenFeature([1], tf.float32),
@@ -81,7 +82,7 @@ def test_previous_training_rate_and_reader_batch(tmp_path):
   assert history.previous_training(this) is None
   run_dir = tmp_path / 'Trainer' / 'model_run' / '7'
   run_dir.mkdir(parents=True)
-  (run_dir / history.TRAINING_RESULT_FILE).write_text(json.dumps({
+  (run_dir / training_result.FILE_NAME).write_text(json.dumps({
       'examples_per_sec': 28000.0, 'global_batch_size': 64,
       'num_replicas': 2, 'gradient_accumulation_steps': 2,
       'examples_per_step': 128}))

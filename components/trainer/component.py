@@ -5,7 +5,7 @@ Trainer, plus:
 - `distribution` (DistributionConfig as a dict): strategy (or `auto`),
   launcher, local cluster size, logical CPU devices, batch sizes, gradient
   accumulation, epochs;
-- `fault_tolerance` (checkpointing.CheckpointConfig as a dict);
+- `fault_tolerance` (checkpoint.config.FaultToleranceConfig as a dict);
 - optional `tuned_input_pipeline` (from OptimizedTransform) and
   `partition_plan` (from GPipePartitioner) inputs.
 Everything is validated here, at construction: the configs, and the module's
@@ -28,9 +28,9 @@ from tfx.types import standard_component_specs
 from tfx.utils import json_utils
 
 from components import types as hpm_types
-from components.trainer import checkpointing
 from components.trainer import config as config_lib
 from components.trainer import executor
+from components.trainer.checkpoint.config import FaultToleranceConfig
 
 
 DEFAULT_NODE_ID = 'Trainer'
@@ -106,7 +106,7 @@ class HighPerfTrainer(base_component.BaseComponent):
       distribution: Optional[Union[Dict[str, Any],
                                    config_lib.DistributionConfig]] = None,
       fault_tolerance: Optional[Union[Dict[str, Any],
-                                      checkpointing.CheckpointConfig]] = None,
+                                      FaultToleranceConfig]] = None,
       tuned_input_pipeline: Optional[types.BaseChannel] = None,
       partition_plan: Optional[types.BaseChannel] = None):
     """Constructs a HighPerfTrainer.
@@ -127,7 +127,7 @@ class HighPerfTrainer(base_component.BaseComponent):
       eval_args: Splits and num_steps (0: one pass in managed mode).
       custom_config: Dict passed to the module (`fn_args.custom_config`).
       distribution: DistributionConfig (or its dict).
-      fault_tolerance: checkpointing.CheckpointConfig (or its dict).
+      fault_tolerance: FaultToleranceConfig (or its dict).
       tuned_input_pipeline: TunedInputPipeline from OptimizedTransform.
       partition_plan: PartitionPlan from GPipePartitioner. The strategy
         must be 'auto' (which then picks one_device: the pipeline places its
@@ -147,7 +147,7 @@ class HighPerfTrainer(base_component.BaseComponent):
     if partition_plan is not None:
       config_lib.check_partition_plan(config,
                                       _planned_batch_size(partition_plan))
-    fault_config = checkpointing.CheckpointConfig.from_dict(fault_tolerance)
+    fault_config = FaultToleranceConfig.from_dict(fault_tolerance)
     train_args = train_args or trainer_pb2.TrainArgs()
     module_path = None
     if module_file:

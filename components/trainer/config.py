@@ -8,7 +8,7 @@ milliseconds. Every error names the bad value and what is allowed instead.
 import dataclasses
 from typing import Any, Dict, Optional, Union
 
-from components.json_config import JsonConfig, check_int, is_int
+from components.json_config import JsonConfig, check_int, is_int, is_number
 
 STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
               'parameter_server', 'central_storage', 'tpu')
@@ -129,9 +129,9 @@ class DistributionConfig(JsonConfig):
       check_int(name, getattr(self, name), minimum=1)
     for name in ('num_ps', 'logical_cpu_devices', 'train_epochs'):
       check_int(name, getattr(self, name), minimum=0)
-    if not isinstance(self.timeout_s, (int, float)) or self.timeout_s < 0:
-      raise ValueError(f'timeout_s={self.timeout_s!r} must be a number >= 0 '
-                       '(0: no limit).')
+    if not is_number(self.timeout_s) or self.timeout_s < 0:
+      raise ValueError(f'timeout_s={self.timeout_s!r} must be a finite number '
+                       '>= 0 (0: no limit).')
     if self.steps_per_execution != AUTO and not is_int(
         self.steps_per_execution, minimum=1):
       raise ValueError(
@@ -158,10 +158,9 @@ class DistributionConfig(JsonConfig):
       raise ValueError(f'Unknown ray_resources key(s) {unknown}; allowed: '
                        f'{sorted(RAY_RESOURCE_KEYS)}.')
     for key, value in self.ray_resources.items():
-      if (isinstance(value, bool) or not isinstance(value, (int, float)) or
-          value < 0):
-        raise ValueError(f'ray_resources[{key!r}]={value!r} must be a number '
-                         '>= 0.')
+      if not is_number(value) or value < 0:
+        raise ValueError(f'ray_resources[{key!r}]={value!r} must be a finite '
+                         'number >= 0.')
     if not any(self.ray_task_resources().values()):
       raise ValueError(f'ray_resources={self.ray_resources!r} reserves '
                        'nothing; each task needs cpus, gpus or memory_mb > 0.')

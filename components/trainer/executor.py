@@ -30,13 +30,18 @@ from tfx.utils import io_utils
 
 from components import storage
 from components import user_wheels
-from components.trainer import checkpointing
+from components.records import training_result
 from components.trainer import config as config_lib
 from components.trainer import launcher
 from components.trainer import progress
 from components.trainer import strategy as strategy_lib
+from components.trainer import supervisor
+from components.trainer import task_process
+from components.trainer import tf_cluster
 from components.trainer import user_module
-from components.trainer import worker
+from components.trainer.checkpoint import location
+from components.trainer.checkpoint import records
+from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.task import TrainingTask
 
 DISTRIBUTION_KEY = 'distribution'
@@ -47,7 +52,6 @@ PARTITION_PLAN_KEY = 'partition_plan'
 DECISION_FILE = 'distribution_decision.json'
 TASK_FILE = 'training_task.json'
 CLUSTER_LOG_DIR = 'cluster_logs'
-CHECKPOINT_SUBDIR = '_hpm_checkpoints'
 # This node's pipeline name and id where the executor's context has none:
 # TFX's Kubeflow V2 entrypoint gives executors no pipeline or node, so
 # kubeflow.runner sets these in the compiled task's container env.
@@ -121,7 +125,7 @@ class Executor(base_executor.BaseExecutor):
     # drop-in then trains with the defaults.
     config = config_lib.DistributionConfig.from_json(
         exec_properties.get(DISTRIBUTION_KEY))
-    fault_tolerance = checkpointing.CheckpointConfig.from_json(
+    fault_tolerance = FaultToleranceConfig.from_json(
         exec_properties.get(FAULT_TOLERANCE_KEY))
     model_run = artifact_utils.get_single_instance(
         output_dict[standard_component_specs.MODEL_RUN_KEY])
@@ -196,7 +200,7 @@ class Executor(base_executor.BaseExecutor):
         input_dict.get(TUNED_INPUT_PIPELINE_KEY), 'config.json')
     partition_plan = input_dict.get(PARTITION_PLAN_KEY)
     hparams = _hparams(stock_args)
-    fingerprint = checkpointing.training_fingerprint(
+    fingerprint = location.training_fingerprint(
         {key: [a.uri for a in artifacts]
          for key, artifacts in sorted(input_dict.items())},
         {'module': module_identity, 'mode': mode, 'hparams': hparams,
@@ -222,10 +226,10 @@ class Executor(base_executor.BaseExecutor):
         custom_config=stock_args.custom_config or {},
         distribution=config.to_dict(),
         fault_tolerance=fault_tolerance.to_dict(),
-        checkpoint_dir=checkpointing.stable_checkpoint_dir(
+        checkpoint_dir=location.stable_checkpoint_dir(
             fault_tolerance.backup_root or os.path.join(
                 self._pipeline_root(stock_args.model_run_dir),
-                CHECKPOINT_SUBDIR),
+                location.CHECKPOINT_SUBDIR),
             self._pipeline_name(), self._node_id(), fingerprint),
         input_pipeline=input_pipeline,
         partition_plan_uri=(artifact_utils.get_single_uri(partition_plan)
@@ -238,10 +242,10 @@ class Executor(base_executor.BaseExecutor):
 
   def _train(self, task: TrainingTask,
              config: config_lib.DistributionConfig,
-             fault_tolerance: checkpointing.CheckpointConfig
+             fault_tolerance: FaultToleranceConfig
             ) -> Dict[str, Any]:
     if config.launcher == 'in_process':
-      return worker.run_in_process(task)
+      return task_process.run_in_process(task)
     shared = {'model': task.serving_model_dir, 'model_run': task.model_run_dir,
               'checkpoints': task.checkpoint_dir}
     unshared = {k: v for k, v in shared.items() if storage.is_process_local(v)}
@@ -260,13 +264,13 @@ class Executor(base_executor.BaseExecutor):
     logs = os.path.join(task.model_run_dir, CLUSTER_LOG_DIR)
 
     def argv_for_role(role):
-      return [sys.executable, '-m', 'components.trainer.worker', '--task',
+      return [sys.executable, '-m', 'components.trainer.task_process', '--task',
               task_path, '--role', role]
 
     def read_progress():
       # The chief's progress marker: the launcher logs it every few
       # seconds, so this component's log shows training as it runs.
-      return checkpointing.read_progress(task.checkpoint_dir)
+      return records.read_progress(task.checkpoint_dir)
 
     try:
       if config.launcher == 'ray':
@@ -274,40 +278,40 @@ class Executor(base_executor.BaseExecutor):
                                   local_logs, read_progress)
       else:
         launch = launcher.run_supervised(
-            lambda attempt: launcher.cluster_processes(
+            lambda attempt: tf_cluster.cluster_processes(
                 config.strategy, config.num_workers, config.num_ps,
                 argv_for_role),
             local_logs,
             timeout_s=config.timeout_s,
             max_restarts=fault_tolerance.max_restarts,
             read_progress=read_progress)
-    except launcher.ClusterFailedError as e:
+    except supervisor.ClusterFailedError as e:
       # The same error, naming the uploaded logs instead of the local ones.
       raise type(e)(str(e).replace(local_logs, logs), e.failure,
                     e.restarts) from e
     finally:
       storage.upload_tree(local_logs, logs)
       shutil.rmtree(local_dir, ignore_errors=True)
-    result_path = os.path.join(task.model_run_dir, worker.RESULT_FILE)
-    result = storage.read_json(result_path)
+    result = training_result.read(task.model_run_dir)
     if result is None:
-      raise RuntimeError(f'Training finished but wrote no result to '
-                         f'{result_path}; cluster logs: {logs}.')
+      raise RuntimeError(
+          'Training finished but wrote no result to '
+          f'{training_result.path(task.model_run_dir)}; cluster logs: {logs}.')
     result['launch'] = launch.relocated(local_logs, logs).to_dict()
-    storage.write_json(result_path, result)
+    training_result.write(task.model_run_dir, result)
     return result
 
   @staticmethod
   def _run_on_ray(task: TrainingTask, config: config_lib.DistributionConfig,
-                  fault_tolerance: checkpointing.CheckpointConfig,
+                  fault_tolerance: FaultToleranceConfig,
                   shared: Dict[str, str], local_logs: str,
                   read_progress: Callable[[], Optional[Dict[str, Any]]]
-                 ) -> launcher.LaunchResult:
+                 ) -> supervisor.LaunchResult:
     """The cluster as Ray actors; each task gets the task file on its node."""
     from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
 
     def argv_for_role(role):
-      return [ray_launcher.PYTHON, '-m', 'components.trainer.worker',
+      return [ray_launcher.PYTHON, '-m', 'components.trainer.task_process',
               '--task', ray_launcher.TASK_FILE, '--role', role]
 
     return ray_launcher.run_on_ray(

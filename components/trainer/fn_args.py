@@ -140,7 +140,7 @@ def build_fn_args(task: TrainingTask, strategy: tf.distribute.Strategy,
       artifact_utils.parse_artifact_dict(io['input_dict']),
       artifact_utils.parse_artifact_dict(io['output_dict']),
       io['exec_properties'])
-  # `train_epochs` resolved into steps (worker.resolve_lengths).
+  # `train_epochs` resolved into steps (task_process.resolve_lengths).
   fn_args.train_steps = task.train_steps or None
   fn_args.strategy = strategy
   fn_args.dataset_factory = make_dataset_factory(task, strategy)

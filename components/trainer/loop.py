@@ -7,8 +7,9 @@ one concern per module: what it reads (`datasets`), the per-replica update
 with gradient accumulation (`accumulation`), how k steps run in one call for
 each kind of training (`step_runners`: synchronous replicas, parameter
 servers, GPipe), the loop that drives them with saving, preemption and
-progress (`driver`), checkpoint cadence and restore (`saving`), evaluation
-(`evaluation`) and export (`export`). This module builds the model in the
+progress (`step_loop`), checkpoint cadence and restore
+(`checkpoint.checkpointer`), evaluation (`evaluation`) and export
+(`export`). This module builds the model in the
 strategy (or on the GPipe stage devices), picks the step runner and
 assembles the result.
 
@@ -33,18 +34,19 @@ from components import autograph
 from components.pipeline_parallel import gpipe
 from components.pipeline_parallel import plan_format
 from components.trainer import accumulation
-from components.trainer import checkpointing
+from components.trainer.checkpoint.checkpointer import Checkpointer
+from components.trainer.checkpoint.config import FaultToleranceConfig
+from components.trainer.config import AUTO
+from components.trainer.config import DistributionConfig
 from components.trainer import datasets
-from components.trainer import driver
 from components.trainer import evaluation
 from components.trainer import export
 from components.trainer import preemption
 from components.trainer import progress
+from components.trainer import step_loop
 from components.trainer import step_runners
-from components.trainer import user_module
-from components.trainer.config import DistributionConfig
-from components.trainer.saving import Checkpointer
 from components.trainer.task import TrainingTask
+from components.trainer import user_module
 
 # Parameter-server closures scheduled per call (between two joins) for
 # steps_per_execution='auto': the closures run asynchronously, so there is
@@ -118,8 +120,8 @@ class ManagedTraining:
     self.module = user_module.load(task.module_file, task.module_path)
     self.data = datasets.training_data(task, self.module)
     self.distribution = DistributionConfig.from_dict(task.distribution)
-    self.fault_tolerance = checkpointing.CheckpointConfig.from_dict(
-        task.fault_tolerance)
+    self.fault_tolerance = FaultToleranceConfig.from_dict(
+        task.fault_tolerance).checkpoint()
     self.accumulation = self.distribution.gradient_accumulation_steps
     self.replicas = strategy.num_replicas_in_sync
     self.global_batch = self.distribution.global_batch(self.replicas)
@@ -131,7 +133,7 @@ class ManagedTraining:
     if task.train_steps < 1:
       raise ValueError(
           f'train_steps={task.train_steps} must be >= 1; '
-          'worker.resolve_lengths turns train_epochs into steps first.')
+          'task_process.resolve_lengths turns train_epochs into steps first.')
     self.train_steps = int(task.train_steps)
     self.any_worker, self.all_workers = _agreement(strategy, self.kind)
     # Flushed by record_progress at most once a second (a flush to an object
@@ -221,7 +223,7 @@ class ManagedTraining:
   # --- training
 
   def record_progress(self, previous: int, current: int, loss: float,
-                      stats: driver.StepStats) -> None:
+                      stats: step_loop.StepStats) -> None:
     """Progress marker (at most once a second), TensorBoard loss (~100
     points, written at most once a second), a progress line every few
     seconds."""
@@ -276,19 +278,19 @@ class ManagedTraining:
 
   def train(self, start: int) -> Dict[str, Any]:
     setting = self.distribution.steps_per_execution
-    if self.kind == 'parameter_server' and setting == driver.AUTO:
+    if self.kind == 'parameter_server' and setting == AUTO:
       setting = PS_STEPS_PER_CALL
-    if self.kind == 'multi_worker_mirrored' and setting == driver.AUTO:
+    if self.kind == 'multi_worker_mirrored' and setting == AUTO:
       # Workers reading gs:// hung inside the first multi-step call here
       # (both idle in the call); one step per call is what was verified.
       setting = 1
-    self.sizer = driver.CallSizer(setting, agree=self.all_workers)
+    self.sizer = step_loop.CallSizer(setting, agree=self.all_workers)
     runner, watcher = self._runner_and_watcher(start)
     # The writer is the default for all of training: leaving `as_default`
     # flushes it, once here (per point, it flushed ~100 times a run).
     with (self.writer.as_default() if self.writer else
           contextlib.nullcontext()):
-      return driver.drive(
+      return step_loop.drive(
           runner, self.checkpointer, watcher, start=start,
           train_steps=self.train_steps, sizer=self.sizer,
           record_progress=self.record_progress, any_worker=self.any_worker,

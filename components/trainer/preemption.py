@@ -9,7 +9,7 @@ steps is enough.
 
 A preempted training returns normally with `preempted: true` in its result;
 the process should then exit with `PREEMPTED_EXIT_CODE` so that a launcher
-knows a restart will resume.
+knows a restart will resume (and counts it against no restart budget).
 """
 
 import shutil
@@ -21,8 +21,7 @@ from typing import Any, Callable, Dict
 from absl import logging
 import tensorflow as tf
 
-# EX_TEMPFAIL: "temporary failure, the user is invited to retry".
-PREEMPTED_EXIT_CODE = 75
+from components.trainer.exit_codes import PREEMPTED_EXIT_CODE
 
 
 class Preempted(Exception):

@@ -3,11 +3,11 @@
 Every training process logs a progress line every few seconds through
 `LOGGER`; the chief also hands the same numbers to `progress.json` (its
 checkpoint folder's progress marker, written at most once a second). The
-local launcher, which supervises the training processes, reads that file
-every few seconds and logs the line through `LOGGER` in the executor's
+supervisor of the training processes (`supervisor`, for either launcher)
+reads that file every few seconds and logs the line through `LOGGER` in the executor's
 process: the component's own log, which a pipeline console shows
 (pipelines/console.py lets the `tfx_hpm` loggers' INFO through and sends
-TFX and Beam INFO to a file). No TensorFlow import: the launcher uses it.
+TFX and Beam INFO to a file). No TensorFlow import: the supervisor uses it.
 """
 
 import logging
@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Optional
 
 LOGGER = logging.getLogger('tfx_hpm.trainer')
 # Training processes log a progress line this often (and after the first
-# and the last call); the launcher relays the chief's record as often.
+# and the last call); the supervisor relays the chief's record as often.
 LINE_EVERY_SECONDS = 5.0
 
 

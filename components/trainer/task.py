@@ -33,7 +33,7 @@ class TrainingTask:
   custom_config: Dict[str, Any]
   # DistributionConfig.to_dict() (components/trainer/config.py).
   distribution: Dict[str, Any]
-  # CheckpointConfig.to_dict() (components/trainer/checkpointing.py).
+  # FaultToleranceConfig.to_dict() (components/trainer/checkpoint/config.py).
   fault_tolerance: Dict[str, Any]
   # Stable checkpoint location that survives executions (resolved by the
   # executor from pipeline name, node id and the training fingerprint).

@@ -11,8 +11,8 @@ live in the pipeline root in TFX's layout
 - the previous TunedInputPipeline artifacts of this node are the siblings of
   this execution's output folder; each has `fingerprint.json` (what it was
   tuned on) next to `config.json`;
-- the latest HighPerfTrainer ModelRun is `<pipeline_root>/*/model_run/*/`
-  with `training_result.json` (the loop's steady `examples_per_sec`).
+- the latest HighPerfTrainer training result with a steady
+  `examples_per_sec` (`components.records.training_result` finds it).
 With another layout (e.g. Kubeflow's per-run folders) nothing is found and
 the component tunes from scratch. Any tf.io.gfile filesystem; no TFX import.
 """
@@ -21,16 +21,17 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
 
 from components.data.input_pipeline import InputPipelineConfig
+from components.records import training_result
+from components import storage
 
 FINGERPRINT_FILE = 'fingerprint.json'
 CONFIG_FILE = 'config.json'
-TRAINING_RESULT_FILE = 'training_result.json'
 _FORMAT_VERSION = 1
 
 
@@ -71,17 +72,6 @@ def _read_json(path: str) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _mtime(path: str) -> int:
-  try:
-    return tf.io.gfile.stat(path).mtime_nsec
-  except tf.errors.OpError:
-    return -1
-
-
-def _newest(paths: List[str]) -> List[str]:
-  return sorted(paths, key=_mtime, reverse=True)
-
-
 def previous_tuning(output_uri: str, key: Dict[str, Any]) -> Optional[Reusable]:
   """The newest earlier TunedInputPipeline of this node, checked against key.
 
@@ -104,7 +94,7 @@ def previous_tuning(output_uri: str, key: Dict[str, Any]) -> Optional[Reusable]:
   fingerprints = [f for f in fingerprints if tf.io.gfile.exists(f)]
   if not fingerprints:
     return None
-  newest = _newest(fingerprints)[0]
+  newest = storage.newest_first(fingerprints)[0]
   uri = os.path.dirname(newest)
   old = _read_json(newest) or {}
   differences = [
@@ -151,22 +141,9 @@ def previous_training(output_uri: str) -> Optional[PreviousTraining]:
     root = os.path.dirname(root)
   if not root:
     return None
-  pattern = os.path.join(root, '*', 'model_run', '*', TRAINING_RESULT_FILE)
-  try:
-    results = tf.io.gfile.glob(pattern)
-  except tf.errors.OpError:
-    return None
-  for path in _newest(results):
-    result = _read_json(path) or {}
-    rate = result.get('examples_per_sec')
-    batch = result.get('global_batch_size')
-    if isinstance(rate, (int, float)) and rate > 0 and isinstance(batch, int):
-      per_step = result.get('examples_per_step') or batch * int(
-          result.get('gradient_accumulation_steps') or 1)
-      replicas = max(int(result.get('num_replicas') or 1), 1)
-      return PreviousTraining(float(rate), int(per_step) // replicas,
-                              os.path.dirname(path))
-  return None
+  rate = training_result.newest_steady_rate(root)
+  return rate and PreviousTraining(rate.examples_per_sec, rate.reader_batch,
+                                   rate.model_run_dir)
 
 
 def write_fingerprint(output_uri: str, key: Dict[str, Any],

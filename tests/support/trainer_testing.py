@@ -18,6 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 from components.trainer import launcher
+from components.trainer import supervisor
+from components.trainer import tf_cluster
 from components.trainer.task import TrainingTask
 from tests.support import faulty_storage
 from tests.support import id_recording_module
@@ -116,7 +118,7 @@ def child_env() -> Dict[str, str]:
 
 def worker_argv(task_path: str) -> List[str]:
   """The production training process, exactly as the executor starts it."""
-  return [sys.executable, '-m', 'components.trainer.worker', '--task',
+  return [sys.executable, '-m', 'components.trainer.task_process', '--task',
           task_path, '--role', 'trainer']
 
 
@@ -154,7 +156,7 @@ def run_child(task: TrainingTask, root: str, faults: Optional[str] = None,
 
 def cluster_argv(task: TrainingTask, root: str, production: bool = False
                 ) -> Callable[[str], List[str]]:
-  """`argv_for_role` of `launcher.cluster_processes` for `task` (saved
+  """`argv_for_role` of `tf_cluster.cluster_processes` for `task` (saved
   under `root`): trainers as in `start_child`, servers the production
   worker's."""
   task_path = os.path.join(root, 'task.json')
@@ -163,7 +165,7 @@ def cluster_argv(task: TrainingTask, root: str, production: bool = False
   def argv(role: str) -> List[str]:
     if role == 'trainer':
       return _trainer_argv(task_path, production)
-    return [sys.executable, '-m', 'components.trainer.worker', '--task',
+    return [sys.executable, '-m', 'components.trainer.task_process', '--task',
             task_path, '--role', 'server']
 
   return argv
@@ -173,7 +175,7 @@ def run_cluster(task: TrainingTask, root: str, *,
                 strategy: str = 'multi_worker_mirrored', num_workers: int = 2,
                 num_ps: int = 0, production: bool = False,
                 max_restarts: Optional[int] = None,
-                timeout_s: float = CLUSTER_TIMEOUT_S) -> launcher.LaunchResult:
+                timeout_s: float = CLUSTER_TIMEOUT_S) -> supervisor.LaunchResult:
   """`task` as a local cluster under the launcher's supervisor (logs under
   `root`/logs). `max_restarts`: by default the task's (0 if unset). The
   processes get this process's environment (see the `child_env` fixture)."""
@@ -181,8 +183,8 @@ def run_cluster(task: TrainingTask, root: str, *,
     max_restarts = task.fault_tolerance.get('max_restarts', 0)
   argv = cluster_argv(task, root, production)
   return launcher.run_supervised(
-      lambda attempt: launcher.cluster_processes(strategy, num_workers,
-                                                 num_ps, argv),
+      lambda attempt: tf_cluster.cluster_processes(strategy, num_workers,
+                                                   num_ps, argv),
       os.path.join(root, 'logs'), timeout_s=timeout_s,
       max_restarts=max_restarts)
 
@@ -290,13 +292,13 @@ def main(task_path: str) -> int:
   code."""
   # pylint: disable=g-import-not-at-top
   from components.trainer import preemption
-  from components.trainer import worker
+  from components.trainer import task_process
   # pylint: enable=g-import-not-at-top
   tf.config.experimental.enable_op_determinism()
   if os.environ.get(faulty_storage.ENV):
     faulty_storage.FaultyStorage.from_json(
         os.environ[faulty_storage.ENV]).install()
-  return preemption.exit_code(worker.train(TrainingTask.load(task_path)))
+  return preemption.exit_code(task_process.train(TrainingTask.load(task_path)))
 
 
 if __name__ == '__main__':

@@ -17,7 +17,9 @@ from typing import Any, Dict, List, Optional
 from absl import logging
 import tensorflow as tf
 
-from components.trainer import checkpointing
+from components.trainer.checkpoint import records
+from components.trainer.checkpoint.config import CheckpointConfig
+from components.trainer.checkpoint.store import CheckpointStore
 
 # The chief records the last step reached (to count the steps a crash lost)
 # in the background, at most this often: object stores throttle repeated
@@ -29,19 +31,20 @@ class Checkpointer:
   """Saves and restores one training's checkpoint, model and step counter."""
 
   def __init__(self, directory: str, checkpoint: tf.train.Checkpoint,
-               config: checkpointing.CheckpointConfig, is_chief: bool,
+               config: CheckpointConfig, is_chief: bool,
                manifest_extra: Dict[str, Any], run_id: Optional[str] = None,
                collective_saves: bool = False):
     """`run_id` names this run for the lease: the same for every attempt of
     one execution (the model_run URI), another for another execution."""
     self.config = config
-    self.store = checkpointing.CheckpointStore(
+    self.store = CheckpointStore(
         directory, checkpoint, keep_last=config.keep_last, is_chief=is_chief,
         run_id=run_id,
         lease_heartbeat_seconds=config.lease_heartbeat_seconds,
         collective_saves=collective_saves)
-    self.progress = checkpointing.ProgressMarker(self.store,
-                                                 PROGRESS_EVERY_SECONDS)
+    self.records = self.store.records
+    self.progress = records.ProgressMarker(self.records,
+                                           PROGRESS_EVERY_SECONDS)
     self._manifest_extra = manifest_extra
     self.events: List[Dict[str, Any]] = []
     self.saves = 0
@@ -56,12 +59,13 @@ class Checkpointer:
                                      self.config.lease_timeout_seconds)
     if event:
       logging.warning('Checkpoint lease: %s', event)
-      self.events = self.store.append_event(event)
+      self.events = self.records.append_event(event)
 
   def restore(self) -> int:
     """Restores the newest valid checkpoint; records why we start where."""
-    progress = self.store.read_progress()
-    restored = self.store.restore_latest()
+    progress = self.records.read_progress()
+    skipped = []
+    restored = self.store.restore_latest(skipped)
     reached = progress['step'] if progress else None
     if restored:
       event = {'event': 'resumed', 'from_step': restored.step,
@@ -74,14 +78,14 @@ class Checkpointer:
                       event.get('steps_lost', 'unknown'))
     elif reached:
       event = {'event': 'restarted', 'from_step': 0, 'steps_lost': reached,
-               'skipped_checkpoints': self.store.last_skipped,
+               'skipped_checkpoints': skipped,
                'reason': 'no usable checkpoint from the previous attempt'}
       logging.warning('Restarting from step 0: the previous attempt reached '
                       'step %d but left no usable checkpoint.', reached)
     else:
       others = self.store.other_fingerprints()
       if not others:
-        self.events = self.store.read_events()
+        self.events = self.records.read_events()
         return 0
       event = {'event': 'fresh_start', 'from_step': 0,
                'reason': ('the inputs or the training config changed: no '
@@ -90,7 +94,7 @@ class Checkpointer:
       logging.warning('Starting fresh in %s: %s', self.store.directory,
                       event['reason'])
     event['time'] = time.time()
-    self.events = self.store.append_event(event)
+    self.events = self.records.append_event(event)
     return restored.step if restored else 0
 
   def save(self, step: int) -> str:
@@ -110,16 +114,12 @@ class Checkpointer:
     every = self.config.save_every_steps
     return (step // every + 1) * every if every else None
 
-  def due_by_steps(self, step: int) -> bool:
-    every = self.config.save_every_steps
-    return bool(every) and step % every == 0
-
   def due_by_time(self) -> bool:
     every = self.config.save_every_seconds
     return bool(every) and time.monotonic() - self.last_save_time >= every
 
   def record_preempted(self, step: int) -> None:
-    self.events = self.store.append_event({
+    self.events = self.records.append_event({
         'event': 'preempted', 'at_step': step,
         'checkpoint': self.last_save_path, 'time': time.time()})
 
@@ -127,7 +127,7 @@ class Checkpointer:
     """One event summing up the transient storage errors retried."""
     retries = self.store.retries
     if retries:
-      self.events = self.store.append_event({
+      self.events = self.records.append_event({
           'event': 'storage_retried', 'retries': len(retries),
           'operations': dict(collections.Counter(
               r['operation'] for r in retries)),

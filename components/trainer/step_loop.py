@@ -1,4 +1,4 @@
-"""The one loop driver: calls a step runner, saves, stops on preemption.
+"""The one step loop: calls a step runner, saves, stops on preemption.
 
 Every kind of training (synchronous replicas, parameter servers, GPipe)
 plugs a step runner (`step_runners`) into `drive`, which owns what they
@@ -16,9 +16,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from absl import logging
 
 from components.trainer import preemption
-from components.trainer.saving import Checkpointer
+from components.trainer.checkpoint.checkpointer import Checkpointer
+from components.trainer.config import AUTO
 
-AUTO = 'auto'
 # 'auto' tries these steps per call, in order, while the time per step keeps
 # improving by at least AUTO_GAIN.
 AUTO_CANDIDATES = (1, 4, 16, 64, 256, 1024)

@@ -1,14 +1,16 @@
-"""Entry point of every training process, and of in-process training.
+"""Entry point of every task process of a cluster (chief, worker, ps), and
+of in-process training.
 
-    python -m components.trainer.worker --task training_task.json --role trainer
-    python -m components.trainer.worker --task training_task.json --role server
+    python -m components.trainer.task_process --task task.json --role trainer
+    python -m components.trainer.task_process --task task.json --role server
 
 A `trainer` splits the CPU into logical devices (before TensorFlow starts),
 seeds itself (`distribution.seed`, `deterministic`), builds the strategy,
 resolves batch and step counts for its replica count and trains: the managed
 loop (`loop.run_managed_training`) or the module's `run_fn`. The chief
-writes `training_result.json` into the model_run dir. A `server` (parameter-server ps and workers) runs a tf.distribute.Server until
-the launcher stops it; it runs only functions the coordinator traced, whose
+writes `training_result.json` into the model_run dir. A `server` (the
+parameter-server ps and workers) runs a tf.distribute.Server until the
+supervisor stops it; it runs only functions the coordinator traced, whose
 random ops carry the coordinator's seeds, so it has nothing to seed. No TFX
 import here: managed-mode processes start fast.
 """
@@ -28,18 +30,16 @@ os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 from absl import logging as absl_logging
 import tensorflow as tf
 
-from components import storage
-from components.trainer import checkpointing
-from components.trainer import launcher
+from components.data import input_pipeline
+from components.records import training_result
 from components.trainer import preemption
 from components.trainer import strategy as strategy_lib
+from components.trainer import tf_cluster
+from components.trainer.checkpoint.lease import LeaseHeldError
 from components.trainer.config import DistributionConfig
+from components.trainer.exit_codes import NOT_RETRYABLE_EXIT_CODE
 from components.trainer.task import TrainingTask
-from components.data import input_pipeline
 # pylint: enable=g-import-not-at-top,wrong-import-position
-
-RESULT_FILE = 'training_result.json'
-ROLES = ('trainer', 'server')
 
 
 def run_server() -> None:
@@ -135,7 +135,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
       'train_wall_s': time.time() - start,
   }
   if is_chief:
-    storage.write_json(os.path.join(task.model_run_dir, RESULT_FILE), result)
+    training_result.write(task.model_run_dir, result)
   return result
 
 
@@ -169,18 +169,18 @@ def log_at_info() -> None:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--task', required=True, help='TrainingTask JSON file.')
-  parser.add_argument('--role', choices=ROLES, default='trainer')
+  parser.add_argument('--role', choices=tf_cluster.ROLES, default='trainer')
   args = parser.parse_args(argv)
   log_at_info()
   if args.role == 'server':
     run_server()
   try:
     result = train(TrainingTask.load(args.task))
-  except checkpointing.LeaseHeldError:
+  except LeaseHeldError:
     # Another run trains into this checkpoint folder: a relaunch would
     # only meet it again.
     absl_logging.exception('Not retryable:')
-    return launcher.NOT_RETRYABLE_EXIT_CODE
+    return NOT_RETRYABLE_EXIT_CODE
   # A preempted run stopped at a checkpoint: tell the launcher that a rerun
   # resumes.
   return preemption.exit_code(result)

@@ -1,0 +1,100 @@
+"""`training_result.json`: what a HighPerfTrainer training left in model_run.
+
+The chief writes the trainer's numbers (steps, rate, batch, replicas, resume
+events; the executor adds the launch's attempts) with `write`; `read` is the
+one reader, and checks the format version. Readers outside the trainer (the
+transform's history) call `newest_steady_rate` instead of globbing the
+trainer's artifact folders. No TFX import.
+"""
+
+import dataclasses
+import os
+from typing import Any, Dict, Optional
+
+import tensorflow as tf
+
+from components import storage
+
+FILE_NAME = 'training_result.json'
+VERSION_KEY = 'format_version'
+# 1: the flat result dict. Files written before the version was recorded
+# have the same format and no VERSION_KEY.
+FORMAT_VERSION = 1
+
+
+class FormatError(ValueError):
+  """A training result this code cannot read."""
+
+
+def path(model_run_dir: str) -> str:
+  return os.path.join(model_run_dir, FILE_NAME)
+
+
+def write(model_run_dir: str, result: Dict[str, Any]) -> None:
+  """Writes `result` (JSON values) with the format version."""
+  storage.write_json(path(model_run_dir),
+                     {**result, VERSION_KEY: FORMAT_VERSION})
+
+
+def read(model_run_dir: str) -> Optional[Dict[str, Any]]:
+  """The training result of `model_run_dir`; None where there is none.
+
+  Raises:
+    FormatError: Not a JSON object, or of another format version.
+  """
+  file_path = path(model_run_dir)
+  result = storage.read_json(file_path)
+  if result is None:
+    return None
+  version = result.get(VERSION_KEY, 1) if isinstance(result, dict) else None
+  if version != FORMAT_VERSION:
+    raise FormatError(
+        f'{file_path} is not a training result of format version '
+        f'{FORMAT_VERSION} (found {VERSION_KEY}={version!r}); it was written '
+        'by another tfx-hpm version.')
+  return result
+
+
+@dataclasses.dataclass(frozen=True)
+class SteadyRate:
+  """A training's steady rate and the batch its input pipeline read."""
+  examples_per_sec: float
+  # Examples per batch of each replica's input pipeline: the per-replica
+  # batch times the gradient-accumulation steps.
+  reader_batch: int
+  model_run_dir: str
+
+
+def steady_rate(result: Dict[str, Any],
+                model_run_dir: str) -> Optional[SteadyRate]:
+  """The rate of a result that has one (a managed-loop training)."""
+  rate = result.get('examples_per_sec')
+  batch = result.get('global_batch_size')
+  if not (isinstance(rate, (int, float)) and rate > 0 and
+          isinstance(batch, int)):
+    return None
+  per_step = result.get('examples_per_step') or batch * int(
+      result.get('gradient_accumulation_steps') or 1)
+  replicas = max(int(result.get('num_replicas') or 1), 1)
+  return SteadyRate(float(rate), int(per_step) // replicas, model_run_dir)
+
+
+def newest_steady_rate(pipeline_root: str) -> Optional[SteadyRate]:
+  """The newest training result with a rate under a pipeline root in TFX's
+  layout (`<pipeline_root>/<node>/model_run/<execution>/`); None if none."""
+  pattern = os.path.join(pipeline_root, '*', 'model_run', '*', FILE_NAME)
+  try:
+    paths = tf.io.gfile.glob(pattern)
+  except tf.errors.OpError:
+    return None
+  for file_path in storage.newest_first(paths):
+    model_run_dir = os.path.dirname(file_path)
+    try:
+      result = read(model_run_dir)
+    except (FormatError, ValueError):
+      continue
+    rate = steady_rate(result or {}, model_run_dir)
+    if rate:
+      return rate
+  return None
+

@@ -1,0 +1,395 @@
+"""One supervisor for a training cluster: attempts, outcomes, what comes next.
+
+A backend starts one attempt of the cluster (`launcher`: child processes on
+this machine; `ray_launcher`: Ray actors across a Ray cluster's nodes) and
+reports each task's state; `supervise` is the one loop that watches an
+attempt, judges its outcome and decides what follows: done, relaunch (while
+`max_restarts` lasts; a task that exits PREEMPTED_EXIT_CODE stopped at a
+checkpoint, so its relaunch resumes and is not counted), or fail with the
+error of the outcome (NOT_RETRYABLE_EXIT_CODE at once). A SIGTERM to the
+supervisor (a preemption notice) is passed on to every task, which
+checkpoints and stops; the run then fails as preempted, so that the
+orchestrator's retry resumes. While an attempt runs, the chief's progress
+record is logged every few seconds (`progress`), so that the component's log
+shows training. No TFX, TensorFlow or Ray import.
+"""
+
+import collections
+import dataclasses
+import enum
+import os
+import re
+import signal
+import threading
+import time
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional,
+                    Protocol, Tuple)
+
+from absl import logging
+
+from components.trainer import progress
+from components.trainer.exit_codes import NOT_RETRYABLE_EXIT_CODE
+from components.trainer.exit_codes import PREEMPTED_EXIT_CODE
+
+# A killed cluster's processes get this long to exit after SIGTERM before
+# SIGKILL.
+DEFAULT_GRACE_S = 10.0
+TAIL_LINES = 40
+# What every TensorFlow process prints as it starts, whatever went wrong
+# later: kept out of the log tail of a failure.
+_TF_STARTUP = re.compile('|'.join([
+    r'Unable to register cu(FFT|DNN|BLAS) factory',
+    r'oneDNN custom operations are on',
+    r'This TensorFlow binary is optimized to use available CPU instructions',
+    r'rebuild TensorFlow with the appropriate compiler flags',
+    r'TF-TRT Warning: Could not find TensorRT',
+    r'Could not find cuda drivers on your machine',
+    r'All log messages before absl::InitializeLog\(\) is called',
+]))
+_PYTHON_WARNING = re.compile(r':\d+: (FutureWarning|DeprecationWarning): ')
+
+
+class Outcome(enum.Enum):
+  """How an attempt ended."""
+  DONE = 'done'
+  FAILED = 'failed'
+  TIMEOUT = 'timeout'
+  PREEMPTED = 'preempted'
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskStatus:
+  """One task of a running attempt, as its backend sees it."""
+  name: str
+  server: bool
+  running: bool
+  # None while running, or where the task was lost with its host (Ray).
+  exit_code: Optional[int] = None
+  # Added to the log tail, e.g. why Ray lost the task.
+  note: str = ''
+
+
+class Attempt(Protocol):
+  """One launch of the cluster, as a backend runs it."""
+  # The tasks' names, as their statuses name them.
+  names: List[str]
+  # Where each task runs (Ray: node id, IP); {} where all run here.
+  placement: Dict[str, Dict[str, Any]]
+
+  def poll(self, wait_s: float) -> List[TaskStatus]:
+    """Every task's state, after waiting up to `wait_s` for a change."""
+
+  def pass_on_notice(self) -> None:
+    """SIGTERM to every task's process: checkpoint and stop."""
+
+  def stop(self, grace_s: float) -> None:
+    """Stops every process (SIGKILL after `grace_s`), frees what it held."""
+
+  def log_path(self, name: str) -> str:
+    """The local log file of task `name`, complete once stopped."""
+
+
+# Starts attempt k (0, 1, ...) logging into the given folder.
+StartAttempt = Callable[[int, str], Attempt]
+
+
+@dataclasses.dataclass
+class ProcessExit:
+  """How one process ended, with the end of its log."""
+  process: str
+  exit_code: Optional[int]
+  log_path: str
+  log_tail: str
+  attempt: int
+  time: float
+
+
+@dataclasses.dataclass
+class LaunchResult:
+  attempts: int
+  # Why each relaunch happened (preemptions, exit 75, included).
+  restarts: List[ProcessExit]
+  wall_s: float
+  log_dir: str
+  # Launcher 'ray': where each task of the last attempt ran (node id, IP).
+  placement: Dict[str, Dict[str, Any]] = dataclasses.field(
+      default_factory=dict)
+
+  def to_dict(self):
+    return dataclasses.asdict(self)
+
+  def relocated(self, log_dir: str, new_log_dir: str) -> 'LaunchResult':
+    """The same result, its log paths under `new_log_dir` (logs uploaded)."""
+    def move(path: str) -> str:
+      return new_log_dir + path[len(log_dir):] if path.startswith(
+          log_dir) else path
+    return dataclasses.replace(
+        self, log_dir=move(self.log_dir),
+        restarts=[dataclasses.replace(r, log_path=move(r.log_path))
+                  for r in self.restarts])
+
+
+class ClusterFailedError(RuntimeError):
+  """A training process failed (and no restart was left)."""
+
+  def __init__(self, message: str, failure: ProcessExit,
+               restarts: List[ProcessExit]):
+    super().__init__(message)
+    self.failure = failure
+    self.restarts = restarts
+
+
+class ClusterTimeoutError(ClusterFailedError):
+  """Training ran past its time limit."""
+
+
+class ClusterPreemptedError(ClusterFailedError):
+  """A preemption notice (SIGTERM) stopped training at a checkpoint."""
+
+
+def without_startup_noise(lines: Iterable[str]) -> Iterator[str]:
+  """`lines` less TensorFlow's start-up messages and Python's Future- and
+  DeprecationWarnings (each with the source line printed under it)."""
+  warning_source = False
+  for line in lines:
+    if warning_source and line.startswith((' ', '\t')):
+      warning_source = False
+      continue
+    warning_source = bool(_PYTHON_WARNING.search(line))
+    if not warning_source and not _TF_STARTUP.search(line):
+      yield line
+
+
+def read_tail(path: str, lines: int = TAIL_LINES) -> str:
+  """The last `lines` lines of a (possibly large) log file, without the
+  start-up noise that would fill them (the file keeps everything)."""
+  try:
+    with open(path, 'rb') as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - 256 * 1024))
+      text = f.read().decode('utf-8', errors='replace')
+  except FileNotFoundError:
+    return ''
+  return '\n'.join(collections.deque(
+      without_startup_noise(text.splitlines()), maxlen=lines))
+
+
+class SigtermForwarder:
+  """While active, SIGTERM to the supervisor is a notice for every task.
+
+  A preemption notice reaches only the executor's process (e.g. PID 1 of a
+  pod); the training processes, each in its own session, must get it too to
+  checkpoint before they stop. The handler only records it: the supervision
+  loop passes it on (a backend's calls, Ray's, must not be interrupted by
+  their own kind). Signal handlers need the main thread; in another thread
+  the notice is not forwarded.
+  """
+
+  def __init__(self):
+    self.received = False
+    self.tasks: List[str] = []
+    self._previous = None
+
+  def __enter__(self) -> 'SigtermForwarder':
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._forward)
+    return self
+
+  def _forward(self, signum, frame):
+    del signum, frame
+    logging.warning('SIGTERM: forwarding the preemption notice to %s',
+                    self.tasks)
+    self.received = True
+
+  def __exit__(self, *unused_exc_info):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+class ProgressRelay:
+  """Logs the chief's progress record (progress.json) every few seconds.
+
+  The training processes log to their own files; this puts their progress
+  into the supervisor's log, the component's own. A record from before this
+  attempt started (a previous run's) or one already shown is skipped. It
+  reads in a thread of its own, so that a slow read from an object store
+  never holds up the supervision.
+  """
+
+  def __init__(self, read: Optional[Callable[[], Optional[Dict[str, Any]]]],
+               every_s: float, restarts: int):
+    self._read = read
+    self._every_s = every_s
+    self._restarts = restarts
+    self._since = time.time()
+    self._shown = None
+    self._stopping = threading.Event()
+    self._thread = None
+    if read is not None:
+      self._thread = threading.Thread(target=self._run, daemon=True,
+                                      name='hpm-progress-relay')
+      self._thread.start()
+
+  def _run(self) -> None:
+    while not self._stopping.wait(self._every_s):
+      self._relay()
+    self._relay()  # Where the attempt ended.
+
+  def _relay(self) -> None:
+    record = self._read()
+    if (not record or 'train_steps' not in record or
+        record.get('time', 0) < self._since or
+        record['step'] == self._shown):
+      return
+    self._shown = record['step']
+    progress.LOGGER.info('%s', progress.format_line(record, self._restarts))
+
+  def stop(self) -> None:
+    """Relays the last record; waits for that read at most one period."""
+    if self._thread is not None:
+      self._stopping.set()
+      self._thread.join(timeout=self._every_s)
+
+
+def judge(tasks: List[TaskStatus], notified: bool
+         ) -> Optional[Tuple[Outcome, TaskStatus]]:
+  """The attempt's outcome from its tasks' states, None while it runs on.
+
+  Done when every trainer exited 0; failed at the first task that exited
+  non-zero or was lost, or at a server that exited at all (servers run until
+  stopped). After a preemption notice, every trainer's exit ends the attempt
+  as preempted, whatever its status.
+  """
+  trainers = [t for t in tasks if not t.server]
+  if notified:
+    if any(t.running for t in trainers):
+      return None
+    return Outcome.PREEMPTED, trainers[0]
+  for task in tasks:
+    if not task.running and (task.exit_code != 0 or task.server):
+      return Outcome.FAILED, task
+  if any(t.running for t in trainers):
+    return None
+  return Outcome.DONE, trainers[0]
+
+
+def _watch(attempt: Attempt, start: float, timeout_s: float,
+           poll_interval_s: float, forwarder: SigtermForwarder
+          ) -> Tuple[Outcome, TaskStatus, List[TaskStatus]]:
+  """Polls until the attempt is done, fails, times out or was preempted;
+  returns the outcome, the task it is about and every task's last state."""
+  notified = False
+  while True:
+    if forwarder.received and not notified:
+      attempt.pass_on_notice()
+      notified = True
+    tasks = attempt.poll(poll_interval_s)
+    end = judge(tasks, notified)
+    if end:
+      return end + (tasks,)
+    if timeout_s and time.monotonic() - start > timeout_s:
+      stuck = next(t for t in tasks if t.running and not t.server)
+      return Outcome.TIMEOUT, stuck, tasks
+
+
+def _describe(failure: ProcessExit, tasks: List[TaskStatus]) -> str:
+  others = ', '.join(
+      f'{t.name}: ' + ('running' if t.running else
+                       'lost' if t.exit_code is None else f'exit {t.exit_code}')
+      for t in tasks if t.name != failure.process)
+  code = failure.exit_code
+  how = ('was lost with its host or actor' if code is None else
+         f'was killed by signal {-code}' if code < 0 else
+         f'exited with code {code}')
+  return (f'Training process {failure.process!r} {how} (attempt '
+          f'{failure.attempt}); other processes: {others or "none"}. '
+          f'Log {failure.log_path}, last lines:\n{failure.log_tail}')
+
+
+def supervise(start_attempt: StartAttempt, log_dir: str, *,
+              timeout_s: float = 0, max_restarts: int = 0,
+              poll_interval_s: float = 0.2,
+              grace_s: float = DEFAULT_GRACE_S,
+              read_progress: Optional[
+                  Callable[[], Optional[Dict[str, Any]]]] = None,
+              progress_every_s: float = progress.LINE_EVERY_SECONDS
+             ) -> LaunchResult:
+  """Runs a cluster to completion, relaunching it where that can help.
+
+  Args:
+    start_attempt: Starts attempt k of the cluster (fresh ports, placement)
+      logging into `log_dir/attempt-<k>/<task>.log`.
+    log_dir: The attempts' log folders go here.
+    timeout_s: Limit for all attempts together; 0 = none.
+    max_restarts: Relaunches allowed after failures; relaunches after a
+      task exited PREEMPTED_EXIT_CODE are not counted.
+    poll_interval_s: How often the tasks are polled.
+    grace_s: Time between SIGTERM and SIGKILL when stopping processes.
+    read_progress: Returns the chief's progress record (progress.json; None
+      while there is none); it is logged every `progress_every_s` through
+      `progress.LOGGER` while the cluster runs, and once more at the end.
+    progress_every_s: How often the progress record is read.
+
+  Returns:
+    Attempts made, the failures that caused relaunches, wall time.
+
+  Raises:
+    ClusterFailedError: A task failed and no restart was left, or it failed
+      with NOT_RETRYABLE_EXIT_CODE.
+    ClusterTimeoutError: The time limit passed.
+    ClusterPreemptedError: SIGTERM arrived; the processes have stopped.
+  """
+  start = time.monotonic()
+  restarts: List[ProcessExit] = []
+  index = 0
+  with SigtermForwarder() as forwarder:
+    while True:
+      attempt_dir = os.path.join(log_dir, f'attempt-{index}')
+      os.makedirs(attempt_dir, exist_ok=True)
+      attempt = start_attempt(index, attempt_dir)
+      try:
+        forwarder.tasks = attempt.names
+        relay = ProgressRelay(read_progress, progress_every_s, len(restarts))
+        try:
+          outcome, task, tasks = _watch(attempt, start, timeout_s,
+                                        poll_interval_s, forwarder)
+        finally:
+          relay.stop()
+      finally:
+        attempt.stop(grace_s)
+      if outcome is Outcome.DONE:
+        return LaunchResult(index + 1, restarts, time.monotonic() - start,
+                            log_dir, attempt.placement)
+      # Read after stop: a remote task's last lines arrive with it.
+      path = attempt.log_path(task.name)
+      failure = ProcessExit(task.name, task.exit_code, path,
+                            read_tail(path) + task.note, index, time.time())
+      _raise_or_log_relaunch(outcome, failure, _describe(failure, tasks),
+                             restarts, max_restarts, timeout_s)
+      restarts.append(failure)
+      index += 1
+
+
+def _raise_or_log_relaunch(outcome: Outcome, failure: ProcessExit,
+                           message: str, restarts: List[ProcessExit],
+                           max_restarts: int, timeout_s: float) -> None:
+  """The one mapping from an attempt's end to an error, else a relaunch."""
+  if outcome is Outcome.TIMEOUT:
+    raise ClusterTimeoutError(
+        f'Training exceeded timeout_s={timeout_s} and was killed. Last '
+        f'lines of {failure.process} ({failure.log_path}):\n'
+        f'{failure.log_tail}', failure, restarts)
+  if outcome is Outcome.PREEMPTED:
+    raise ClusterPreemptedError(
+        'Preempted (SIGTERM): the training processes were told to '
+        f'checkpoint and stop; a rerun resumes. {message}', failure, restarts)
+  if failure.exit_code == PREEMPTED_EXIT_CODE:
+    logging.warning('Relaunching the preempted cluster; it resumes from its '
+                    'checkpoint (not counted against max_restarts=%d): %s',
+                    max_restarts, message)
+    return
+  used = sum(1 for r in restarts if r.exit_code != PREEMPTED_EXIT_CODE)
+  if used >= max_restarts or failure.exit_code == NOT_RETRYABLE_EXIT_CODE:
+    raise ClusterFailedError(message, failure, restarts)
+  logging.warning('Restarting the cluster (%d of %d): %s', used + 1,
+                  max_restarts, message)
