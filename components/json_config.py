@@ -7,6 +7,7 @@ TFX import, so config validation tests run without TFX.
 
 import dataclasses
 import json
+import math
 from typing import Any, Dict, Optional, Union
 
 
@@ -14,6 +15,35 @@ def is_int(value: Any, minimum: Optional[int] = None) -> bool:
   """An int that is not a bool (JSON has no int/bool distinction in Python)."""
   return (isinstance(value, int) and not isinstance(value, bool) and
           (minimum is None or value >= minimum))
+
+
+def is_number(value: Any) -> bool:
+  """A finite int or float that is not a bool: NaN and infinity are bad input
+  (every comparison with NaN is False, so it would pass range checks)."""
+  return (isinstance(value, (int, float)) and not isinstance(value, bool) and
+          math.isfinite(value))
+
+
+def check_json_values(name: str, value: Any) -> None:
+  """Raises ValueError unless `value` is plain JSON: str keys, finite numbers.
+
+  `json.dumps` writes NaN and Infinity, which are not JSON; the value would
+  reach the executor and `build_model` as NaN.
+  """
+  if isinstance(value, dict):
+    for key, item in value.items():
+      if not isinstance(key, str):
+        raise ValueError(f'{name} keys must be strings, got {key!r}.')
+      check_json_values(f'{name}[{key!r}]', item)
+  elif isinstance(value, (list, tuple)):
+    for i, item in enumerate(value):
+      check_json_values(f'{name}[{i}]', item)
+  elif isinstance(value, float) and not math.isfinite(value):
+    raise ValueError(f'{name} must be a finite number, got {value!r}.')
+  elif not (value is None or isinstance(value, (str, int, float, bool))):
+    raise ValueError(f'{name} must hold only JSON values (str, number, bool, '
+                     f'None, list, dict), got {type(value).__name__} '
+                     f'{value!r}.')
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:

@@ -76,6 +76,27 @@ def small_module(tmp_path):
      r"'pipedream'"),
     ({'profile_repeats': 0}, r'profile_repeats must be a positive int'),
     ({'stages': 2}, r"Unknown GPipePartitioner config option\(s\) \['stages'\]"),
+    # Non-finite numbers and wrong types, option by option.
+    ({'batch_size': float('nan')}, r'batch_size must be a positive int, got nan'),
+    ({'batch_size': 64.0}, r'batch_size must be a positive int, got 64.0'),
+    ({'num_stages': float('inf')}, r"num_stages must be a positive int or "),
+    ({'num_microbatches': 'all'}, r"num_microbatches must be a positive int "),
+    ({'data_parallel_replicas': True},
+     r'data_parallel_replicas must be a positive int, got True'),
+    ({'memory_budget_bytes': float('inf')},
+     r'memory_budget_bytes must be a positive int or None, got inf'),
+    ({'remat': None}, r'remat must be one of'),
+    ({'schedule': 1}, r'schedule must be one of'),
+    ({'offload_activations': 1}, r'offload_activations must be a bool'),
+    ({'profile_repeats': float('nan')}, r'profile_repeats must be a positive'),
+    ({'hparams': [1]}, r'hparams must be a dict'),
+    ({'hparams': {'lr': float('nan')}},
+     r"hparams\['lr'\] must be a finite number, got nan"),
+    ({'hparams': {'sizes': [8, float('inf')]}},
+     r"hparams\['sizes'\]\[1\] must be a finite number, got inf"),
+    ({'hparams': {1: 2}}, r'hparams keys must be strings, got 1'),
+    ({'hparams': {'f': print}}, r"hparams\['f'\] must hold only JSON values"),
+    ({'sample_split': 0}, r'sample_split must be a split name, got 0'),
 ])
 def test_bad_parameters_fail_at_construction(overrides, message):
   config = {'batch_size': 64, 'num_stages': 2, **overrides}
