@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Tuple
 
 import tensorflow as tf
 
-from components import autograph
+from components import patches
 from components.pipeline_parallel import gpipe
 from components.pipeline_parallel import plan_format
 from components.trainer import accumulation
@@ -363,7 +363,12 @@ def run_managed_training(task: TrainingTask,
   means training stopped at a checkpoint after SIGTERM: exit with
   `preemption.PREEMPTED_EXIT_CODE` and run again to resume.
   """
-  autograph.skip_autograph_for_tf_keras()
+  with patches.installed(patches.AUTOGRAPH_SKIPS_TF_KERAS):
+    return _train_evaluate_export(task, strategy)
+
+
+def _train_evaluate_export(task: TrainingTask,
+                           strategy: tf.distribute.Strategy) -> Dict[str, Any]:
   training = ManagedTraining(task, strategy)
   training.build_model()
   try:
