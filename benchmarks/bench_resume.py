@@ -19,8 +19,9 @@ processes killed with SIGKILL:
 3. Time from the restart (process spawn) to the first resumed step, with a
    fresh start for reference.
 
-Both sides run with the same autograph fix (`components.autograph`)
-so that Keras tracing is not slowed by converting tf_keras.
+Both sides run with the same autograph fix
+(`components.patches.AUTOGRAPH_SKIPS_TF_KERAS`) so that Keras tracing is not
+slowed by converting tf_keras.
 """
 
 import argparse
