@@ -19,6 +19,7 @@ from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import report
 from components.partitioner.component import GPipePartitioner
+from components.records import partition_plan
 
 TAXI_MODULE = 'pipelines.taxi_module'
 TAXI_LAYER_CALLS = 21  # 3 deep-input + 4 hidden + 13 wide + 1 output calls.
@@ -160,10 +161,11 @@ def test_executor_writes_plan_profile_and_report(small_module, tmp_path):
                            schedule='gpipe', profile_repeats=2,
                            hparams={'width': 16})
   uri = artifact.uri
-  for name in (plan_lib.PLAN_FILE, plan_lib.PROFILE_FILE, report.REPORT_MD,
+  for name in (partition_plan.PLAN_FILE, plan_lib.PROFILE_FILE,
+               report.REPORT_MD,
                report.STAGE_COSTS_PNG, report.SCHEDULE_PNG):
     assert os.path.getsize(os.path.join(uri, name)) > 0, name
-  with open(os.path.join(uri, plan_lib.PLAN_FILE)) as f:
+  with open(os.path.join(uri, partition_plan.PLAN_FILE)) as f:
     plan = json.load(f)
   with open(os.path.join(uri, plan_lib.PROFILE_FILE)) as f:
     profile = plan_lib.ModelProfile.from_json(f.read())
@@ -192,7 +194,7 @@ def test_executor_auto_picks_the_fastest_microbatches_and_schedule(
     small_module, tmp_path):
   artifact = _run_executor(small_module, tmp_path / 'plan', batch_size=16,
                            num_stages=2, profile_repeats=2)
-  with open(os.path.join(artifact.uri, plan_lib.PLAN_FILE)) as f:
+  with open(os.path.join(artifact.uri, partition_plan.PLAN_FILE)) as f:
     plan = json.load(f)
   choice = plan['choice']
   # Measured at the smallest and the largest micro-batch.
@@ -221,7 +223,7 @@ def test_executor_plans_data_parallel_copies(small_module, tmp_path):
   artifact = _run_executor(small_module, tmp_path / 'plan', batch_size=32,
                            num_stages=2, num_microbatches=4,
                            data_parallel_replicas=2, profile_repeats=1)
-  with open(os.path.join(artifact.uri, plan_lib.PLAN_FILE)) as f:
+  with open(os.path.join(artifact.uri, partition_plan.PLAN_FILE)) as f:
     plan = json.load(f)
   # Each of the 2 copies: 16 examples in 4 micro-batches of 4.
   assert plan['data_parallel_replicas'] == 2
@@ -235,7 +237,7 @@ def test_executor_measures_the_schedule_in_a_real_step(small_module,
   artifact = _run_executor(small_module, tmp_path / 'plan', batch_size=16,
                            num_stages=2, num_microbatches=4, schedule='1f1b',
                            profile_repeats=1, measure_schedule=True)
-  with open(os.path.join(artifact.uri, plan_lib.PLAN_FILE)) as f:
+  with open(os.path.join(artifact.uri, partition_plan.PLAN_FILE)) as f:
     plan = json.load(f)
   measured = plan['measured']
   assert len(set(measured['devices'])) == 2
@@ -338,7 +340,7 @@ def test_pipeline_transform_partitioner_trainer_evaluator(tmp_path,
   (plan_artifact,) = _artifacts_of_type(metadata_path, 'tfx_hpm.PartitionPlan')
   properties = plan_artifact.custom_properties
   assert properties['num_stages'].int_value == 2
-  with open(os.path.join(plan_artifact.uri, plan_lib.PLAN_FILE)) as f:
+  with open(os.path.join(plan_artifact.uri, partition_plan.PLAN_FILE)) as f:
     plan = json.load(f)
   assert properties['num_microbatches'].int_value == plan['num_microbatches']
   # Profiled on real transformed examples, at micro-batches of 1 and 32.

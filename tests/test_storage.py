@@ -299,7 +299,7 @@ def test_partitioner_executor_writes_its_plan_to_ram(tmp_path):
       {'module_file': str(module),
        partitioner_executor.CONFIG_KEY: json.dumps(
            {'batch_size': 16, 'num_stages': 2, 'profile_repeats': 1})})
-  plan = storage.read_json(os.path.join(artifact.uri, plan_lib.PLAN_FILE))
+  plan = storage.read_json(os.path.join(artifact.uri, partition_plan.PLAN_FILE))
   assert plan['num_stages'] == 2
   assert tf.io.gfile.exists(os.path.join(artifact.uri, 'report.md'))
 

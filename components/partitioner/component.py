@@ -7,7 +7,7 @@
         transform_graph=transform.outputs['transform_graph'])
 
 Its `partition_plan` output (a PartitionPlan artifact) holds plan.json,
-which HighPerfTrainer executes with `components.pipeline_parallel.gpipe`.
+which HighPerfTrainer executes with `components.pipeline_parallel.runner`.
 """
 
 from typing import Any, Dict, Optional, Union

@@ -10,9 +10,9 @@ from typing import Any, Dict, Optional, Union
 
 from components.json_config import JsonConfig, check_json_values, is_int
 from components.pipeline_parallel import schedules
+from components.records.partition_plan import REMAT_MODES
 
 AUTO = 'auto'
-REMAT_MODES = ('always', 'except_last', 'never')
 SCHEDULE_OPTIONS = (*schedules.SCHEDULES, AUTO)
 
 
