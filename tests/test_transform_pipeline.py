@@ -23,6 +23,7 @@ from ml_metadata.proto import metadata_store_pb2
 from components import OptimizedTransform
 from components.data import input_pipeline
 from components.data.input_pipeline import InputPipelineConfig
+from components.records import tuned_input_pipeline
 from components.transform import tuner
 from components.transform.config import TuningConfig
 from components.types import TunedInputPipeline
@@ -118,8 +119,7 @@ def _stock_reader(split_dir, schema):
 
 
 def _tuned_config_at(uri):
-  with open(os.path.join(uri, 'config.json')) as f:
-    return InputPipelineConfig.from_dict(json.load(f))
+  return tuned_input_pipeline.read(uri)
 
 
 def _tuned_config(run, node):

@@ -29,6 +29,7 @@ from tfx.utils import io_utils
 
 from components import patches
 from components import storage
+from components.records import tuned_input_pipeline
 from components.trainer import checkpointing
 from components.trainer import config as config_lib
 from components.trainer import launcher
@@ -78,17 +79,6 @@ def _hparams(fn_args) -> Dict[str, Any]:
   tuned = fn_args.hyperparameters or {}
   hparams.update(tuned.get('values', tuned))
   return hparams
-
-
-def _read_json_artifact(artifacts: Optional[List[types.Artifact]],
-                        name: str) -> Optional[Any]:
-  if not artifacts:
-    return None
-  path = os.path.join(artifact_utils.get_single_uri(artifacts), name)
-  value = storage.read_json(path)
-  if value is None:
-    raise FileNotFoundError(f'Input artifact file {path} does not exist.')
-  return value
 
 
 def check_module_contract(module_file: Optional[str],
@@ -190,8 +180,9 @@ class Executor(base_executor.BaseExecutor):
                                   config.train_epochs)
     run_fn_module = (props.get(standard_component_specs.RUN_FN_KEY) or
                      '').rpartition('.')[0]
-    input_pipeline = _read_json_artifact(
-        input_dict.get(TUNED_INPUT_PIPELINE_KEY), 'config.json')
+    tuned = input_dict.get(TUNED_INPUT_PIPELINE_KEY)
+    input_pipeline = (tuned_input_pipeline.read(
+        artifact_utils.get_single_uri(tuned)).to_dict() if tuned else None)
     partition_plan = input_dict.get(PARTITION_PLAN_KEY)
     hparams = _hparams(stock_args)
     fingerprint = checkpointing.training_fingerprint(

@@ -15,14 +15,13 @@
    batch: not input-bound, it stops with the defaults; else it verifies this
    node's previous tuning when the data is unchanged, or searches. The
    chosen `InputPipelineConfig` is written to
-   `<tuned_input_pipeline>/config.json` with `report.md`, `candidates.png`
+   `<tuned_input_pipeline>/config.json` (`components.records`) with `report.md`, `candidates.png`
    and `fingerprint.json` (what it was tuned on, for the next run); the key
    numbers become custom properties.
 """
 
 import dataclasses
 import functools
-import json
 import os
 import threading
 import time
@@ -45,6 +44,7 @@ from components import patches
 from components import storage
 from components.data import input_pipeline
 from components.patches import transform as transform_patches
+from components.records import tuned_input_pipeline
 from components.transform import consumer as consumer_lib
 from components.transform import history
 from components.transform import report
@@ -53,7 +53,6 @@ from components.transform.config import TuningConfig
 
 TUNING_KEY = 'tuning'
 TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
-CONFIG_FILE = history.CONFIG_FILE
 STOCK_READER = 'stock TFX reader (tfx_bsl TFExampleRecord)'
 _TFRECORDS_GZIP = 'tfrecords_gzip'
 _TF_EXAMPLE = 'FORMAT_TF_EXAMPLE'
@@ -387,9 +386,7 @@ def _stock_reader(patterns: List[str], schema: schema_pb2.Schema,
 
 def _write_artifact(artifact: types.Artifact, result: tuner.TuningResult,
                     extra: Dict[str, str]) -> None:
-  tf.io.gfile.makedirs(artifact.uri)
-  with tf.io.gfile.GFile(os.path.join(artifact.uri, CONFIG_FILE), 'w') as f:
-    f.write(json.dumps(result.config.to_dict(), sort_keys=True, indent=1))
+  tuned_input_pipeline.write(artifact.uri, result.config)
   report.write_report(result, artifact.uri, extra)
   stock: Optional[tuner.Measurement] = next(
       (r for r in result.references if r.name == STOCK_READER), None)
