@@ -246,8 +246,8 @@ def _epoch_rate(iterator, num_batches: int, batch_size: int,
                 mode: str = 'python') -> float:
   """Examples/s of taking num_batches batches (a full epoch) from iterator."""
   if mode == 'in-graph':
-    from components.transform import tuner  # pylint: disable=g-import-not-at-top
-    pull = tuner._in_graph_puller(iterator)  # pylint: disable=protected-access
+    from components.transform import measurement  # pylint: disable=g-import-not-at-top
+    pull = measurement._in_graph_puller(iterator)  # pylint: disable=protected-access
     pull(1)  # Traced outside the timing.
     start = time.perf_counter()
     rows = pull(num_batches - 1)

@@ -24,6 +24,7 @@ from components import OptimizedTransform
 from components.data import input_pipeline
 from components.data.input_pipeline import InputPipelineConfig
 from components.records import tuned_input_pipeline
+from components.transform import decisions
 from components.transform import tuner
 from components.transform.config import TuningConfig
 from components.types import TunedInputPipeline
@@ -311,7 +312,7 @@ def test_second_run_reuses_the_unchanged_tuning(run):
   assert props['decision'].string_value == tuner.REUSED, text
   # The same knobs and placement; the paths are this run's own.
   old, new = (_tuned_config_at(uri) for uri in (first, second))
-  assert tuner.knob_changes(new) == tuner.knob_changes(old)
+  assert decisions.knob_changes(new) == decisions.knob_changes(old)
   assert new.transform_placement == old.transform_placement == 'on_the_fly'
   assert new.transform_graph_uri == run.runs('OnTheFlyTransform',
                                              'transform_graph')[1]

@@ -61,7 +61,7 @@ class TuningConfig(JsonConfig):
       default reader delivers at least `input_bound_ratio` times what the
       model consumes. False: always search.
     input_bound_ratio: Reader rate / consumer rate below which training
-      counts as input-bound (see `tuner.INPUT_BOUND_RATIO` for the default's
+      counts as input-bound (see `decisions.INPUT_BOUND_RATIO` for the default's
       reasoning).
     reuse: Start from the config of this node's previous TunedInputPipeline
       when the transformed feature spec and the tune split's example count

@@ -47,6 +47,7 @@ from components.patches import transform as transform_patches
 from components.records import tuned_input_pipeline
 from components.transform import consumer as consumer_lib
 from components.transform import history
+from components.transform import measurement
 from components.transform import report
 from components.transform import tuner
 from components.transform.config import TuningConfig
@@ -342,8 +343,8 @@ def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
   Deterministic for the same files, so it tells an unchanged volume too.
   """
   try:
-    return tuner.estimate_num_examples(input_pipeline.list_files(patterns),
-                                       'GZIP') if patterns else None
+    return measurement.estimate_num_examples(
+        input_pipeline.list_files(patterns), 'GZIP') if patterns else None
   except (ValueError, tf.errors.OpError) as e:
     logging.info('Cannot estimate the examples in %s: %s', patterns, e)
     return None
