@@ -15,9 +15,10 @@
    batch: not input-bound, it stops with the defaults; else it verifies this
    node's previous tuning when the data is unchanged, or searches. The
    chosen `InputPipelineConfig` is written to
-   `<tuned_input_pipeline>/config.json` (`components.records`) with `report.md`, `candidates.png`
-   and `fingerprint.json` (what it was tuned on, for the next run); the key
-   numbers become custom properties.
+   `<tuned_input_pipeline>/config.json` (`components.records`) with
+   `report.md`, `candidates.png` and `fingerprint.json` (what it was tuned
+   on, for the next run); the key numbers become custom properties
+   (`artifact`).
 """
 
 import dataclasses
@@ -44,7 +45,7 @@ from components import patches
 from components import storage
 from components.data import input_pipeline
 from components.patches import transform as transform_patches
-from components.records import tuned_input_pipeline
+from components.transform import artifact as artifact_lib
 from components.transform import consumer as consumer_lib
 from components.transform import history
 from components.transform import measurement
@@ -54,7 +55,6 @@ from components.transform.config import TuningConfig
 
 TUNING_KEY = 'tuning'
 TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
-STOCK_READER = 'stock TFX reader (tfx_bsl TFExampleRecord)'
 _TFRECORDS_GZIP = 'tfrecords_gzip'
 _TF_EXAMPLE = 'FORMAT_TF_EXAMPLE'
 # Longest wait for the model-preparing thread after Beam finished.
@@ -232,7 +232,7 @@ class Executor(transform_patches.TransformExecutorHooks):
     raw_patterns = ({split: _split_patterns(examples, split)
                      for split in splits_config.transform}
                     if _are_tfrecords(examples, _TF_EXAMPLE) else None)
-    references = ({STOCK_READER: _stock_reader(
+    references = ({artifact_lib.STOCK_READER: _stock_reader(
         materialized, tft_output.transformed_metadata.schema, batch)}
                   if materialized else {})
     key = history.tuning_key(
@@ -264,7 +264,7 @@ class Executor(transform_patches.TransformExecutorHooks):
     history.write_fingerprint(tuned_artifact.uri, key, {
         'examples_per_sec': result.chosen.examples_per_sec,
         'decision': result.decision})
-    _write_artifact(tuned_artifact, result, {
+    artifact_lib.write(tuned_artifact, result, {
         'stock Transform seconds (inside this step, sharded Beam write '
         'included)': f'{transform_seconds:.1f}',
         'materialized files per split': (
@@ -383,41 +383,3 @@ def _stock_reader(patterns: List[str], schema: schema_pb2.Schema,
   return lambda: tfxio.TFExampleRecord(
       file_pattern=patterns, schema=schema).TensorFlowDataset(
           tfxio.TensorFlowDatasetOptions(batch_size=batch_size))
-
-
-def _write_artifact(artifact: types.Artifact, result: tuner.TuningResult,
-                    extra: Dict[str, str]) -> None:
-  tuned_input_pipeline.write(artifact.uri, result.config)
-  report.write_report(result, artifact.uri, extra)
-  stock: Optional[tuner.Measurement] = next(
-      (r for r in result.references if r.name == STOCK_READER), None)
-  artifact.set_float_custom_property('examples_per_sec',
-                                     result.chosen.examples_per_sec)
-  if stock:
-    artifact.set_float_custom_property('stock_examples_per_sec',
-                                       stock.examples_per_sec)
-    artifact.set_float_custom_property(
-        'speedup_vs_stock',
-        result.chosen.examples_per_sec / stock.examples_per_sec)
-  if result.later_epochs_examples_per_sec:
-    artifact.set_float_custom_property('later_epochs_examples_per_sec',
-                                       result.later_epochs_examples_per_sec)
-  if result.consumer is not None:
-    artifact.set_float_custom_property('consumer_examples_per_sec',
-                                       result.consumer.examples_per_sec)
-    artifact.set_string_custom_property('consumer_source',
-                                        result.consumer.source)
-  if result.input_bound is not None:
-    artifact.set_int_custom_property('input_bound', int(result.input_bound))
-  artifact.set_string_custom_property('decision', result.decision)
-  artifact.set_int_custom_property('batch_size', result.batch_size)
-  artifact.set_string_custom_property('batch_mismatch',
-                                      result.batch_mismatch or '')
-  artifact.set_string_custom_property('bottleneck_stage', result.bottleneck)
-  artifact.set_string_custom_property('cache', result.config.cache)
-  artifact.set_string_custom_property('transform_placement',
-                                      result.config.transform_placement)
-  artifact.set_int_custom_property('num_candidates', len(result.candidates))
-  artifact.set_int_custom_property('num_examples', result.num_examples)
-  artifact.set_int_custom_property('cache_bytes', result.cache_bytes)
-  artifact.set_float_custom_property('tuning_seconds', result.seconds)
