@@ -11,8 +11,8 @@ setuptools.setup(
     python_requires='>=3.10,<3.11',
     # `kubeflow` has no __init__.py: it is a portion of the PEP 420 namespace
     # the Kubeflow SDKs share (kubeflow.training, kubeflow.trainer), so
-    # installing tfx-hpm adds kubeflow.runner and kubeflow.entrypoint beside
-    # them instead of shadowing them.
+    # installing tfx-hpm adds kubeflow.runner, .compiler, .resources and
+    # .entrypoint beside them instead of shadowing them.
     packages=setuptools.find_packages(
         include=['components*', 'pipelines*', 'benchmarks*']) + ['kubeflow'],
     install_requires=[
