@@ -102,7 +102,8 @@ def check(patch: Patch) -> None:
                        f'{symbol.params}.')
 
 
-_lock = threading.Lock()
+# Re-entrant: installing a patch may import a module that installs one.
+_lock = threading.RLock()
 _users: Dict[str, int] = {}
 _undo: Dict[str, Callable[[], None]] = {}
 
