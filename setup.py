@@ -9,8 +9,12 @@ setuptools.setup(
                  'TFX components for fast, distributed, preemption-safe '
                  'training.'),
     python_requires='>=3.10,<3.11',
+    # `kubeflow` has no __init__.py: it is a portion of the PEP 420 namespace
+    # the Kubeflow SDKs share (kubeflow.training, kubeflow.trainer), so
+    # installing tfx-hpm adds kubeflow.runner, .compiler, .resources and
+    # .entrypoint beside them instead of shadowing them.
     packages=setuptools.find_packages(
-        include=['components*', 'pipelines*', 'kubeflow*', 'benchmarks*']),
+        include=['components*', 'pipelines*', 'benchmarks*']) + ['kubeflow'],
     install_requires=[
         'tfx>=1.16,<1.17',
         'tensorflow>=2.16,<2.17',

@@ -35,13 +35,16 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import report
-from components.pipeline_parallel import gpipe
+from components.devices import configure_logical_cpus
+from components.pipeline_parallel import placement
+from components.pipeline_parallel import runner as pipeline_runner
 from components.pipeline_parallel import graph as graph_lib
 from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from components.partitioner import report as partition_report
 from components.pipeline_parallel import schedules
+from components.pipeline_parallel import simulator
 from components.pipeline_parallel import timeline
 from pipelines import taxi_module
 
@@ -156,17 +159,17 @@ def _pipeline_devices() -> None:
   """LOGICAL_DEVICES logical CPUs, one core per op, like devices that
   compute one op at a time; stages then run in parallel only through
   inter-op parallelism."""
-  gpipe.configure_logical_cpus(LOGICAL_DEVICES)
+  configure_logical_cpus(LOGICAL_DEVICES)
   tf.config.threading.set_intra_op_parallelism_threads(1)
   tf.config.threading.set_inter_op_parallelism_threads(LOGICAL_DEVICES)
 
 
 def _warmed_runner(plan, width, features, labels):
   """A runner of `plan` for the MLP of `width`, traced by two steps."""
-  devices = gpipe.stage_devices(LOGICAL_DEVICES)[:plan['num_stages']]
-  model = gpipe.build_model_on_devices(
+  devices = placement.stage_devices(LOGICAL_DEVICES)[:plan['num_stages']]
+  model = placement.build_model_on_devices(
       lambda: _mlp(width, PIPELINE_LAYERS), plan, devices)
-  runner = gpipe.GPipeRunner(model, plan, devices)
+  runner = pipeline_runner.PipelineRunner(model, plan, devices)
   for _ in range(2):
     runner.train_step(features, labels).numpy()
   return runner
@@ -259,16 +262,16 @@ def _worker_schedules(out_path, unused_argument):
 
 def _worker_memory(out_path, argument):
   """Peak memory of one remat mode ('<remat>' or '<remat>+offload')."""
-  gpipe.configure_logical_cpus(2)
+  configure_logical_cpus(2)
   remat, _, offload = argument.partition('+')
   features = tf.random.normal([MEMORY_BATCH, MEMORY_WIDTH])
   labels = tf.random.normal([MEMORY_BATCH, 1])
   graph = graph_lib.LayerGraph(_mlp(MEMORY_WIDTH, PIPELINE_LAYERS))
-  devices = gpipe.stage_devices(2)
+  devices = placement.stage_devices(2)
   plan = _runner_plan(graph, 2, MEMORY_MICROBATCHES, remat, bool(offload))
-  model = gpipe.build_model_on_devices(
+  model = placement.build_model_on_devices(
       lambda: _mlp(MEMORY_WIDTH, PIPELINE_LAYERS), plan, devices)
-  runner = gpipe.GPipeRunner(model, plan, devices)
+  runner = pipeline_runner.PipelineRunner(model, plan, devices)
   runner.train_step(features, labels).numpy()  # Traces, creates slots.
   tf.config.experimental.reset_memory_stats('CPU:0')
   resident = tf.config.experimental.get_memory_info('CPU:0')['current']
@@ -394,7 +397,7 @@ def pipeline_section(result):
     table_rows.append([
         k, m, r['remat'], r['step_seconds'] * 1e3,
         single / r['step_seconds'], naive[k] / r['step_seconds'],
-        partition.bubble_fraction(k, m), r['measured_idle']])
+        simulator.bubble_fraction(k, m), r['measured_idle']])
   return (
       '## Pipeline on logical CPU devices: step time and bubble\n\n'
       f'{PIPELINE_LAYERS} x Dense({PIPELINE_WIDTH}) + head, mini-batch '
@@ -438,13 +441,13 @@ def _schedule_chart(rows, results_dir):
   for row in rows:
     if (row['stages'], row['microbatches']) != (k, m):
       continue
-    tasks = [partition.ScheduledTask(**t) for t in row['tasks']]
+    tasks = [simulator.ScheduledTask(**t) for t in row['tasks']]
     durations = {
         phase: [statistics.median(t.end - t.start for t in tasks
                                   if t.stage == s and t.phase == phase)
                 for s in range(k)]
         for phase in ('forward', 'backward')}
-    simulated = partition.simulate_schedule(
+    simulated = simulator.simulate_schedule(
         durations['forward'], durations['backward'], m, row['schedule'])
     name = partition_report.SCHEDULE_NAMES[row['schedule']]
     panels.append((f'{name}, simulated from the measured median task times: '
@@ -468,7 +471,7 @@ def schedule_section(result, results_dir):
     in_flight = plan_lib.in_flight(r['schedule'], k, m)
     table_rows.append([
         k, m, r['schedule'], r['step_seconds'] * 1e3,
-        partition.bubble_fraction(k, m), r['measured_idle'],
+        simulator.bubble_fraction(k, m), r['measured_idle'],
         r['transient_bytes'] / 2**20,
         r['transient_bytes'] / gpipe_memory[(k, m)],
         sum(in_flight) / (k * m)])

@@ -19,8 +19,9 @@ processes killed with SIGKILL:
 3. Time from the restart (process spawn) to the first resumed step, with a
    fresh start for reference.
 
-Both sides run with the same autograph fix (`components.autograph`)
-so that Keras tracing is not slowed by converting tf_keras.
+Both sides run with the same autograph fix
+(`components.patches.AUTOGRAPH_SKIPS_TF_KERAS`) so that Keras tracing is not
+slowed by converting tf_keras.
 """
 
 import argparse
@@ -79,13 +80,11 @@ def keras_child(config_path: str) -> None:
   import types
   import tensorflow as tf
   from components.data import input_pipeline
-  from components import autograph
   from components.trainer import datasets
   from components.trainer import fn_args
   # pylint: enable=g-import-not-at-top
   with open(config_path) as f:
     config = json.load(f)
-  autograph.skip_autograph_for_tf_keras()
   module = importlib.import_module(config['module_path'])
   model = module.build_model(config['hparams'])
   feature_spec = fn_args.feature_spec(types.SimpleNamespace(
@@ -459,6 +458,8 @@ if __name__ == '__main__':
   parser.add_argument('--results-dir', default='benchmarks/results')
   args = parser.parse_args()
   if args.keras_child:
-    keras_child(args.keras_child)
+    from components import patches  # pylint: disable=g-import-not-at-top
+    with patches.installed(patches.AUTOGRAPH_SKIPS_TF_KERAS):
+      keras_child(args.keras_child)
   else:
     print(main(args.results_dir))

@@ -246,8 +246,8 @@ def _epoch_rate(iterator, num_batches: int, batch_size: int,
                 mode: str = 'python') -> float:
   """Examples/s of taking num_batches batches (a full epoch) from iterator."""
   if mode == 'in-graph':
-    from components.transform import tuner  # pylint: disable=g-import-not-at-top
-    pull = tuner._in_graph_puller(iterator)  # pylint: disable=protected-access
+    from components.transform import measurement  # pylint: disable=g-import-not-at-top
+    pull = measurement._in_graph_puller(iterator)  # pylint: disable=protected-access
     pull(1)  # Traced outside the timing.
     start = time.perf_counter()
     rows = pull(num_batches - 1)
@@ -374,12 +374,12 @@ def _trainer_result(root: str) -> Dict[str, float]:
 def _sequential_artifact(tuned_uri: str, work: str) -> str:
   """A TunedInputPipeline folder: the tuned config, made sequential."""
   from components.data.input_pipeline import InputPipelineConfig  # pylint: disable=g-import-not-at-top
-  with open(os.path.join(tuned_uri, 'config.json')) as f:
-    config = dict(json.load(f), **SEQUENTIAL_CONFIG)
+  from components.records import tuned_input_pipeline  # pylint: disable=g-import-not-at-top
+  config = dict(tuned_input_pipeline.read(tuned_uri).to_dict(),
+                **SEQUENTIAL_CONFIG)
   folder = os.path.join(work, 'sequential_input_pipeline')
   os.makedirs(folder, exist_ok=True)
-  with open(os.path.join(folder, 'config.json'), 'w') as f:
-    f.write(InputPipelineConfig.from_dict(config).to_json())
+  tuned_input_pipeline.write(folder, InputPipelineConfig.from_dict(config))
   return folder
 
 
@@ -607,6 +607,7 @@ def main(results_dir: str = 'benchmarks/results',
          work_dir: str = None, with_trainer: bool = False) -> str:
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
   from components.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from components.records import tuned_input_pipeline  # pylint: disable=g-import-not-at-top
   work = work_dir or tempfile.mkdtemp(prefix='bench_transform_')
   load_before = os.getloadavg()[0]
   upstream = run_upstream(os.path.join(work, 'upstream'))
@@ -614,8 +615,7 @@ def main(results_dir: str = 'benchmarks/results',
   stock_root = transforms['roots']['stock']
   ours_root = transforms['roots']['optimized']
   tuned_uri = _output(ours_root, 'tuned_input_pipeline')
-  with open(os.path.join(tuned_uri, 'config.json')) as f:
-    tuned_config = input_pipeline.InputPipelineConfig.from_dict(json.load(f))
+  tuned_config = tuned_input_pipeline.read(tuned_uri)
   tuned_decision = transforms['steps']['optimized'][-1]['decision']
   scaled_dir = os.path.join(work, 'scaled', 'Split-train')
   num_examples = scale_split(

@@ -7,10 +7,10 @@ Transform step, once in a Trainer step. For a pure wheel (`Root-Is-Purelib:
 true`, no `.data` folder, which is what TFX builds) pip's `--target` install
 writes the wheel's files as they are (plus bytecode and its own RECORD
 lines), so unzipping it gives the same importable tree. Anything else (a requirement specifier, a wheel with scripts or data)
-still goes to pip.
+still goes to pip. `components.patches.UNZIPPED_WHEEL_INSTALLS` installs
+`install_to_temp_directory` in TFX's place.
 """
 
-import contextlib
 import email.parser
 import os
 import tempfile
@@ -55,16 +55,3 @@ def install_to_temp_directory(pip_dependency: str,
                temp_dir)
   return temp_dir
 
-
-@contextlib.contextmanager
-def unzipped_installs():
-  """While the block runs, TFX installs pure wheels by unzipping them.
-
-  Process-wide (TFX calls the module function), and harmless to other
-  threads: the files installed are the same.
-  """
-  udf_utils.install_to_temp_directory = install_to_temp_directory
-  try:
-    yield
-  finally:
-    udf_utils.install_to_temp_directory = _STOCK_INSTALL

@@ -20,11 +20,10 @@ type is empty gets it from there. Artifacts that arrive typed (Vertex AI
 Pipelines) are left as they are.
 
 And one registration: TFX's entrypoint imports a custom artifact class by its
-schema title, `<module>.<Class>` (the title must have this one-dot form,
-compiler_utils._SCHEMA_TITLE_RE). tfx-hpm's types are named
+schema title, `<module>.<Class>`. tfx-hpm's types are named
 `tfx_hpm.TunedInputPipeline` and `tfx_hpm.PartitionPlan` but live in
-`components.types`; unless a module `tfx_hpm` is importable, one is made in
-this process that holds them.
+`components.types`; `components.patches.ARTIFACT_TYPES_BY_TITLE` makes them
+importable by that title while TFX's entrypoint runs.
 
 And one check: before the executor runs, a probe object is written under
 every output artifact's URI, so that a pipeline root that cannot be written
@@ -32,12 +31,9 @@ fails at the first task that writes, naming the URI and the storage's error,
 before any work (KFP's driver and launcher write nothing there first).
 """
 
-import importlib.util
-import inspect
 import os
 import runpy
 import sys
-import types
 from typing import List, Optional
 
 from google.protobuf import json_format
@@ -146,40 +142,15 @@ def check_outputs_writable(executor_input_json: str,
       storage.check_writable(location, f'{name} output', timeout_s=timeout_s)
 
 
-def register_artifact_types() -> List[str]:
-  """Makes every tfx-hpm artifact type importable by its TYPE_NAME; returns
-  the names it had to register."""
-  from tfx.types import artifact  # pylint: disable=g-import-not-at-top
-  from components import types as hpm_types  # pylint: disable=g-import-not-at-top
-  registered = []
-  for _, cls in inspect.getmembers(hpm_types, inspect.isclass):
-    if not issubclass(cls, artifact.Artifact) or cls is artifact.Artifact:
-      continue
-    module_name, _, class_name = cls.TYPE_NAME.rpartition('.')
-    if module_name not in sys.modules:
-      try:
-        found = importlib.util.find_spec(module_name) is not None
-      except (ImportError, ValueError):
-        found = False
-      if found:
-        continue
-      sys.modules[module_name] = types.ModuleType(
-          module_name, 'tfx-hpm artifact types (kubeflow.entrypoint).')
-    module = sys.modules[module_name]
-    if getattr(module, class_name, None) is None:
-      setattr(module, class_name, cls)
-      registered.append(cls.TYPE_NAME)
-  return registered
-
-
 def main(argv: Optional[List[str]] = None) -> None:
+  from components import patches  # pylint: disable=g-import-not-at-top
   args = repair_argv(sys.argv[1:] if argv is None else argv)
-  register_artifact_types()
-  invocation = _flag_text(args, INVOCATION_FLAG)
-  if invocation is not None:
-    check_outputs_writable(invocation)
-  sys.argv = [TFX_ENTRYPOINT] + args
-  runpy.run_module(TFX_ENTRYPOINT, run_name='__main__', alter_sys=True)
+  with patches.installed(patches.ARTIFACT_TYPES_BY_TITLE):
+    invocation = _flag_text(args, INVOCATION_FLAG)
+    if invocation is not None:
+      check_outputs_writable(invocation)
+    sys.argv = [TFX_ENTRYPOINT] + args
+    runpy.run_module(TFX_ENTRYPOINT, run_name='__main__', alter_sys=True)
 
 
 if __name__ == '__main__':

@@ -1,33 +1,22 @@
-"""Runs the taxi pipeline with BeamDagRunner (each component as a Beam step)."""
+"""Runs the taxi pipeline with BeamDagRunner (each component as a Beam step).
 
-import argparse
-import os
+Takes the flags of `pipelines.local_runner` (`--metadata-path`, gs:// roots
+included) and prints the same summary.
+"""
+
 import sys
 
-from pipelines import cli
-from pipelines import console
+from pipelines import entry
+
+
+def _runner():
+  from tfx.orchestration.beam import beam_dag_runner  # pylint: disable=g-import-not-at-top
+  return beam_dag_runner.BeamDagRunner()
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(
-      prog='python -m pipelines.beam_runner',
-      description=__doc__.splitlines()[0])
-  cli.add_pipeline_flags(parser)
-  args = parser.parse_args(argv)
-  # Before TensorFlow and TFX start (they log, and warn, as they import).
-  log_file = cli.log_path(args)
-  if not args.verbose:
-    console.redirect_output(log_file)
-  console.configure(log_file, verbose=args.verbose)
-  # pylint: disable=g-import-not-at-top
-  from tfx.orchestration.beam import beam_dag_runner
-  from pipelines import summary
-  # pylint: enable=g-import-not-at-top
-  beam_dag_runner.BeamDagRunner().run(cli.pipeline_from_args(args))
-  print(summary.read_run(os.path.join(args.pipeline_root,
-                                      'metadata.db')).format())
-  print(f'full log: {log_file}')
-  return 0
+  return entry.main('python -m pipelines.beam_runner',
+                    __doc__.splitlines()[0], _runner, argv)
 
 
 if __name__ == '__main__':

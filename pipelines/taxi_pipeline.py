@@ -141,8 +141,9 @@ def create_pipeline(
       quality.
     make_transform: Builds the Transform step from (examples, schema, module).
     make_trainer: Builds the Trainer step from `TrainerInputs`.
-    extra_trainer_inputs: Optional callable taking (examples, transform) and
-      returning extra components and channels for the trainer, as
+    extra_trainer_inputs: Optional callable taking (the transformed examples
+      channel, the Transform's outputs, the module file) and returning extra
+      components and channels for the trainer, as
       `(components, {input_name: channel})`; used to put e.g. a
       GPipePartitioner between Transform and Trainer.
     beam_pipeline_args: Beam flags for the Beam-based components.

@@ -240,3 +240,5 @@ def test_config_json_round_trip():
                                deterministic=False)
   assert InputPipelineConfig.from_json(config.to_json()) == config
   assert InputPipelineConfig.from_json('') == InputPipelineConfig()
+  # The config module spells AUTOTUNE without importing TensorFlow.
+  assert input_pipeline.AUTOTUNE == tf.data.AUTOTUNE

@@ -32,8 +32,8 @@ import psutil
 import pytest
 import tensorflow as tf
 
-from components.partitioner import plan as plan_lib
 from components.partitioner import report
+from components.records import partition_plan
 from pipelines import data
 from pipelines import summary
 from tests.support import console_report
@@ -270,8 +270,7 @@ def test_hpm_pipeline_with_gpipe_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
   assert model_run['strategy'] == 'one_device', model_run
   plan_artifact = mlmd.latest_artifact(metadata_path, 'tfx_hpm.PartitionPlan')
   assert plan_artifact.uri.startswith(f'{root}/GPipePartitioner/')
-  with tf.io.gfile.GFile(f'{plan_artifact.uri}/{plan_lib.PLAN_FILE}') as f:
-    plan = json.load(f)
+  plan = partition_plan.read_dict(plan_artifact.uri)  # Its version checked.
   plan_properties = _properties(plan_artifact)
   assert plan['num_stages'] == plan_properties['num_stages'] == 2
   assert plan_properties['num_microbatches'] == plan['num_microbatches']

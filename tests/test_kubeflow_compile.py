@@ -10,6 +10,8 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 import pytest
 
 from components.trainer import executor as trainer_executor
+from kubeflow import compiler
+from kubeflow import resources
 from kubeflow import runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +34,7 @@ def _parse(path):
 
 
 def _compile(tmp_path, stock, gpipe_stages=0):
-  path = runner.compile_pipeline(
+  path = compiler.compile_pipeline(
       output=str(tmp_path / 'pipeline.json'),
       image='example.com/tfx-hpm:test',
       pipeline_root=str(tmp_path / 'root'),
@@ -87,7 +89,7 @@ def test_compiled_spec_is_a_pipeline_job_with_every_component(tmp_path, stock):
   assert raw['schemaVersion'] == '2.1.0'
   assert 'constantValue' not in json.dumps(raw)
   for name, container in _containers(raw).items():
-    assert container['command'] == list(runner.ENTRYPOINT_COMMAND), name
+    assert container['command'] == list(compiler.ENTRYPOINT_COMMAND), name
     args = container['args']
     assert args[args.index('--json_serialized_invocation_args') + 1] == '{{$}}'
     inputs_spec = json_format.Parse(
@@ -95,7 +97,7 @@ def test_compiled_spec_is_a_pipeline_job_with_every_component(tmp_path, stock):
         pipeline_spec_pb2.ComponentInputsSpec())
     assert set(inputs_spec.parameters) == set(
         spec.components[name].input_definitions.parameters), name
-    assert args[-2:] == list(runner.DEFAULT_BEAM_PIPELINE_ARGS), name
+    assert args[-2:] == list(compiler.DEFAULT_BEAM_PIPELINE_ARGS), name
     assert 'resources' not in container, name
     if stock or name != 'Trainer':
       assert 'env' not in container, name
@@ -138,16 +140,16 @@ def test_flags_set_resources_beam_args_and_checkpoint_root(tmp_path, capsys):
     assert 'resources' not in containers[name], name
   for name, container in containers.items():
     assert container['args'][-len(beam_args):] == beam_args, name
-    assert not set(runner.DEFAULT_BEAM_PIPELINE_ARGS) & set(
+    assert not set(compiler.DEFAULT_BEAM_PIPELINE_ARGS) & set(
         container['args']), name
   assert _fault_tolerance(raw)['backup_root'] == 'gs://bucket/ckpt'
   assert raw['schemaVersion'] == '2.1.0'
   # Proto form as KFP reads it.
-  resources = json_format.ParseDict(
+  trainer_resources = json_format.ParseDict(
       containers['Trainer']['resources'],
       pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec
       .ResourceSpec())
-  assert resources.accelerator.count == 2
+  assert trainer_resources.accelerator.count == 2
   assert set(spec.root.dag.tasks) >= STOCK_EXECUTORS
 
 
@@ -217,24 +219,24 @@ def test_bad_flags_fail_before_compiling(tmp_path, capsys, flags, message):
 
 
 def test_resource_units():
-  assert runner.parse_cpu('500m', 'f') == 0.5
-  assert runner.parse_cpu('2', 'f') == 2.0
-  assert runner.parse_memory('16', 'f') == 16.0
-  assert runner.parse_memory('512M', 'f') == 0.512
-  assert runner.parse_memory('1Gi', 'f') == 2**30 / 1e9
+  assert resources.parse_cpu('500m', 'f') == 0.5
+  assert resources.parse_cpu('2', 'f') == 2.0
+  assert resources.parse_memory('16', 'f') == 16.0
+  assert resources.parse_memory('512M', 'f') == 0.512
+  assert resources.parse_memory('1Gi', 'f') == 2**30 / 1e9
   with pytest.raises(ValueError, match='GPU count needs a GPU type'):
-    runner.Resources(gpu_count=1)
+    resources.Resources(gpu_count=1)
   with pytest.raises(ValueError, match='without a GPU count'):
-    runner.Resources(gpu_type='nvidia.com/gpu')
+    resources.Resources(gpu_type='nvidia.com/gpu')
 
 
 def test_default_image_is_what_make_image_builds():
   with open(os.path.join(REPO, 'Makefile')) as f:
     makefile = f.read()
   (image,) = re.findall(r'^IMAGE \?= (\S+)$', makefile, re.M)
-  assert image == runner.DEFAULT_IMAGE
+  assert image == compiler.DEFAULT_IMAGE
   assert re.search(r'^image:', makefile, re.M)
-  assert runner._parser().parse_args([]).image == runner.DEFAULT_IMAGE  # pylint: disable=protected-access
+  assert runner._parser().parse_args([]).image == compiler.DEFAULT_IMAGE  # pylint: disable=protected-access
 
 
 def test_dockerfile_installs_the_lock_the_package_and_the_data():
@@ -252,7 +254,7 @@ def test_dockerfile_installs_the_lock_the_package_and_the_data():
   assert lock < deps < package
   assert any(op == 'ENV' and 'TF_USE_LEGACY_KERAS=1' in args.split()
              for op, args in instructions)
-  assert runner.IMAGE_DATA_ROOT in text
+  assert compiler.IMAGE_DATA_ROOT in text
   # Everything setup.py packages is copied before the package is installed.
   for name in ('setup.py', 'components', 'pipelines', 'kubeflow',
                'benchmarks'):

@@ -101,14 +101,15 @@ def test_entrypoint_repairs_both_flag_forms():
 
 def test_entrypoint_makes_project_artifact_types_importable(monkeypatch):
   from tfx.utils import import_utils  # pylint: disable=g-import-not-at-top
+  from components import patches  # pylint: disable=g-import-not-at-top
   from components import types as hpm_types  # pylint: disable=g-import-not-at-top
   monkeypatch.delitem(sys.modules, 'tfx_hpm', raising=False)
-  assert sorted(entrypoint.register_artifact_types()) == [
-      'tfx_hpm.PartitionPlan', 'tfx_hpm.TunedInputPipeline']
-  assert import_utils.import_class_by_path(
-      'tfx_hpm.TunedInputPipeline') is hpm_types.TunedInputPipeline
-  assert entrypoint.register_artifact_types() == []  # Idempotent.
-  monkeypatch.delitem(sys.modules, 'tfx_hpm')
+  with patches.installed(patches.ARTIFACT_TYPES_BY_TITLE):
+    assert import_utils.import_class_by_path(
+        'tfx_hpm.TunedInputPipeline') is hpm_types.TunedInputPipeline
+    assert import_utils.import_class_by_path(
+        'tfx_hpm.PartitionPlan') is hpm_types.PartitionPlan
+  assert 'tfx_hpm' not in sys.modules  # Gone with the last user.
 
 
 def _executor_input(outputs, output_file):

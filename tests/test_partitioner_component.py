@@ -19,6 +19,7 @@ from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import report
 from components.partitioner.component import GPipePartitioner
+from components.records import partition_plan
 
 TAXI_MODULE = 'pipelines.taxi_module'
 TAXI_LAYER_CALLS = 21  # 3 deep-input + 4 hidden + 13 wide + 1 output calls.
@@ -76,6 +77,27 @@ def small_module(tmp_path):
      r"'pipedream'"),
     ({'profile_repeats': 0}, r'profile_repeats must be a positive int'),
     ({'stages': 2}, r"Unknown GPipePartitioner config option\(s\) \['stages'\]"),
+    # Non-finite numbers and wrong types, option by option.
+    ({'batch_size': float('nan')}, r'batch_size must be a positive int, got nan'),
+    ({'batch_size': 64.0}, r'batch_size must be a positive int, got 64.0'),
+    ({'num_stages': float('inf')}, r"num_stages must be a positive int or "),
+    ({'num_microbatches': 'all'}, r"num_microbatches must be a positive int "),
+    ({'data_parallel_replicas': True},
+     r'data_parallel_replicas must be a positive int, got True'),
+    ({'memory_budget_bytes': float('inf')},
+     r'memory_budget_bytes must be a positive int or None, got inf'),
+    ({'remat': None}, r'remat must be one of'),
+    ({'schedule': 1}, r'schedule must be one of'),
+    ({'offload_activations': 1}, r'offload_activations must be a bool'),
+    ({'profile_repeats': float('nan')}, r'profile_repeats must be a positive'),
+    ({'hparams': [1]}, r'hparams must be a dict'),
+    ({'hparams': {'lr': float('nan')}},
+     r"hparams\['lr'\] must be a finite number, got nan"),
+    ({'hparams': {'sizes': [8, float('inf')]}},
+     r"hparams\['sizes'\]\[1\] must be a finite number, got inf"),
+    ({'hparams': {1: 2}}, r'hparams keys must be strings, got 1'),
+    ({'hparams': {'f': print}}, r"hparams\['f'\] must hold only JSON values"),
+    ({'sample_split': 0}, r'sample_split must be a split name, got 0'),
 ])
 def test_bad_parameters_fail_at_construction(overrides, message):
   config = {'batch_size': 64, 'num_stages': 2, **overrides}
@@ -139,10 +161,11 @@ def test_executor_writes_plan_profile_and_report(small_module, tmp_path):
                            schedule='gpipe', profile_repeats=2,
                            hparams={'width': 16})
   uri = artifact.uri
-  for name in (plan_lib.PLAN_FILE, plan_lib.PROFILE_FILE, report.REPORT_MD,
+  for name in (partition_plan.PLAN_FILE, plan_lib.PROFILE_FILE,
+               report.REPORT_MD,
                report.STAGE_COSTS_PNG, report.SCHEDULE_PNG):
     assert os.path.getsize(os.path.join(uri, name)) > 0, name
-  with open(os.path.join(uri, plan_lib.PLAN_FILE)) as f:
+  with open(os.path.join(uri, partition_plan.PLAN_FILE)) as f:
     plan = json.load(f)
   with open(os.path.join(uri, plan_lib.PROFILE_FILE)) as f:
     profile = plan_lib.ModelProfile.from_json(f.read())
@@ -171,7 +194,7 @@ def test_executor_auto_picks_the_fastest_microbatches_and_schedule(
     small_module, tmp_path):
   artifact = _run_executor(small_module, tmp_path / 'plan', batch_size=16,
                            num_stages=2, profile_repeats=2)
-  with open(os.path.join(artifact.uri, plan_lib.PLAN_FILE)) as f:
+  with open(os.path.join(artifact.uri, partition_plan.PLAN_FILE)) as f:
     plan = json.load(f)
   choice = plan['choice']
   # Measured at the smallest and the largest micro-batch.
@@ -200,7 +223,7 @@ def test_executor_plans_data_parallel_copies(small_module, tmp_path):
   artifact = _run_executor(small_module, tmp_path / 'plan', batch_size=32,
                            num_stages=2, num_microbatches=4,
                            data_parallel_replicas=2, profile_repeats=1)
-  with open(os.path.join(artifact.uri, plan_lib.PLAN_FILE)) as f:
+  with open(os.path.join(artifact.uri, partition_plan.PLAN_FILE)) as f:
     plan = json.load(f)
   # Each of the 2 copies: 16 examples in 4 micro-batches of 4.
   assert plan['data_parallel_replicas'] == 2
@@ -214,7 +237,7 @@ def test_executor_measures_the_schedule_in_a_real_step(small_module,
   artifact = _run_executor(small_module, tmp_path / 'plan', batch_size=16,
                            num_stages=2, num_microbatches=4, schedule='1f1b',
                            profile_repeats=1, measure_schedule=True)
-  with open(os.path.join(artifact.uri, plan_lib.PLAN_FILE)) as f:
+  with open(os.path.join(artifact.uri, partition_plan.PLAN_FILE)) as f:
     plan = json.load(f)
   measured = plan['measured']
   assert len(set(measured['devices'])) == 2

@@ -12,6 +12,7 @@ import pytest
 
 from components.partitioner import partition
 from components.pipeline_parallel import schedules
+from components.pipeline_parallel import simulator
 
 REL_TOL = 1e-9
 
@@ -232,19 +233,19 @@ def test_evaluate_rejects_bad_boundaries():
 def test_balanced_schedule_idles_exactly_the_bubble(
     num_stages, num_microbatches, schedule):
   forward, backward = 1.0, 2.0
-  simulated = partition.simulate_schedule([forward] * num_stages,
+  simulated = simulator.simulate_schedule([forward] * num_stages,
                                           [backward] * num_stages,
                                           num_microbatches, schedule)
   assert simulated.makespan == pytest.approx(
       (num_microbatches + num_stages - 1) * (forward + backward))
   assert simulated.idle_fraction == pytest.approx(
-      partition.bubble_fraction(num_stages, num_microbatches))
+      simulator.bubble_fraction(num_stages, num_microbatches))
   assert len(simulated.tasks) == 2 * num_stages * num_microbatches
 
 
 @pytest.mark.parametrize('schedule', schedules.SCHEDULES)
 def test_schedule_respects_dependencies_and_one_task_per_stage(schedule):
-  simulated = partition.simulate_schedule([1.0, 3.0, 2.0], [2.0, 5.0, 1.0],
+  simulated = simulator.simulate_schedule([1.0, 3.0, 2.0], [2.0, 5.0, 1.0],
                                           4, schedule)
   end = {(t.stage, t.microbatch, t.phase): t.end for t in simulated.tasks}
   for task in simulated.tasks:
@@ -263,7 +264,7 @@ def test_schedule_respects_dependencies_and_one_task_per_stage(schedule):
     assert [(t.phase, t.microbatch) for t in tasks] == schedules.stage_order(
         schedule, 3, 4, stage)
   # The slow middle stage makes the real idle time exceed the formula.
-  assert simulated.idle_fraction > partition.bubble_fraction(3, 4)
+  assert simulated.idle_fraction > simulator.bubble_fraction(3, 4)
 
 
 def test_1f1b_orders_warm_up_alternate_and_cool_down():
@@ -290,4 +291,4 @@ def test_1f1b_orders_warm_up_alternate_and_cool_down():
 def test_unknown_schedule_is_named():
   with pytest.raises(ValueError, match=r"schedule must be one of \('gpipe', "
                      r"'1f1b'\), got 'pipedream'"):
-    partition.simulate_schedule([1.0], [1.0], 2, 'pipedream')
+    simulator.simulate_schedule([1.0], [1.0], 2, 'pipedream')

@@ -12,7 +12,8 @@ import pytest
 from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import report
-from components.pipeline_parallel import plan_format
+from components.pipeline_parallel import simulator
+from components.records import partition_plan
 
 MICROBATCH = 4
 
@@ -165,7 +166,7 @@ def test_make_plan_is_optimal_and_complete():
   assert plan['schedule'] == 'gpipe'
   # Step time is the simulated GPipe makespan of the planned stages.
   stages = plan['stages']
-  schedule = partition.simulate_schedule(
+  schedule = simulator.simulate_schedule(
       [s['forward_seconds'] for s in stages],
       [s['backward_seconds'] for s in stages], 4)
   assert plan['predicted']['step_seconds'] == pytest.approx(schedule.makespan)
@@ -202,9 +203,10 @@ def test_remat_lowers_the_smallest_feasible_budget():
 
 def test_layer_signature_mismatch_is_explained():
   plan = plan_lib.make_plan(_profile(), 2, 4, 'never', False)
-  plan_lib.check_layer_signature(plan, plan['layer_signature'])
+  record = partition_plan.PlanRecord.from_dict(plan)
+  record.check_layer_signature(plan['layer_signature'])
   with pytest.raises(ValueError, match='made for a model with 5 layer calls'):
-    plan_lib.check_layer_signature(plan, ['Dense'] * 4)
+    record.check_layer_signature(['Dense'] * 4)
 
 
 def test_report_writes_markdown_and_pngs(tmp_path):
@@ -321,14 +323,35 @@ def test_old_plans_read_as_one_gpipe_pipeline():
   assert plan['schedule'] == 'gpipe' and plan['data_parallel_replicas'] == 1
   old = {k: v for k, v in plan.items()
          if k not in ('schedule', 'data_parallel_replicas')}
-  assert plan_format.plan_schedule(old) == 'gpipe'
-  assert plan_format.plan_replicas(old) == 1
-  assert plan_format.num_devices({**old, 'data_parallel_replicas': 3}) == 6
+  read = partition_plan.PlanRecord.from_dict
+  assert read(old).schedule == 'gpipe'
+  assert read(old).data_parallel_replicas == 1
+  assert read({**old, 'data_parallel_replicas': 3}).num_devices == 6
   with pytest.raises(ValueError, match=r"schedule 'zb-h1'; this runtime "
                      r"runs \('gpipe', '1f1b'\)"):
-    plan_format.plan_schedule({**old, 'schedule': 'zb-h1'})
+    read({**old, 'schedule': 'zb-h1'})
   with pytest.raises(ValueError, match='data_parallel_replicas 0; it must be'):
-    plan_format.plan_replicas({**old, 'data_parallel_replicas': 0})
+    read({**old, 'data_parallel_replicas': 0})
+
+
+def test_plan_format_version_is_checked(tmp_path):
+  plan = plan_lib.make_plan(_profile(), 2, 4, 'never', False)
+  assert plan['format_version'] == partition_plan.PLAN_FORMAT_VERSION
+  (tmp_path / partition_plan.PLAN_FILE).write_text(
+      partition_plan.to_json(plan))
+  assert partition_plan.read(str(tmp_path)) == (
+      partition_plan.PlanRecord.from_dict(plan))
+  for version in (None, 0, partition_plan.PLAN_FORMAT_VERSION + 1):
+    with pytest.raises(ValueError, match=rf'format_version {version!r}; this '
+                       rf'runtime reads version {partition_plan.PLAN_FORMAT_VERSION}'):
+      partition_plan.PlanRecord.from_dict({**plan, 'format_version': version})
+  with pytest.raises(ValueError, match=r"lacks \['boundaries'\]"):
+    partition_plan.to_json({k: v for k, v in plan.items()
+                            if k != 'boundaries'})
+  with pytest.raises(ValueError, match=r'boundaries \[0, 5\] for 2 stages'):
+    partition_plan.PlanRecord.from_dict({**plan, 'boundaries': [0, 5]})
+  with pytest.raises(FileNotFoundError, match='no plan.json'):
+    partition_plan.read(str(tmp_path / 'missing'))
 
 
 def test_data_parallel_copies_multiply_the_batch():

@@ -26,8 +26,11 @@ import pytest
 # the CPU before its first op.
 import tensorflow as tf
 
-from components.pipeline_parallel import gpipe
+from components.devices import configure_logical_cpus
 from components.pipeline_parallel import graph as graph_lib
+from components.pipeline_parallel import placement
+from components.pipeline_parallel import runner as pipeline_runner
+from components.records import partition_plan
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from pipelines import taxi_module
@@ -124,8 +127,9 @@ def _plan(graph, num_stages, boundaries, remat, offload=False,
           num_microbatches=4, schedule=None, replicas=None):
   """A plan as the runtime reads it; without `schedule` (and replicas), an
   old GPipe plan."""
-  plan = {'num_stages': num_stages, 'num_microbatches': num_microbatches,
-          'remat': remat, 'offload_activations': offload,
+  plan = {'format_version': partition_plan.PLAN_FORMAT_VERSION,
+          'num_stages': num_stages, 'num_microbatches': num_microbatches,
+          'batch_size': BATCH, 'remat': remat, 'offload_activations': offload,
           'boundaries': boundaries, 'layer_signature': graph.class_names()}
   if schedule is not None:
     plan['schedule'] = schedule
@@ -137,8 +141,8 @@ def _plan(graph, num_stages, boundaries, remat, offload=False,
 def _compare(build, plan, features, labels, devices):
   reference = build()
   ref_loss, ref_grads = _reference(reference, features, labels)
-  model = gpipe.build_model_on_devices(build, plan, devices)
-  runner = gpipe.GPipeRunner(model, plan, devices)
+  model = placement.build_model_on_devices(build, plan, devices)
+  runner = pipeline_runner.PipelineRunner(model, plan, devices)
   loss, grads = runner.gradients(features, labels)
   errors = [float(np.max(np.abs(g.numpy() - r.numpy()) /
                          (ATOL + RTOL * np.abs(r.numpy()))))
@@ -169,8 +173,8 @@ def _train_and_export(devices, export_dir):
       zip(ref_grads, reference.trainable_variables))
   plan = _plan(graph_lib.LayerGraph(reference), 4, SKIP_BOUNDARIES[4],
                'except_last')
-  model = gpipe.build_model_on_devices(_skip_model, plan, devices)
-  runner = gpipe.GPipeRunner(model, plan, devices)
+  model = placement.build_model_on_devices(_skip_model, plan, devices)
+  runner = pipeline_runner.PipelineRunner(model, plan, devices)
   runner.train_step(features, labels)
   weight_errors = [
       float(np.max(np.abs(w - r) / (ATOL + RTOL * np.abs(r))))
@@ -206,8 +210,8 @@ def _transient_peak_bytes(remat, devices, schedule=None):
 
   plan = _plan(graph_lib.LayerGraph(build()), 2, [0, 4, 9], remat,
                num_microbatches=MEMORY_MICROBATCHES, schedule=schedule)
-  runner = gpipe.GPipeRunner(
-      gpipe.build_model_on_devices(build, plan, devices), plan, devices)
+  runner = pipeline_runner.PipelineRunner(
+      placement.build_model_on_devices(build, plan, devices), plan, devices)
   features = tf.random.normal([1024, 256])
   labels = tf.random.normal([1024, 1])
   runner.train_step(features, labels).numpy()  # Traces, creates slots.
@@ -246,8 +250,8 @@ def run_worker(output_path: str, scratch_dir: str, suite: str) -> None:
   """Runs the 'core' cases, the 'full' GPipe suite or the '1f1b' suite;
   writes results as JSON."""
   tf.config.set_visible_devices([], 'GPU')
-  gpipe.configure_logical_cpus(NUM_DEVICES)
-  all_devices = gpipe.stage_devices(NUM_DEVICES)
+  configure_logical_cpus(NUM_DEVICES)
+  all_devices = placement.stage_devices(NUM_DEVICES)
   results = {'devices': all_devices}
   features, labels = _data('skip')
   skip_graph = graph_lib.LayerGraph(_skip_model())
@@ -366,14 +370,14 @@ def test_unknown_schedule_fails_at_runner_construction():
                schedule='interleaved')
   with pytest.raises(ValueError, match=r"schedule 'interleaved'; this "
                      r"runtime runs \('gpipe', '1f1b'\)"):
-    gpipe.GPipeRunner(model, plan, ['/device:CPU:0'] * 2)
+    pipeline_runner.PipelineRunner(model, plan, ['/device:CPU:0'] * 2)
 
 
 @pytest.mark.skipif(not tf.config.list_physical_devices('GPU'),
                     reason='needs a GPU: stages on GPUs')
 def test_stages_go_to_the_gpus_where_there_are_any():
   gpus = [d.name for d in tf.config.list_logical_devices('GPU')]
-  devices = gpipe.stage_devices(NUM_DEVICES)
+  devices = placement.stage_devices(NUM_DEVICES)
   # Round-robin when there are fewer GPUs than stages; never a CPU.
   assert devices == [gpus[s % len(gpus)] for s in range(NUM_DEVICES)]
 

@@ -32,9 +32,9 @@ from components import OptimizedTransform
 from components import HighPerfTrainer
 from components import storage
 from components import types as hpm_types
-from components.data.input_pipeline import InputPipelineConfig
 from components.partitioner import executor as partitioner_executor
-from components.partitioner import plan as plan_lib
+from components.records import partition_plan
+from components.records import tuned_input_pipeline
 from components.trainer.checkpoint import store as store_lib
 from components.trainer import executor as trainer_executor
 from components.transform import executor as transform_executor
@@ -299,7 +299,7 @@ def test_partitioner_executor_writes_its_plan_to_ram(tmp_path):
       {'module_file': str(module),
        partitioner_executor.CONFIG_KEY: json.dumps(
            {'batch_size': 16, 'num_stages': 2, 'profile_repeats': 1})})
-  plan = storage.read_json(os.path.join(artifact.uri, plan_lib.PLAN_FILE))
+  plan = partition_plan.read_dict(artifact.uri)
   assert plan['num_stages'] == 2
   assert tf.io.gfile.exists(os.path.join(artifact.uri, 'report.md'))
 
@@ -475,9 +475,9 @@ def test_transform_tuning_runs_with_every_input_and_output_on_ram(
     (tuned,) = outputs['tuned_input_pipeline']
     tuned_uris.append(tuned.uri)
     assert sorted(tf.io.gfile.listdir(tuned.uri)) == [
-        'candidates.png', 'config.json', 'fingerprint.json', 'report.md']
-    config = InputPipelineConfig.from_dict(storage.read_json(
-        os.path.join(tuned.uri, 'config.json')))
+        'candidates.png', tuned_input_pipeline.CONFIG_FILE, 'fingerprint.json',
+        'report.md']
+    config = tuned_input_pipeline.read(tuned.uri)
     if placement == 'always':
       assert config.transform_placement == 'materialized'
     else:
@@ -536,8 +536,7 @@ def test_transform_executor_runs_with_only_the_stock_exec_properties(
   assert tuned.get_int_custom_property('num_examples') == 32
   assert tuned.get_string_custom_property('decision') in (
       tuner.SEARCHED, tuner.STOPPED_EARLY)
-  InputPipelineConfig.from_dict(storage.read_json(
-      os.path.join(tuned.uri, 'config.json')))
+  tuned_input_pipeline.read(tuned.uri)
   (graph,) = outputs['transform_graph']
   assert tft.TFTransformOutput(graph.uri).transformed_feature_spec().keys() \
       == {'id', 'x', 'label'}

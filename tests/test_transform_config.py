@@ -38,10 +38,29 @@ def _channels():
     ({'allow_nondeterministic': 'yes'}, r'allow_nondeterministic must be a'),
     ({'tune_split': ''}, r'tune_split must be a split name'),
     ({'cache_size': 1}, r"Unknown tuning option\(s\) \['cache_size'\]"),
+    # Non-finite numbers pass `<= 0` checks, so each is named on its own.
+    ({'time_budget_s': float('nan')}, r'time_budget_s .*\(finite\), got nan'),
+    ({'time_budget_s': float('inf')}, r'time_budget_s .*\(finite\), got inf'),
+    ({'measure_seconds': float('nan')}, r'measure_seconds .*, got nan'),
+    ({'input_bound_ratio': float('nan')}, r'input_bound_ratio .*, got nan'),
+    ({'input_bound_ratio': float('inf')}, r'input_bound_ratio .*, got inf'),
+    ({'time_budget_s': '8'}, r"time_budget_s .*, got '8'"),
+    ({'measure_seconds': True}, r'measure_seconds .*, got True'),
+    ({'ram_budget_bytes': 1e9}, r'ram_budget_bytes must be a positive int'),
+    ({'batch_size': float('nan')}, r'batch_size must be a positive int'),
+    ({'num_output_shards': 4.0}, r'num_output_shards must be an int >= 0'),
+    ({'max_candidates': float('inf')}, r'max_candidates must be a positive'),
+    ({'cache_dir': 7}, r'cache_dir must be a local folder path .* got 7'),
+    ({'cache_dir': ''}, r"cache_dir must be a local folder path .* got ''"),
+    ({'cache': None}, r'cache must be one of'),
+    ({'materialize': 1}, r'materialize must be one of'),
+    ({'tune_split': 3}, r'tune_split must be a split name'),
 ])
 def test_bad_tuning_fails_at_construction(values, message):
   with pytest.raises(ValueError, match=message):
     TuningConfig.from_dict(values)
+  with pytest.raises(ValueError, match=message):
+    TuningConfig.from_json(json.dumps(values))
   with pytest.raises(ValueError, match=message):
     OptimizedTransform(**_channels(), module_file='m.py', tuning=values)
 

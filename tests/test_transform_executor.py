@@ -1,4 +1,5 @@
-"""The sharded Beam write of OptimizedTransform's executor (fast, real Beam)."""
+"""The sharded Beam write of OptimizedTransform's executor (fast, real Beam),
+through its patch of TFX's TransformProcessor (components.patches.transform)."""
 
 import glob
 import os
@@ -12,7 +13,7 @@ from tfx.components.transform import labels
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from components.transform import executor
+from components.patches import transform as transform_patches
 
 SCHEMA = text_format.Parse('''
 feature { name: "x" type: INT }
@@ -30,7 +31,7 @@ def _batches():
 def _write(tmp_path, num_shards):
   output_path = os.path.join(str(tmp_path), 'Split-train',
                              'transformed_examples')
-  with executor._sharded_writes(num_shards):  # pylint: disable=protected-access
+  with transform_patches.sharded_writes(num_shards):
     processor = transform_executor.TransformProcessor()
     pipeline = beam.Pipeline(argv=['--direct_running_mode=in_memory',
                                    '--direct_num_workers=1'])
@@ -45,11 +46,12 @@ def _write(tmp_path, num_shards):
       for r in tf.data.TFRecordDataset(files, 'GZIP').as_numpy_iterator())
   counters = pipeline.result.metrics().query(
       beam.metrics.MetricsFilter().with_namespace(
-          executor.METRICS_NAMESPACE))['counters']
+          transform_patches.METRICS_NAMESPACE))['counters']
   return files, values, {c.key.metric.name: c.committed for c in counters}
 
 
 def test_beam_writes_the_wanted_shards_and_counts_examples(tmp_path):
+  stock = transform_executor.TransformProcessor
   files, values, counters = _write(tmp_path, 4)
   assert [os.path.basename(f) for f in files] == [
       f'transformed_examples-{k:05d}-of-00004.gz' for k in range(4)]
@@ -58,7 +60,7 @@ def test_beam_writes_the_wanted_shards_and_counts_examples(tmp_path):
   assert name.endswith(os.path.join('Split-train', 'transformed_examples'))
   assert count == NUM_ROWS
   # After the write the stock processor is back in place.
-  assert transform_executor.TransformProcessor is executor._STOCK_PROCESSOR  # pylint: disable=protected-access
+  assert transform_executor.TransformProcessor is stock
 
 
 def test_more_shards_than_records_still_writes_every_shard(tmp_path):
@@ -71,12 +73,14 @@ def test_other_threads_write_as_stock():
   seen = {}
 
   def other_thread():
-    processor = transform_executor.TransformProcessor()
-    seen['shards'] = processor.shards_by_thread.get(threading.get_ident())
+    seen['class'] = transform_executor.TransformProcessor
+    seen['shards'] = transform_patches._shards_by_thread.get(  # pylint: disable=protected-access
+        threading.get_ident())
 
-  with executor._sharded_writes(4):  # pylint: disable=protected-access
+  with transform_patches.sharded_writes(4):
     thread = threading.Thread(target=other_thread)
     thread.start()
     thread.join()
   # The class is patched process-wide, but the shard count is this thread's.
+  assert seen['class'].__name__ == 'ShardedTransformProcessor'
   assert seen['shards'] is None

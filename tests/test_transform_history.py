@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from components.data.input_pipeline import InputPipelineConfig
 from components.records import training_result
+from components.records import tuned_input_pipeline
 from components.transform import history
 
 SPEC = {'x': tf.io.FixedLenFeature([1], tf.float32),
@@ -19,8 +20,7 @@ def _tuned_artifact(root, execution, key, config=TUNED):
   uri = os.path.join(root, 'Transform', 'tuned_input_pipeline',
                      str(execution))
   os.makedirs(uri)
-  with open(os.path.join(uri, history.CONFIG_FILE), 'w') as f:
-    f.write(config.to_json())
+  tuned_input_pipeline.write(uri, config)
   history.write_fingerprint(uri, key, {'decision': 'searched'})
   return uri
 

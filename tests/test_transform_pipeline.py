@@ -21,6 +21,8 @@ from tfx_bsl.public import tfxio
 from components import OptimizedTransform
 from components.data import input_pipeline
 from components.data.input_pipeline import InputPipelineConfig
+from components.records import tuned_input_pipeline
+from components.transform import decisions
 from components.transform import tuner
 from components.transform.config import TuningConfig
 from components.types import TunedInputPipeline
@@ -117,8 +119,7 @@ def _stock_reader(split_dir, schema):
 
 
 def _tuned_config_at(uri):
-  with open(os.path.join(uri, 'config.json')) as f:
-    return InputPipelineConfig.from_dict(json.load(f))
+  return tuned_input_pipeline.read(uri)
 
 
 def _tuned_config(run, node):
@@ -308,7 +309,7 @@ def test_second_run_reuses_the_unchanged_tuning(run):
   assert props['decision'].string_value == tuner.REUSED, text
   # The same knobs and placement; the paths are this run's own.
   old, new = (_tuned_config_at(uri) for uri in (first, second))
-  assert tuner.knob_changes(new) == tuner.knob_changes(old)
+  assert decisions.knob_changes(new) == decisions.knob_changes(old)
   assert new.transform_placement == old.transform_placement == 'on_the_fly'
   assert new.transform_graph_uri == run.runs('OnTheFlyTransform',
                                              'transform_graph')[1]

@@ -12,6 +12,7 @@ import tensorflow as tf
 from components.data.input_pipeline import InputPipelineConfig
 from components.transform import consumer as consumer_lib
 from components.transform import report
+from components.transform import decisions
 from components.transform import tuner
 from components.transform.config import TuningConfig
 from tests.support import transform_data
@@ -66,10 +67,10 @@ def test_requested_memory_cache_that_does_not_fit_fails(patterns):
 
 def test_choose_cache_rules():
   tuning = TuningConfig()
-  assert tuner.choose_cache(tuning, 10, 100)[0] == 'memory'
-  assert tuner.choose_cache(tuning, 100, 10)[0] == 'none'
-  assert tuner.choose_cache(TuningConfig(cache_dir='/c'), 100, 10)[0] == 'disk'
-  assert tuner.choose_cache(TuningConfig(cache='none'), 10, 100)[0] == 'none'
+  assert decisions.choose_cache(tuning, 10, 100)[0] == 'memory'
+  assert decisions.choose_cache(tuning, 100, 10)[0] == 'none'
+  assert decisions.choose_cache(TuningConfig(cache_dir='/c'), 100, 10)[0] == 'disk'
+  assert decisions.choose_cache(TuningConfig(cache='none'), 10, 100)[0] == 'none'
 
 
 def test_search_respects_budget_and_candidate_limit(patterns):
@@ -138,16 +139,16 @@ def test_placement_rules():
                 (('materialized', 2.0), ('on_the_fly', 1.0)))
   both = {'materialized': fast, 'on_the_fly': slow}
   available = both.keys()
-  assert tuner.choose_placement(TuningConfig(), both, available)[0] == (
+  assert decisions.choose_placement(TuningConfig(), both, available)[0] == (
       'materialized')
   slow.examples_per_sec = 3.0
-  assert tuner.choose_placement(TuningConfig(), both, available)[0] == (
+  assert decisions.choose_placement(TuningConfig(), both, available)[0] == (
       'on_the_fly')
-  assert tuner.choose_placement(TuningConfig(materialize='always'), both,
+  assert decisions.choose_placement(TuningConfig(materialize='always'), both,
                                 available)[0] == 'materialized'
-  assert tuner.choose_placement(TuningConfig(), {'on_the_fly': slow},
+  assert decisions.choose_placement(TuningConfig(), {'on_the_fly': slow},
                                 ['on_the_fly'])[0] == 'on_the_fly'
-  placement, reason = tuner.choose_placement(
+  placement, reason = decisions.choose_placement(
       TuningConfig(), {'materialized': fast}, available)
   assert placement == 'materialized' and 'not measured' in reason
 
@@ -201,7 +202,7 @@ def test_slow_consumer_stops_early_with_the_defaults(patterns, tmp_path):
   # Only the default pipeline was measured: no search, no references.
   assert [c.changes for c in result.candidates] == [{}]
   assert result.references == [] and result.stages == []
-  assert tuner.knob_changes(result.config) == {}
+  assert decisions.knob_changes(result.config) == {}
   assert result.config.cache == 'memory'  # The cache decision still holds.
   assert any('not input-bound' in n for n in result.notes)
   text = report.render_markdown(result, {})

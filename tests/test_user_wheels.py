@@ -7,6 +7,7 @@ import zipfile
 
 from tfx.components.util import udf_utils
 
+from components import patches
 from components import user_wheels
 
 
@@ -70,7 +71,7 @@ def test_other_dependencies_go_to_pip(tmp_path):
 def test_unzipped_installs_restores_the_stock_function(tmp_path):
   stock = udf_utils.install_to_temp_directory
   wheel, _ = _tfx_wheel(tmp_path)
-  with user_wheels.unzipped_installs():
+  with patches.installed(patches.UNZIPPED_WHEEL_INSTALLS):
     assert udf_utils.install_to_temp_directory is not stock
     # What TFX's executors call: installs with the unzipping function.
     with udf_utils.TempPipInstallContext([wheel]) as context:

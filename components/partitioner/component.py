@@ -7,7 +7,7 @@
         transform_graph=transform.outputs['transform_graph'])
 
 Its `partition_plan` output (a PartitionPlan artifact) holds plan.json,
-which HighPerfTrainer executes with `components.pipeline_parallel.gpipe`.
+which HighPerfTrainer executes with `components.pipeline_parallel.runner`.
 """
 
 from typing import Any, Dict, Optional, Union
@@ -103,6 +103,13 @@ class GPipePartitioner(base_component.BaseComponent):
         transform_graph=transform_graph,
         partition_plan=types.Channel(type=hpm_types.PartitionPlan))
     super().__init__(spec=spec)
+    self._batch_size = config.batch_size
     if module_file and udf_utils.should_package_user_modules():
       udf_utils.add_user_module_dependency(self, MODULE_FILE_KEY,
                                            MODULE_PATH_KEY)
+
+  @property
+  def planned_batch_size(self) -> int:
+    """The mini-batch its plan will be made for (plan.json's batch_size),
+    known at pipeline definition, before there is a plan to read."""
+    return self._batch_size

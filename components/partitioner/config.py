@@ -8,11 +8,11 @@ share one definition of what is allowed.
 import dataclasses
 from typing import Any, Dict, Optional, Union
 
-from components.json_config import JsonConfig, is_int
+from components.json_config import JsonConfig, check_json_values, is_int
 from components.pipeline_parallel import schedules
+from components.records.partition_plan import REMAT_MODES
 
 AUTO = 'auto'
-REMAT_MODES = ('always', 'except_last', 'never')
 SCHEDULE_OPTIONS = (*schedules.SCHEDULES, AUTO)
 
 
@@ -120,6 +120,7 @@ class PartitionerConfig(JsonConfig):
                        f'{self.profile_repeats!r}.')
     if not isinstance(self.hparams, dict):
       raise ValueError(f'hparams must be a dict, got {self.hparams!r}.')
+    check_json_values('hparams', self.hparams)
     if not isinstance(self.sample_split, str) or not self.sample_split:
       raise ValueError('sample_split must be a split name, got '
                        f'{self.sample_split!r}.')

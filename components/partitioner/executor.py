@@ -32,6 +32,7 @@ from components.partitioner import measure
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from components.partitioner import report
+from components.records import partition_plan
 
 CONFIG_KEY = 'config'
 EXAMPLES_KEY = 'examples'
@@ -136,8 +137,8 @@ def write_plan(plan: Dict[str, Any], profile: plan_lib.ModelProfile,
   """plan.json, profile.json, report.md and PNGs into `output_uri`."""
   fileio.makedirs(output_uri)
   with tempfile.TemporaryDirectory() as local_dir:
-    with open(os.path.join(local_dir, plan_lib.PLAN_FILE), 'w') as f:
-      json.dump(plan, f, indent=1)
+    with open(os.path.join(local_dir, partition_plan.PLAN_FILE), 'w') as f:
+      f.write(partition_plan.to_json(plan))
     with open(os.path.join(local_dir, plan_lib.PROFILE_FILE), 'w') as f:
       f.write(profile.to_json())
     report.write_report(plan, profile, local_dir)

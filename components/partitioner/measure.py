@@ -23,9 +23,11 @@ from typing import Any, Dict, Mapping
 
 import tensorflow as tf
 
-from components.pipeline_parallel import gpipe
-from components.pipeline_parallel import plan_format
+from components.devices import configure_logical_cpus
+from components.pipeline_parallel import placement
+from components.pipeline_parallel import runner as pipeline_runner
 from components.pipeline_parallel import timeline
+from components.records import partition_plan
 
 TIMEOUT_S = 1800
 
@@ -61,11 +63,10 @@ def run(model: tf.keras.Model, plan: Mapping[str, Any]) -> Dict[str, Any]:
 def main(input_path: str, output_path: str) -> None:
   with open(input_path) as f:
     spec = json.load(f)
-  plan = spec['plan']
-  num_devices = plan_format.num_devices(plan)
+  plan = partition_plan.PlanRecord.from_dict(spec['plan'])
   if not tf.config.list_physical_devices('GPU'):
-    gpipe.configure_logical_cpus(num_devices)
-  devices = gpipe.stage_devices(num_devices)
+    configure_logical_cpus(plan.num_devices)
+  devices = placement.stage_devices(plan.num_devices)
 
   def build():
     model = tf.keras.models.model_from_json(spec['model'])
@@ -73,9 +74,9 @@ def main(input_path: str, output_path: str) -> None:
                   loss='mse')
     return model
 
-  model = gpipe.build_model_on_devices(build, plan, devices)
-  runner = gpipe.GPipeRunner(model, plan, devices)
-  batch = plan['batch_size']
+  model = placement.build_model_on_devices(build, plan, devices)
+  runner = pipeline_runner.PipelineRunner(model, plan, devices)
+  batch = plan.batch_size
   features = tf.nest.map_structure(
       lambda kt: tf.zeros([batch] + kt.shape[1:].as_list(), kt.dtype),
       model.input)

@@ -1,7 +1,9 @@
 """From a per-layer profile to a pipeline partition plan (plan.json).
 
 Pure Python + numpy (no TensorFlow, no TFX): the profile is produced by
-`profiling.py`, the plan is consumed by `gpipe.GPipeRunner`.
+`profiling.py`, the plan is consumed by
+`pipeline_parallel.runner.PipelineRunner` (its format:
+`components.records.partition_plan`).
 
 Cost and memory model, per micro-batch of the profiled size, for stage s of
 a schedule (`schedules`) that keeps F_s micro-batches in flight on it
@@ -25,11 +27,9 @@ import numpy as np
 
 from components.partitioner import partition
 from components.pipeline_parallel import schedules
-# The plan's file and its model check belong to the plan format that the
-# trainer's pipeline-parallel runtime reads.
-from components.pipeline_parallel.plan_format import PLAN_FILE, check_layer_signature  # pylint: disable=unused-import
+from components.pipeline_parallel import simulator
+from components.records.partition_plan import PLAN_FORMAT_VERSION
 
-PLAN_FORMAT_VERSION = 1
 PROFILE_FILE = 'profile.json'
 
 
@@ -163,7 +163,7 @@ def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
   best = partition.optimal_partition(costs, num_stages, layer_memory,
                                      cut_memory, memory_budget_bytes)
   stages = _stage_details(profile, best, num_microbatches, remat, schedule)
-  simulated = partition.simulate_schedule(
+  simulated = simulator.simulate_schedule(
       [stage['forward_seconds'] for stage in stages],
       [stage['backward_seconds'] for stage in stages], num_microbatches,
       schedule)
@@ -200,7 +200,7 @@ def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
       'predicted': {
           'step_seconds': simulated.makespan,
           'slowest_stage_seconds': best.bottleneck,
-          'bubble_fraction': partition.bubble_fraction(
+          'bubble_fraction': simulator.bubble_fraction(
               num_stages, num_microbatches),
           'simulated_idle_fraction': simulated.idle_fraction,
           'peak_memory_bytes': int(best.peak_memory),

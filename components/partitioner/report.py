@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from components.partitioner import partition
+from components.pipeline_parallel import simulator
 from components.partitioner import plan as plan_lib
 
 STAGE_COSTS_PNG = 'stage_costs.png'
@@ -93,7 +93,7 @@ def schedule_charts(panels, num_stages: int, num_microbatches: int,
 def _simulated(plan: Mapping[str, Any]):
   """The plan's schedule, simulated from its per-stage times."""
   stages = plan['stages']
-  return partition.simulate_schedule(
+  return simulator.simulate_schedule(
       [s['forward_seconds'] for s in stages],
       [s['backward_seconds'] for s in stages], plan['num_microbatches'],
       plan['schedule'])
@@ -115,7 +115,7 @@ def measured_schedule_chart(plan: Mapping[str, Any], path: str) -> None:
   """The simulated schedule above the one measured in a real step."""
   stages = plan['stages']
   simulated = _simulated(plan)
-  measured = [partition.ScheduledTask(**t) for t in plan['measured']['tasks']]
+  measured = [simulator.ScheduledTask(**t) for t in plan['measured']['tasks']]
   name = SCHEDULE_NAMES[plan['schedule']]
   schedule_charts(
       [(f'{name}, simulated from the profile: idle '

@@ -1,2 +1,3 @@
 """Pipeline-parallel runtime: the model graph, the schedules (GPipe, 1F1B)
-and the runner that executes a plan."""
+and their simulator, stage placement, one stage's step, and the runner that
+executes a plan (`components.records.partition_plan`)."""

@@ -68,7 +68,7 @@ def idle_fraction(ops: List[Op], num_stages: int) -> float:
 def tasks(ops: List[Op]) -> List[Dict[str, Any]]:
   """Each (stage, micro-batch, phase) task from its first op's start to its
   last op's end (bookkeeping ops left out), in seconds from the step's first
-  op; the keys of `partition.ScheduledTask`."""
+  op; the keys of `simulator.ScheduledTask`."""
   begin = min(op[3] for op in ops)
   spans = {}
   for stage, micro, phase, start, end, op_type in ops:

@@ -191,9 +191,7 @@ def _planned_batch_size(channel: types.BaseChannel) -> Optional[int]:
   """The plan's batch when a GPipePartitioner of this pipeline makes it."""
   # Imported here: only pipelines that wire in a plan need the partitioner.
   from components.partitioner import component as partitioner  # pylint: disable=g-import-not-at-top
-  from components.partitioner import config as partitioner_config  # pylint: disable=g-import-not-at-top
   producer = getattr(channel, 'producer_component', None)
   if not isinstance(producer, partitioner.GPipePartitioner):
     return None
-  return partitioner_config.PartitionerConfig.from_json(
-      producer.exec_properties[partitioner.executor.CONFIG_KEY]).batch_size
+  return producer.planned_batch_size

@@ -20,7 +20,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
 from tfx import types
-from tfx.components.trainer import executor as trainer_executor
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_executor
 from tfx.dsl.io import fileio
@@ -28,9 +27,10 @@ from tfx.types import artifact_utils
 from tfx.types import standard_component_specs
 from tfx.utils import io_utils
 
+from components import patches
 from components import storage
-from components import user_wheels
 from components.records import training_result
+from components.records import tuned_input_pipeline
 from components.trainer import config as config_lib
 from components.trainer import launcher
 from components.trainer import progress
@@ -83,17 +83,6 @@ def _hparams(fn_args) -> Dict[str, Any]:
   tuned = fn_args.hyperparameters or {}
   hparams.update(tuned.get('values', tuned))
   return hparams
-
-
-def _read_json_artifact(artifacts: Optional[List[types.Artifact]],
-                        name: str) -> Optional[Any]:
-  if not artifacts:
-    return None
-  path = os.path.join(artifact_utils.get_single_uri(artifacts), name)
-  value = storage.read_json(path)
-  if value is None:
-    raise FileNotFoundError(f'Input artifact file {path} does not exist.')
-  return value
 
 
 def check_module_contract(module_file: Optional[str],
@@ -163,8 +152,8 @@ class Executor(base_executor.BaseExecutor):
     # A module packaged as a wheel (the default under LocalDagRunner) is
     # installed once (unzipped when pure); sys.path and PYTHONPATH reach it
     # for every process.
-    with user_wheels.unzipped_installs(), udf_utils.TempPipInstallContext(
-        wheels):
+    with patches.installed(patches.UNZIPPED_WHEEL_INSTALLS), \
+        udf_utils.TempPipInstallContext(wheels):
       props = dict(exec_properties)
       if module_name:
         props[standard_component_specs.MODULE_PATH_KEY] = module_name
@@ -190,14 +179,14 @@ class Executor(base_executor.BaseExecutor):
         props.get(standard_component_specs.MODULE_FILE_KEY),
         props.get(standard_component_specs.MODULE_PATH_KEY),
         props.get(standard_component_specs.RUN_FN_KEY), config.mode)
-    stock_args = trainer_executor.GenericExecutor()._GetFnArgs(  # pylint: disable=protected-access
-        input_dict, output_dict, props)
+    stock_args = patches.stock_fn_args(input_dict, output_dict, props)
     config_lib.check_train_length(mode, stock_args.train_steps or 0,
                                   config.train_epochs)
     run_fn_module = (props.get(standard_component_specs.RUN_FN_KEY) or
                      '').rpartition('.')[0]
-    input_pipeline = _read_json_artifact(
-        input_dict.get(TUNED_INPUT_PIPELINE_KEY), 'config.json')
+    tuned = input_dict.get(TUNED_INPUT_PIPELINE_KEY)
+    input_pipeline = (tuned_input_pipeline.read(
+        artifact_utils.get_single_uri(tuned)).to_dict() if tuned else None)
     partition_plan = input_dict.get(PARTITION_PLAN_KEY)
     hparams = _hparams(stock_args)
     fingerprint = location.training_fingerprint(

@@ -1,7 +1,7 @@
 """run_fn mode: the stock `fn_args`, plus what HighPerfTrainer adds.
 
 A training process rebuilds exactly the `FnArgs` the stock Trainer would pass
-(`GenericExecutor._GetFnArgs` on the executor's inputs, carried as JSON in the
+(`components.patches.stock_fn_args` on the executor's inputs, carried as JSON in the
 TrainingTask) and adds:
 - `strategy`: the tf.distribute strategy chosen for this run;
 - `dataset_factory(file_patterns, label_key, ...)`: distributed `(features,
@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
+from components import patches
 from components.trainer import strategy as strategy_lib
 from components.trainer.config import DistributionConfig
 from components.trainer.task import TrainingTask
@@ -132,11 +133,10 @@ def build_fn_args(task: TrainingTask, strategy: tf.distribute.Strategy,
                   is_chief: bool):
   """The stock FnArgs of the task's executor inputs, plus our attributes."""
   # pylint: disable=g-import-not-at-top
-  from tfx.components.trainer import executor as trainer_executor
   from tfx.types import artifact_utils
   # pylint: enable=g-import-not-at-top
   io = task.executor_io
-  fn_args = trainer_executor.GenericExecutor()._GetFnArgs(  # pylint: disable=protected-access
+  fn_args = patches.stock_fn_args(
       artifact_utils.parse_artifact_dict(io['input_dict']),
       artifact_utils.parse_artifact_dict(io['output_dict']),
       io['exec_properties'])

@@ -30,9 +30,10 @@ from typing import Any, Callable, Dict, Tuple
 
 import tensorflow as tf
 
-from components import autograph
-from components.pipeline_parallel import gpipe
-from components.pipeline_parallel import plan_format
+from components import patches
+from components.pipeline_parallel import placement
+from components.pipeline_parallel import runner as pipeline_runner
+from components.records import partition_plan
 from components.trainer import accumulation
 from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.checkpoint.config import FaultToleranceConfig
@@ -125,7 +126,7 @@ class ManagedTraining:
     self.accumulation = self.distribution.gradient_accumulation_steps
     self.replicas = strategy.num_replicas_in_sync
     self.global_batch = self.distribution.global_batch(self.replicas)
-    self.plan = (gpipe.load_plan(task.partition_plan_uri)
+    self.plan = (partition_plan.read(task.partition_plan_uri)
                  if task.partition_plan_uri else None)
     if self.plan is not None:
       self._check_plan_fits()
@@ -162,25 +163,26 @@ class ManagedTraining:
           f'gradient_accumulation_steps={self.accumulation} with a partition '
           'plan: GPipe already accumulates over the plan\'s micro-batches; '
           'use 1.')
-    if self.global_batch != self.plan['batch_size']:
+    if self.global_batch != self.plan.batch_size:
       raise ValueError(
           f'The global batch {self.global_batch} differs from the partition '
-          f"plan's batch_size {self.plan['batch_size']}; set "
+          f"plan's batch_size {self.plan.batch_size}; set "
           'per_replica_batch_size to the batch the plan was made for.')
 
   # --- model and checkpoint
 
   def _build_pipelined_model(self) -> tf.keras.Model:
     """The model with each stage's variables on its own device."""
-    devices = gpipe.stage_devices(plan_format.num_devices(self.plan))
-    model = gpipe.build_model_on_devices(
+    devices = placement.stage_devices(self.plan.num_devices)
+    model = placement.build_model_on_devices(
         lambda: self.module.build_model(self.task.hparams), self.plan, devices)
-    self.gpipe_runner = gpipe.GPipeRunner(model, self.plan, devices)
+    self.pipeline_runner = pipeline_runner.PipelineRunner(model, self.plan,
+                                                          devices)
     return model
 
   def build_model(self) -> None:
     """Model, optimizer slots and the step counter, in the strategy scope."""
-    self.gpipe_runner = None
+    self.pipeline_runner = None
     # GPipe places every stage itself, so it builds outside the strategy.
     scope = (self.strategy.scope() if self.plan is None else
              tf.distribute.get_strategy().scope())
@@ -266,12 +268,12 @@ class ManagedTraining:
     dataset_fn = datasets.train_dataset_fn(
         self.task, self.data, self.examples_per_step, start,
         datasets.data_seed(self.distribution.seed), self.data.config)
-    if self.gpipe_runner is None:
+    if self.pipeline_runner is None:
       runner = step_runners.SynchronousSteps(self.strategy, dataset_fn,
                                              replica_step, self.step)
     else:
-      runner = step_runners.GPipeSteps(
-          self.gpipe_runner, dataset_fn(tf.distribute.InputContext()),
+      runner = step_runners.PipelineSteps(
+          self.pipeline_runner, dataset_fn(tf.distribute.InputContext()),
           self.step)
     return runner, preemption.make_watcher(self.strategy, self.checkpoint,
                                            self._save_now)
@@ -345,12 +347,13 @@ class ManagedTraining:
         'resume_events': self.checkpointer.events,
         'wall_seconds': round(time.monotonic() - self.started, 3),
         'pipeline_parallel': None if self.plan is None else {
-            'num_stages': self.plan['num_stages'],
-            'num_microbatches': self.gpipe_runner.num_microbatches,
-            'schedule': self.gpipe_runner.schedule,
-            'data_parallel_replicas': self.gpipe_runner.data_parallel_replicas,
-            'boundaries': self.plan['boundaries'],
-            'remat': self.plan['remat'],
+            'num_stages': self.plan.num_stages,
+            'num_microbatches': self.pipeline_runner.num_microbatches,
+            'schedule': self.pipeline_runner.schedule,
+            'data_parallel_replicas':
+                self.pipeline_runner.data_parallel_replicas,
+            'boundaries': list(self.plan.boundaries),
+            'remat': self.plan.remat,
         },
     })
     return _json_value(result)
@@ -365,7 +368,12 @@ def run_managed_training(task: TrainingTask,
   means training stopped at a checkpoint after SIGTERM: exit with
   `preemption.PREEMPTED_EXIT_CODE` and run again to resume.
   """
-  autograph.skip_autograph_for_tf_keras()
+  with patches.installed(patches.AUTOGRAPH_SKIPS_TF_KERAS):
+    return _train_evaluate_export(task, strategy)
+
+
+def _train_evaluate_export(task: TrainingTask,
+                           strategy: tf.distribute.Strategy) -> Dict[str, Any]:
   training = ManagedTraining(task, strategy)
   training.build_model()
   try:

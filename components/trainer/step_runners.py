@@ -50,7 +50,7 @@ class SynchronousSteps:
     return current + k, self._run(self._iterator, tf.constant(k, tf.int64))
 
 
-class GPipeSteps:
+class PipelineSteps:
   """k pipeline-parallel steps, each the plan's schedule (GPipe or 1F1B,
   over the plan's data-parallel copies) over micro-batches."""
 

@@ -103,10 +103,9 @@ def train(task: TrainingTask) -> Dict[str, Any]:
   if task.partition_plan_uri:
     # Pipeline stages (of each data-parallel copy) need a device each;
     # without GPUs they are logical CPUs.
-    from components.pipeline_parallel import gpipe  # pylint: disable=g-import-not-at-top
-    from components.pipeline_parallel import plan_format  # pylint: disable=g-import-not-at-top
-    logical_cpus = max(logical_cpus or 1, plan_format.num_devices(
-        gpipe.load_plan(task.partition_plan_uri)))
+    from components.records import partition_plan  # pylint: disable=g-import-not-at-top
+    logical_cpus = max(logical_cpus or 1, partition_plan.read(
+        task.partition_plan_uri).num_devices)
   strategy_lib.configure_logical_cpus(logical_cpus)
   seed_process(config)
   strategy = strategy_lib.make_strategy(config.strategy, config)

@@ -1,12 +1,16 @@
 """OptimizedTransform: the stock Transform plus a tuned input pipeline.
 
 No TFX, no TensorFlow: `config` (TuningConfig and its validation).
-TensorFlow, no TFX: `tuner` (time-budgeted measurements and decisions),
+TensorFlow, no TFX: `tuner` (the time-budgeted search) over `results` (what
+it returns), `measurement` (timing, the deadline), `sources` (what it
+measures on) and `decisions` (cache, placement, input-bound, search space);
 `consumer` (the model's training-step rate), `history` (the previous tuning
 and training of this pipeline, from their artifact files), `report`
 (markdown and PNG chart).
 TFX: `component`, `executor` (the stock executor, writing the transformed
-examples in `num_output_shards` files inside its Beam pipeline).
+examples in `num_output_shards` files inside its Beam pipeline, through
+`components.patches.transform`), `artifact` (the TunedInputPipeline it
+writes).
 The dataset library it tunes (`components.data.input_pipeline`) is shared
 with HighPerfTrainer.
 """

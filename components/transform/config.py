@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional, Sequence, Union
 
 from components.json_config import JsonConfig
 from components.json_config import is_int as _is_int
+from components.json_config import is_number as _is_number
 
 CACHE_MODES = ('auto', 'memory', 'disk', 'none')
 MATERIALIZE_MODES = ('auto', 'always', 'on_the_fly')
@@ -60,7 +61,7 @@ class TuningConfig(JsonConfig):
       default reader delivers at least `input_bound_ratio` times what the
       model consumes. False: always search.
     input_bound_ratio: Reader rate / consumer rate below which training
-      counts as input-bound (see `tuner.INPUT_BOUND_RATIO` for the default's
+      counts as input-bound (see `decisions.INPUT_BOUND_RATIO` for the default's
       reasoning).
     reuse: Start from the config of this node's previous TunedInputPipeline
       when the transformed feature spec and the tune split's example count
@@ -102,8 +103,8 @@ class TuningConfig(JsonConfig):
   def validate(self) -> 'TuningConfig':
     """Raises ValueError naming the bad value and what is allowed."""
     if not _is_number(self.time_budget_s) or self.time_budget_s <= 0:
-      raise ValueError('time_budget_s must be a positive number of seconds, '
-                       f'got {self.time_budget_s!r}.')
+      raise ValueError('time_budget_s must be a positive number of seconds '
+                       f'(finite), got {self.time_budget_s!r}.')
     if self.ram_budget_bytes is not None and (
         not _is_int(self.ram_budget_bytes) or self.ram_budget_bytes <= 0):
       raise ValueError('ram_budget_bytes must be a positive int or None (a '
@@ -124,11 +125,15 @@ class TuningConfig(JsonConfig):
     if (not _is_number(self.measure_seconds) or self.measure_seconds <= 0 or
         self.measure_seconds > self.time_budget_s):
       raise ValueError('measure_seconds must be positive and at most '
-                       f'time_budget_s={self.time_budget_s}, got '
+                       f'time_budget_s={self.time_budget_s} (finite), got '
                        f'{self.measure_seconds!r}.')
     if self.cache not in CACHE_MODES:
       raise ValueError(
           f'cache must be one of {CACHE_MODES}, got {self.cache!r}.')
+    if self.cache_dir is not None and (
+        not isinstance(self.cache_dir, str) or not self.cache_dir):
+      raise ValueError('cache_dir must be a local folder path (a non-empty '
+                       f'string) or None, got {self.cache_dir!r}.')
     if self.cache == 'disk' and not self.cache_dir:
       raise ValueError("cache='disk' needs cache_dir (a local folder).")
     if self.materialize not in MATERIALIZE_MODES:
@@ -140,8 +145,8 @@ class TuningConfig(JsonConfig):
                          f'{getattr(self, name)!r}.')
     if (not _is_number(self.input_bound_ratio) or
         self.input_bound_ratio <= 0):
-      raise ValueError('input_bound_ratio must be a positive number, got '
-                       f'{self.input_bound_ratio!r}.')
+      raise ValueError('input_bound_ratio must be a positive number (finite), '
+                       f'got {self.input_bound_ratio!r}.')
     if not isinstance(self.tune_split, str) or not self.tune_split:
       raise ValueError('tune_split must be a split name such as "train", got '
                        f'{self.tune_split!r}.')
@@ -185,7 +190,3 @@ class TuningConfig(JsonConfig):
       return cls.from_json(value)
     raise ValueError('tuning must be a TuningConfig, a dict or a JSON string, '
                      f'got {type(value).__name__}.')
-
-
-def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)

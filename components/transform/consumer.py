@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Optional
 
 import tensorflow as tf
 
-from components import autograph
+from components import patches
 
 # Timed windows (the median is the rate), as for the reader measurements.
 _WINDOWS = 3
@@ -86,8 +86,11 @@ class ModelStep:
 
   def prepare(self) -> None:
     """Builds the model; traces the step if the model has a signature."""
+    with patches.installed(patches.AUTOGRAPH_SKIPS_TF_KERAS):
+      self._prepare()
+
+  def _prepare(self) -> None:
     started = time.perf_counter()
-    autograph.skip_autograph_for_tf_keras()
     model = self._build_model(dict(self._hparams))
     if getattr(model, 'optimizer', None) is None:
       raise ValueError('build_model must return a compiled model (there is '
@@ -162,7 +165,8 @@ class ModelStep:
     """Examples/s of the step on `sample`: the median of timed windows."""
     if self._model is None:
       self.prepare()
-    steps, features, labels = self._fit(sample)
+    with patches.installed(patches.AUTOGRAPH_SKIPS_TF_KERAS):
+      steps, features, labels = self._fit(sample)  # May trace again.
     rows = _batch_rows(labels)
     start = time.perf_counter()
     steps(tf.constant(_PROBE_STEPS), features, labels)

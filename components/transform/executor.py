@@ -6,7 +6,8 @@
    pipeline and counts the examples (a Beam counter), so re-sharding scales
    with the runner and costs no pass over the data afterwards.
    The module's wheel is unzipped instead of pip-installed, three times per
-   step (`components.user_wheels`).
+   step (`components.user_wheels`). Both changes to TFX live in
+   `components.patches`.
 2. While Beam runs, a thread builds the module's model (`build_model`) and
    traces its training step, so that the consumer's rate costs only its
    timed seconds afterwards.
@@ -14,28 +15,25 @@
    batch: not input-bound, it stops with the defaults; else it verifies this
    node's previous tuning when the data is unchanged, or searches. The
    chosen `InputPipelineConfig` is written to
-   `<tuned_input_pipeline>/config.json` with `report.md`, `candidates.png`
-   and `fingerprint.json` (what it was tuned on, for the next run); the key
-   numbers become custom properties.
+   `<tuned_input_pipeline>/config.json` (`components.records`) with
+   `report.md`, `candidates.png` and `fingerprint.json` (what it was tuned
+   on, for the next run); the key numbers become custom properties
+   (`artifact`).
 """
 
-import contextlib
 import dataclasses
 import functools
-import json
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
 import apache_beam as beam
 import tensorflow as tf
 import tensorflow_transform as tft
 from tfx import types
-from tfx.components.transform import executor as transform_executor
 from tfx.components.transform import executor_utils
-from tfx.components.transform import labels
 from tfx.components.util import examples_utils
 from tfx.types import artifact_utils
 from tfx.types import standard_component_specs
@@ -43,96 +41,24 @@ from tfx.utils import io_utils
 from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+from components import patches
 from components import storage
-from components import user_wheels
 from components.data import input_pipeline
+from components.patches import transform as transform_patches
+from components.transform import artifact as artifact_lib
 from components.transform import consumer as consumer_lib
 from components.transform import history
+from components.transform import measurement
 from components.transform import report
 from components.transform import tuner
 from components.transform.config import TuningConfig
 
 TUNING_KEY = 'tuning'
 TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
-CONFIG_FILE = history.CONFIG_FILE
-STOCK_READER = 'stock TFX reader (tfx_bsl TFExampleRecord)'
-METRICS_NAMESPACE = 'tfx_hpm'
-# Counter name prefix of the examples written per output path.
-_EXAMPLES_COUNTER = 'examples_written:'
 _TFRECORDS_GZIP = 'tfrecords_gzip'
 _TF_EXAMPLE = 'FORMAT_TF_EXAMPLE'
 # Longest wait for the model-preparing thread after Beam finished.
 _PREPARE_JOIN_S = 120.0
-_STOCK_PROCESSOR = transform_executor.TransformProcessor
-
-
-class _ShardedTransformProcessor(_STOCK_PROCESSOR):
-  """The stock processor; TFRecord output in a fixed number of shards.
-
-  Installed as `transform_executor.TransformProcessor` while our executor's
-  stock `Do` runs (the stock executor instantiates it by that name). The
-  shard count is per thread: a stock Transform running in another thread of
-  the same process meanwhile writes as stock.
-  """
-  shards_by_thread: Dict[int, int] = {}
-
-  def _EncodeAndWrite(self, schema: schema_pb2.Schema, file_format: str,
-                      output_path: str):  # pylint: disable=invalid-name
-    num_shards = self.shards_by_thread.get(threading.get_ident())
-    if num_shards is None or file_format != labels.FORMAT_TFRECORD:
-      return _STOCK_PROCESSOR._EncodeAndWrite(  # pylint: disable=protected-access
-          schema=schema, file_format=file_format, output_path=output_path)
-    return _EncodeAndWriteSharded(  # pylint: disable=no-value-for-parameter
-        schema=schema, output_path=output_path, num_shards=num_shards)
-
-
-@beam.ptransform_fn
-@beam.typehints.with_input_types(Tuple[Any, Dict[str, Any]])
-def _EncodeAndWriteSharded(pcoll: beam.PCollection, schema: schema_pb2.Schema,  # pylint: disable=invalid-name
-                           output_path: str,
-                           num_shards: int) -> beam.pvalue.PDone:
-  """The stock TFRecord write (same records, names), `num_shards` files.
-
-  `num_shards` 0 lets the runner decide, as the stock write does. Examples
-  are counted per RecordBatch into a Beam counter named by `output_path`.
-  """
-  counter = beam.metrics.Metrics.counter(METRICS_NAMESPACE,
-                                         _EXAMPLES_COUNTER + output_path)
-
-  def count(element):
-    counter.inc(element[0].num_rows)
-    return element
-
-  return (pcoll
-          | 'CountExamples' >> beam.Map(count)
-          | 'EncodeAndSerialize' >> beam.ParDo(
-              _STOCK_PROCESSOR._RecordBatchToExamplesFn(  # pylint: disable=protected-access
-                  schema))
-          | 'ExtractExamples' >> beam.Values()
-          | 'WriteToTFRecord' >> beam.io.WriteToTFRecord(
-              output_path, file_name_suffix='.gz', num_shards=num_shards))
-
-
-_install_lock = threading.Lock()
-_installed = [0]
-
-
-@contextlib.contextmanager
-def _sharded_writes(num_shards: int):
-  """Makes the stock executor, in this thread, write `num_shards` files."""
-  with _install_lock:
-    _installed[0] += 1
-    transform_executor.TransformProcessor = _ShardedTransformProcessor
-  thread = threading.get_ident()
-  _ShardedTransformProcessor.shards_by_thread[thread] = num_shards
-  try:
-    yield
-  finally:
-    _ShardedTransformProcessor.shards_by_thread.pop(thread, None)
-    with _install_lock:
-      _installed[0] -= 1
-      if not _installed[0]:
-        transform_executor.TransformProcessor = _STOCK_PROCESSOR
 
 
 @dataclasses.dataclass
@@ -179,15 +105,13 @@ def _user_function(fn: Callable[..., Any]) -> Callable[..., Any]:
   return getattr(fn, '__wrapped__', fn)
 
 
-class Executor(transform_executor.Executor):
+class Executor(transform_patches.TransformExecutorHooks):
   """Runs the stock Transform with sharded output and tunes the reader."""
 
-  def _GetPreprocessingFn(self, inputs, unused_outputs):  # pylint: disable=invalid-name
-    """The stock lookup; also finds the module's model for the consumer."""
-    fn = super()._GetPreprocessingFn(inputs, unused_outputs)
+  def on_preprocessing_fn(self, fn: Callable[..., Any]) -> None:
+    """Finds the module's model for the consumer."""
     if getattr(self, '_wants_model', False):
       self._start_model_step(getattr(_user_function(fn), '__globals__', {}))
-    return fn
 
   def _start_model_step(self, module: Dict[str, Any]) -> None:
     """Starts building and tracing the module's training step in a thread."""
@@ -208,19 +132,18 @@ class Executor(transform_executor.Executor):
       return step
     self._model_prepare = _Background(prepare)
 
-  def _make_beam_pipeline(self):
-    """The stock pipeline, kept to read its counters after it ran."""
-    pipeline = super()._make_beam_pipeline()
+  def on_beam_pipeline(self, pipeline: beam.Pipeline) -> None:
+    """Keeps the stock pipeline, to read its counters after it ran."""
     self._pipelines.append(pipeline)
-    return pipeline
 
   def Do(self, input_dict: Dict[str, List[types.Artifact]],
          output_dict: Dict[str, List[types.Artifact]],
          exec_properties: Dict[str, Any]) -> None:
     plan = self._plan(output_dict, exec_properties)
     start = time.monotonic()
-    with _sharded_writes(plan.tuning.num_output_shards), \
-        user_wheels.unzipped_installs():
+    with transform_patches.sharded_writes(plan.tuning.num_output_shards), \
+        patches.installed(patches.TRANSFORM_EXECUTOR_HOOKS,
+                          patches.UNZIPPED_WHEEL_INSTALLS):
       super().Do(
           input_dict,
           {k: v for k, v in output_dict.items()
@@ -309,7 +232,7 @@ class Executor(transform_executor.Executor):
     raw_patterns = ({split: _split_patterns(examples, split)
                      for split in splits_config.transform}
                     if _are_tfrecords(examples, _TF_EXAMPLE) else None)
-    references = ({STOCK_READER: _stock_reader(
+    references = ({artifact_lib.STOCK_READER: _stock_reader(
         materialized, tft_output.transformed_metadata.schema, batch)}
                   if materialized else {})
     key = history.tuning_key(
@@ -341,7 +264,7 @@ class Executor(transform_executor.Executor):
     history.write_fingerprint(tuned_artifact.uri, key, {
         'examples_per_sec': result.chosen.examples_per_sec,
         'decision': result.decision})
-    _write_artifact(tuned_artifact, result, {
+    artifact_lib.write(tuned_artifact, result, {
         'stock Transform seconds (inside this step, sharded Beam write '
         'included)': f'{transform_seconds:.1f}',
         'materialized files per split': (
@@ -399,17 +322,18 @@ class Executor(transform_executor.Executor):
       try:
         counters = result.metrics().query(
             beam.metrics.MetricsFilter().with_namespace(
-                METRICS_NAMESPACE))['counters']
+                transform_patches.METRICS_NAMESPACE))['counters']
       except Exception as e:  # pylint: disable=broad-except
         logging.info('No Beam metrics from this runner: %s', e)
         continue
       for counter in counters:
         name = counter.key.metric.name
-        if name.startswith(_EXAMPLES_COUNTER):
+        if name.startswith(transform_patches.EXAMPLES_COUNTER):
           value = counter.committed
           if value is None:
             value = counter.attempted
-          counts[name[len(_EXAMPLES_COUNTER):]] = int(value or 0)
+          counts[name[len(transform_patches.EXAMPLES_COUNTER):]] = int(
+              value or 0)
     return counts
 
 
@@ -419,8 +343,8 @@ def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
   Deterministic for the same files, so it tells an unchanged volume too.
   """
   try:
-    return tuner.estimate_num_examples(input_pipeline.list_files(patterns),
-                                       'GZIP') if patterns else None
+    return measurement.estimate_num_examples(
+        input_pipeline.list_files(patterns), 'GZIP') if patterns else None
   except (ValueError, tf.errors.OpError) as e:
     logging.info('Cannot estimate the examples in %s: %s', patterns, e)
     return None
@@ -459,43 +383,3 @@ def _stock_reader(patterns: List[str], schema: schema_pb2.Schema,
   return lambda: tfxio.TFExampleRecord(
       file_pattern=patterns, schema=schema).TensorFlowDataset(
           tfxio.TensorFlowDatasetOptions(batch_size=batch_size))
-
-
-def _write_artifact(artifact: types.Artifact, result: tuner.TuningResult,
-                    extra: Dict[str, str]) -> None:
-  tf.io.gfile.makedirs(artifact.uri)
-  with tf.io.gfile.GFile(os.path.join(artifact.uri, CONFIG_FILE), 'w') as f:
-    f.write(json.dumps(result.config.to_dict(), sort_keys=True, indent=1))
-  report.write_report(result, artifact.uri, extra)
-  stock: Optional[tuner.Measurement] = next(
-      (r for r in result.references if r.name == STOCK_READER), None)
-  artifact.set_float_custom_property('examples_per_sec',
-                                     result.chosen.examples_per_sec)
-  if stock:
-    artifact.set_float_custom_property('stock_examples_per_sec',
-                                       stock.examples_per_sec)
-    artifact.set_float_custom_property(
-        'speedup_vs_stock',
-        result.chosen.examples_per_sec / stock.examples_per_sec)
-  if result.later_epochs_examples_per_sec:
-    artifact.set_float_custom_property('later_epochs_examples_per_sec',
-                                       result.later_epochs_examples_per_sec)
-  if result.consumer is not None:
-    artifact.set_float_custom_property('consumer_examples_per_sec',
-                                       result.consumer.examples_per_sec)
-    artifact.set_string_custom_property('consumer_source',
-                                        result.consumer.source)
-  if result.input_bound is not None:
-    artifact.set_int_custom_property('input_bound', int(result.input_bound))
-  artifact.set_string_custom_property('decision', result.decision)
-  artifact.set_int_custom_property('batch_size', result.batch_size)
-  artifact.set_string_custom_property('batch_mismatch',
-                                      result.batch_mismatch or '')
-  artifact.set_string_custom_property('bottleneck_stage', result.bottleneck)
-  artifact.set_string_custom_property('cache', result.config.cache)
-  artifact.set_string_custom_property('transform_placement',
-                                      result.config.transform_placement)
-  artifact.set_int_custom_property('num_candidates', len(result.candidates))
-  artifact.set_int_custom_property('num_examples', result.num_examples)
-  artifact.set_int_custom_property('cache_bytes', result.cache_bytes)
-  artifact.set_float_custom_property('tuning_seconds', result.seconds)

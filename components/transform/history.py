@@ -10,7 +10,7 @@ live in the pipeline root in TFX's layout
 `<pipeline_root>/<node_id>/<output_key>/<execution_id>/`:
 - the previous TunedInputPipeline artifacts of this node are the siblings of
   this execution's output folder; each has `fingerprint.json` (what it was
-  tuned on) next to `config.json`;
+  tuned on) next to `config.json` (`records.tuned_input_pipeline`);
 - the latest HighPerfTrainer training result with a steady
   `examples_per_sec` (`components.records.training_result` finds it).
 With another layout (e.g. Kubeflow's per-run folders) nothing is found and
@@ -27,11 +27,11 @@ from absl import logging
 import tensorflow as tf
 
 from components.data.input_pipeline import InputPipelineConfig
-from components.records import training_result
 from components import storage
+from components.records import training_result
+from components.records import tuned_input_pipeline
 
 FINGERPRINT_FILE = 'fingerprint.json'
-CONFIG_FILE = 'config.json'
 _FORMAT_VERSION = 1
 
 
@@ -111,10 +111,10 @@ def previous_tuning(output_uri: str, key: Dict[str, Any]) -> Optional[Reusable]:
   if differences:
     return Reusable(uri, None, 'not reused: changed since ' + uri + ': ' +
                     ', '.join(differences))
-  values = _read_json(os.path.join(uri, CONFIG_FILE))
   try:
-    config = InputPipelineConfig.from_dict(values)
-  except (TypeError, ValueError) as e:
+    config = tuned_input_pipeline.read(uri)
+  except (TypeError, ValueError, FileNotFoundError,
+          tf.errors.OpError) as e:
     return Reusable(uri, None, f'not reused: unreadable config in {uri} ({e})')
   return Reusable(uri, config, f'the previous tuning {uri}')
 

@@ -14,7 +14,7 @@ from typing import Dict, Tuple
 
 import tensorflow as tf
 
-from components.transform.tuner import TuningResult
+from components.transform.results import TuningResult
 
 REPORT_FILE = 'report.md'
 CHART_FILE = 'candidates.png'

@@ -2,25 +2,26 @@
 
 Integration API (what a training loop such as HighPerfTrainer's calls):
 
-    from components.pipeline_parallel import gpipe, plan_format
+    from components.devices import configure_logical_cpus
+    from components.pipeline_parallel import placement, runner
+    from components.records import partition_plan
 
-    plan = gpipe.load_plan(partition_plan_artifact.uri)
-    # A device per stage of each data-parallel copy of the pipeline:
-    num_devices = plan_format.num_devices(plan)
+    plan = partition_plan.read(partition_plan_artifact.uri)
+    # A device per stage of each data-parallel copy of the pipeline.
     # CPU only, at process start, before TensorFlow initializes its devices:
-    gpipe.configure_logical_cpus(num_devices)
-    devices = gpipe.stage_devices(num_devices)
-    model = gpipe.build_model_on_devices(
+    configure_logical_cpus(plan.num_devices)
+    devices = placement.stage_devices(plan.num_devices)
+    model = placement.build_model_on_devices(
         lambda: module.build_model(hparams), plan, devices)
-    runner = gpipe.GPipeRunner(model, plan, devices)
-    for features, labels in dataset:  # mini-batches of plan['batch_size']
-      loss = runner.train_step(features, labels)
+    pipeline = runner.PipelineRunner(model, plan, devices)
+    for features, labels in dataset:  # mini-batches of plan.batch_size
+      loss = pipeline.train_step(features, labels)
     # `model` is the ordinary Keras model (its variables merely live on the
     # stage devices), so it exports as a normal SavedModel. The runner does
     # its own data parallelism (the plan's data_parallel_replicas): use the
     # default strategy, not Mirrored/MultiWorker.
 
-`GPipeRunner.gradients(features, labels)` returns (loss, gradients aligned
+`PipelineRunner.gradients(features, labels)` returns (loss, gradients aligned
 with `model.trainable_variables`) without updating, for checks against
 single-device training.
 
@@ -33,7 +34,7 @@ before it starts the next forward past its K-s in flight; the dataflow
 between stages lets different stages work on different micro-batches at the
 same time). Gradients are summed across micro-batches in accumulator
 variables on each stage's device and applied in one optimizer update per
-mini-batch. Re-materialized micro-batches keep only the stage's input
+mini-batch. Re-materialized micro-batches stash only the stage's input
 tensors (optionally in host memory) and rerun the stage's forward pass
 inside its backward pass; 'except_last' skips that for a micro-batch whose
 backward directly follows its forward on the stage.
@@ -54,145 +55,41 @@ flow on tensors (Keras's built-in layers do).
 """
 
 import dataclasses
-import json
-import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Sequence, Union
 
-from absl import logging
 import tensorflow as tf
 
-# Part of this module's API (see the docstring): stages need a device each.
-from components.devices import configure_logical_cpus  # pylint: disable=unused-import
 from components.pipeline_parallel import graph as graph_lib
-from components.pipeline_parallel import plan_format
 from components.pipeline_parallel import schedules
+from components.pipeline_parallel import stage as stage_lib
+from components.records.partition_plan import PlanRecord
 
 HOST_DEVICE = '/device:CPU:0'
 
 
-def load_plan(plan_dir: str) -> Dict[str, Any]:
-  """Reads plan.json from a PartitionPlan artifact directory."""
-  with tf.io.gfile.GFile(os.path.join(plan_dir, plan_format.PLAN_FILE)) as f:
-    return json.load(f)
-
-
-def stage_devices(num_stages: int) -> List[str]:
-  """One device per stage: GPUs if there are any, else logical CPUs.
-
-  With fewer devices than stages, stages share devices round-robin: the
-  schedule stays correct, only the parallelism is lost.
-  """
-  available = (tf.config.list_logical_devices('GPU') or
-               tf.config.list_logical_devices('CPU'))
-  if len(available) < num_stages:
-    logging.warning(
-        '%d pipeline stages but only %d devices; stages share devices.',
-        num_stages, len(available))
-  return [available[s % len(available)].name for s in range(num_stages)]
-
-
-def _stage_spans(plan: Mapping[str, Any]):
-  boundaries = plan['boundaries']
-  return list(zip(boundaries, boundaries[1:]))
-
-
-def build_model_on_devices(build_model_fn: Callable[[], tf.keras.Model],
-                           plan: Mapping[str, Any],
-                           devices: Sequence[str]) -> tf.keras.Model:
-  """Builds the model with each stage's variables on that stage's device.
-
-  Keras creates variables while the model is built, before its layer graph
-  (and so each variable's stage) is known. So the model is built twice: a
-  probe build records which stage owns the i-th created variable, and the
-  real build places the i-th variable on that stage's device. Optimizer
-  slots follow their variables. `build_model_fn` must be deterministic.
-  """
-  created = []
-
-  def record(next_creator, **kwargs):
-    variable = next_creator(**kwargs)
-    created.append(variable)
-    return variable
-
-  with tf.variable_creator_scope(record):
-    probe = build_model_fn()
-  probe_graph = graph_lib.LayerGraph(probe)
-  plan_format.check_layer_signature(plan, probe_graph.class_names())
-  owner = {}
-  for s, (start, end) in enumerate(_stage_spans(plan)):
-    for layer in probe_graph.layers(start, end):
-      for weight in layer.weights:
-        owner.setdefault(id(weight), s)
-  placement = [(devices[owner[id(v)]] if id(v) in owner else None, v.shape)
-               for v in created]
-  del probe, probe_graph, created
-
-  placed = []
-
-  def place(next_creator, **kwargs):
-    index = len(placed)
-    device = placement[index][0] if index < len(placement) else None
-    if device is None:
-      variable = next_creator(**kwargs)
-    else:
-      with tf.device(device):
-        variable = next_creator(**kwargs)
-    placed.append(variable)
-    return variable
-
-  with tf.variable_creator_scope(place):
-    model = build_model_fn()
-  if [v.shape for v in placed] != [shape for _, shape in placement]:
-    raise ValueError(
-        'build_model created different variables on its second call; '
-        'build_model_on_devices needs a deterministic model builder.')
-  return model
-
-
-@dataclasses.dataclass(frozen=True)
-class _Stage:
-  index: int
-  start: int
-  end: int
-  device: str
-  inputs: tuple  # Tensors received: live across the stage's first cut.
-  outputs: tuple  # Tensors sent on: live across its last cut.
-  grad_inputs: tuple  # Received tensors that need a gradient sent back.
-  variables: tuple  # Trainable variables of its layers.
-  loss_layers: tuple  # Layers whose `losses` this stage adds.
-  is_last: bool
-
-
-@dataclasses.dataclass
-class _Saved:
-  """What a stage keeps between a micro-batch's forward and backward."""
-  inputs: Dict[str, tf.Tensor]  # On the stage or the host device.
-  tape: Optional[tf.GradientTape] = None  # Set when activations are kept.
-  outputs: Optional[Dict[str, tf.Tensor]] = None
-  local_loss: Optional[tf.Tensor] = None
-
-
-class GPipeRunner:
+class PipelineRunner:
   """Runs the schedule of `plan` (GPipe or 1F1B) for `model` on `devices`."""
 
-  def __init__(self, model: tf.keras.Model, plan: Mapping[str, Any],
+  def __init__(self, model: tf.keras.Model,
+               plan: Union[PlanRecord, Mapping[str, Any]],
                devices: Sequence[str], host_device: str = HOST_DEVICE):
     if getattr(model, 'optimizer', None) is None or not getattr(
         model, 'compiled_loss', None):
-      raise ValueError('GPipeRunner needs a model compiled with a loss and '
-                       'an optimizer.')
-    num_stages = plan['num_stages']
-    self._replicas = plan_format.plan_replicas(plan)
-    if len(devices) != plan_format.num_devices(plan):
+      raise ValueError('PipelineRunner needs a model compiled with a loss '
+                       'and an optimizer.')
+    plan = PlanRecord.from_dict(plan)
+    num_stages = plan.num_stages
+    self._replicas = plan.data_parallel_replicas
+    if len(devices) != plan.num_devices:
       raise ValueError(
           f'the plan has {num_stages} stages x {self._replicas} data-parallel '
           f'replicas but {len(devices)} devices were given: {list(devices)}.')
     self.model = model
     self._graph = graph_lib.LayerGraph(model)
-    plan_format.check_layer_signature(plan, self._graph.class_names())
-    self._num_microbatches = plan['num_microbatches']
-    self._schedule = plan_format.plan_schedule(plan)
-    self._remat = plan['remat']
+    plan.check_layer_signature(self._graph.class_names())
+    self._num_microbatches = plan.num_microbatches
+    self._schedule = plan.schedule
+    self._remat = plan.remat
     self._orders = schedules.stage_orders(self._schedule, num_stages,
                                           self._num_microbatches)
     # (stage, micro-batch) whose forward keeps its activations for the
@@ -204,29 +101,11 @@ class GPipeRunner:
         if phase == schedules.FORWARD and (
             self._remat == 'never' or
             (self._remat == 'except_last' and follows))}
-    self._offload = plan['offload_activations']
+    self._offload = plan.offload_activations
     self._host = host_device
-    produced = {name for call in self._graph.calls for name in call.outputs}
-    needs_grad = {name for name in produced
-                  if self._graph.is_differentiable(name)}
-    stages = []
-    seen_layers = set()
-    for s, (start, end) in enumerate(_stage_spans(plan)):
-      layers = self._graph.layers(start, end)
-      inputs = self._graph.live(start)
-      stages.append(_Stage(
-          index=s,
-          start=start,
-          end=end,
-          device=devices[s],
-          inputs=inputs,
-          outputs=self._graph.live(end),
-          grad_inputs=tuple(name for name in inputs if name in needs_grad),
-          variables=tuple(graph_lib.unique_variables(
-              [v for layer in layers for v in layer.trainable_weights])),
-          loss_layers=tuple(l for l in layers if id(l) not in seen_layers),
-          is_last=s == num_stages - 1))
-      seen_layers.update(id(l) for l in layers)
+    self._step = stage_lib.StageStep(model, self._graph,
+                                     self._num_microbatches * self._replicas)
+    stages = stage_lib.build_stages(self._graph, plan, devices)
     # Replica r runs stage s on devices[r * K + s]; the variables live on
     # replica 0's stage devices, and every replica reads them from there.
     self.replica_stages = tuple(
@@ -301,23 +180,6 @@ class GPipeRunner:
     ]
     return micro_inputs, micro_labels
 
-  def _stage_forward(self, stage: _Stage, inputs, labels, with_loss: bool):
-    """The stage's outputs and, if asked, its share of the loss."""
-    values = self._graph.run(inputs, stage.start, stage.end, training=True)
-    outputs = {name: values[name] for name in stage.outputs}
-    if not with_loss:
-      return outputs, None
-    losses = [loss for layer in stage.loss_layers for loss in layer.losses]
-    if stage.is_last:
-      losses.append(self.model.compiled_loss(
-          labels, self._graph.pack_outputs(outputs)))
-    if not losses:
-      return outputs, None
-    # Scaled so that summing over micro-batches and replicas gives the
-    # mini-batch mean.
-    return outputs, tf.add_n(losses) / (self._num_microbatches *
-                                        self._replicas)
-
   def _loss_and_gradients(self, features, labels):
     micro_inputs, micro_labels = self._split(features, labels)
     local_losses = []
@@ -352,7 +214,7 @@ class GPipeRunner:
     last_task = [[] for _ in stages]
     sent = {}  # (stage, m) -> forward outputs.
     sent_grads = {}  # (stage, m) -> gradients for its received tensors.
-    saved = {}
+    stashed = {}
     local_losses = []
     first_backward = [True] * len(stages)
     for s, phase, m in schedules.execution_order(self._orders):
@@ -367,19 +229,20 @@ class GPipeRunner:
           if (s, m) in self._kept:
             with tf.GradientTape() as tape:
               tape.watch([inputs[n] for n in stage.grad_inputs])
-              outputs, local = self._stage_forward(stage, inputs,
-                                                   micro_labels[m], True)
-            saved[(m, s)] = _Saved(inputs, tape, outputs, local)
+              outputs, local = self._step.forward(stage, inputs,
+                                                  micro_labels[m], True)
+            stashed[(m, s)] = stage_lib.Stash(inputs, tape, outputs, local)
           else:
-            outputs, _ = self._stage_forward(stage, inputs, micro_labels[m],
-                                             False)
-            saved[(m, s)] = _Saved(self._checkpoint(inputs))
+            outputs, _ = self._step.forward(stage, inputs, micro_labels[m],
+                                            False)
+            stashed[(m, s)] = stage_lib.Stash(stage_lib.stash_inputs(
+                inputs, self._host if self._offload else None))
           sent[(s, m)] = outputs
           last_task[s] = list(outputs.values())
           continue
         upstream = sent_grads.pop((s + 1, m), {})
-        input_grads, stage_grads, loss_share = self._stage_backward(
-            stage, saved.pop((m, s)), upstream, micro_labels[m])
+        input_grads, stage_grads, loss_share = self._step.backward(
+            stage, stashed.pop((m, s)), upstream, micro_labels[m])
         for accumulator, grad in zip(accumulators[s], stage_grads):
           if first_backward[s]:
             accumulator.assign(grad)
@@ -391,46 +254,3 @@ class GPipeRunner:
         sent_grads[(s, m)] = input_grads
         last_task[s] = [*stage_grads, *input_grads.values()]
     return local_losses
-
-  def _checkpoint(self, inputs):
-    if not self._offload:
-      return inputs
-    with tf.device(self._host):
-      return {name: tf.identity(value) for name, value in inputs.items()}
-
-  def _stage_backward(self, stage: _Stage, saved: _Saved,
-                      upstream: Mapping[str, tf.Tensor], labels):
-    """Gradients of one micro-batch through one stage.
-
-    Returns (gradients for the received tensors, gradients for the stage's
-    variables, the stage's share of the loss or None).
-    """
-    output_grads = {n: tf.identity(g) for n, g in upstream.items()
-                    if n in stage.outputs}
-    if saved.tape is None:
-      # Re-materialize: rerun the forward pass from the checkpoint once the
-      # incoming gradients exist. The control dependencies also keep it
-      # distinct from the original forward pass for grappler's common
-      # subexpression elimination (the benchmark's peak memory shows it).
-      with tf.control_dependencies(list(output_grads.values())):
-        inputs = {n: tf.identity(v) for n, v in saved.inputs.items()}
-      with tf.GradientTape() as tape:
-        tape.watch([inputs[n] for n in stage.grad_inputs])
-        outputs, loss_share = self._stage_forward(stage, inputs, labels, True)
-    else:
-      inputs, tape = saved.inputs, saved.tape
-      outputs, loss_share = saved.outputs, saved.local_loss
-    targets = [outputs[n] for n in output_grads]
-    target_grads = list(output_grads.values())
-    if loss_share is not None:
-      targets.append(loss_share)
-      target_grads.append(tf.ones_like(loss_share))
-    sources = [inputs[n] for n in stage.grad_inputs]
-    if not targets:
-      return {}, [tf.zeros_like(v) for v in stage.variables], None
-    all_grads = tape.gradient(
-        targets, sources + list(stage.variables),
-        output_gradients=target_grads,
-        unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    input_grads = dict(zip(stage.grad_inputs, all_grads))
-    return input_grads, all_grads[len(sources):], loss_share

@@ -1,0 +1,53 @@
+"""The TunedInputPipeline artifact OptimizedTransform writes: the chosen
+config (`records.tuned_input_pipeline`), the report and chart, and the key
+numbers as custom properties (what MLMD queries and notebooks read)."""
+
+from typing import Dict, Optional
+
+from tfx import types
+
+from components.records import tuned_input_pipeline
+from components.transform import report
+from components.transform.results import Measurement, TuningResult
+
+# The reference the tuned reader is compared with (speedup_vs_stock).
+STOCK_READER = 'stock TFX reader (tfx_bsl TFExampleRecord)'
+
+
+def write(artifact: types.Artifact, result: TuningResult,
+          extra: Dict[str, str]) -> None:
+  """config.json, the report and the key numbers as custom properties."""
+  tuned_input_pipeline.write(artifact.uri, result.config)
+  report.write_report(result, artifact.uri, extra)
+  stock: Optional[Measurement] = next(
+      (r for r in result.references if r.name == STOCK_READER), None)
+  artifact.set_float_custom_property('examples_per_sec',
+                                     result.chosen.examples_per_sec)
+  if stock:
+    artifact.set_float_custom_property('stock_examples_per_sec',
+                                       stock.examples_per_sec)
+    artifact.set_float_custom_property(
+        'speedup_vs_stock',
+        result.chosen.examples_per_sec / stock.examples_per_sec)
+  if result.later_epochs_examples_per_sec:
+    artifact.set_float_custom_property('later_epochs_examples_per_sec',
+                                       result.later_epochs_examples_per_sec)
+  if result.consumer is not None:
+    artifact.set_float_custom_property('consumer_examples_per_sec',
+                                       result.consumer.examples_per_sec)
+    artifact.set_string_custom_property('consumer_source',
+                                        result.consumer.source)
+  if result.input_bound is not None:
+    artifact.set_int_custom_property('input_bound', int(result.input_bound))
+  artifact.set_string_custom_property('decision', result.decision)
+  artifact.set_int_custom_property('batch_size', result.batch_size)
+  artifact.set_string_custom_property('batch_mismatch',
+                                      result.batch_mismatch or '')
+  artifact.set_string_custom_property('bottleneck_stage', result.bottleneck)
+  artifact.set_string_custom_property('cache', result.config.cache)
+  artifact.set_string_custom_property('transform_placement',
+                                      result.config.transform_placement)
+  artifact.set_int_custom_property('num_candidates', len(result.candidates))
+  artifact.set_int_custom_property('num_examples', result.num_examples)
+  artifact.set_int_custom_property('cache_bytes', result.cache_bytes)
+  artifact.set_float_custom_property('tuning_seconds', result.seconds)
