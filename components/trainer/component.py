@@ -8,11 +8,14 @@ Trainer, plus:
 - `fault_tolerance` (checkpointing.CheckpointConfig as a dict);
 - optional `tuned_input_pipeline` (from OptimizedTransform) and
   `partition_plan` (from GPipePartitioner) inputs.
-Everything is validated here, at construction: the configs, and the module's
-contract (managed mode needs `build_model(hparams)`, run_fn mode `run_fn`).
+The configs are validated here, at construction. As for the stock Trainer,
+construction reads no file and runs no user code (a `gs://` module file
+must not need storage access to build a pipeline): the module's contract
+(managed mode needs `build_model(hparams)`, run_fn mode `run_fn`) and what
+depends on it are checked by the executor before training starts.
 """
 
-import importlib.util
+import os
 import re
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -20,7 +23,6 @@ from tfx import types
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_component
 from tfx.dsl.components.base import executor_spec
-from tfx.dsl.io import fileio
 from tfx.proto import trainer_pb2
 from tfx.types import component_spec
 from tfx.types import standard_artifacts
@@ -63,19 +65,15 @@ def _module_source(module_file: str) -> Tuple[Optional[str], Optional[str]]:
 
   Besides a file path, `module_file` may name an importable module (e.g. one
   installed in a Kubeflow image); it is then passed on as the stock
-  `module_path` execution property, with nothing to package.
+  `module_path` execution property, with nothing to package. Told apart by
+  the form alone (no I/O): a dotted name without `.py`, `/` or a URI scheme
+  names a module.
   """
-  if fileio.exists(module_file):
-    return module_file, None
-  try:
-    importable = (_MODULE_NAME.fullmatch(module_file) is not None and
-                  importlib.util.find_spec(module_file) is not None)
-  except ImportError:
-    importable = False
-  if importable:
+  looks_like_path = (module_file.endswith('.py') or '/' in module_file or
+                     os.sep in module_file or '://' in module_file)
+  if not looks_like_path and _MODULE_NAME.fullmatch(module_file):
     return None, module_file
-  raise ValueError(f'module_file {module_file!r} does not exist, and is not '
-                   'an importable module name either.')
+  return module_file, None
 
 
 class HighPerfTrainer(base_component.BaseComponent):
@@ -136,8 +134,8 @@ class HighPerfTrainer(base_component.BaseComponent):
         else when training starts).
 
     Raises:
-      ValueError: A bad config or module, naming the value and what is
-        allowed.
+      ValueError: A bad config, naming the value and what is allowed (a
+        bad module fails when the executor starts, before training).
     """
     if [bool(module_file), bool(run_fn)].count(True) != 1:
       raise ValueError("Exactly one of 'module_file' or 'run_fn' must be "
@@ -152,9 +150,9 @@ class HighPerfTrainer(base_component.BaseComponent):
     module_path = None
     if module_file:
       module_file, module_path = _module_source(module_file)
-    mode = executor.check_module_contract(module_file, module_path, run_fn,
-                                          config.mode)
-    config_lib.check_train_length(mode, train_args.num_steps,
+    # The mode as configured: 'auto' is resolved against the module by the
+    # executor, which checks the training length again then.
+    config_lib.check_train_length(config.mode, train_args.num_steps,
                                   config.train_epochs)
     spec = HighPerfTrainerSpec(
         examples=examples,

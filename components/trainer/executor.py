@@ -97,10 +97,19 @@ def check_module_contract(module_file: Optional[str],
                           mode: str) -> str:
   """Returns the training mode; raises if the module lacks its entry point.
 
-  The component calls it at construction, the executor again at run time
-  (where a packaged module is importable by name).
+  The executor calls it first, before any training (construction runs no
+  user code), where a packaged module is importable by name.
   """
-  module = user_module.load(module_file, module_path, run_fn)
+  if module_file and not fileio.exists(module_file):
+    raise ValueError(f'module_file {module_file!r} does not exist (a module '
+                     "installed in the image is named without '.py' or '/', "
+                     "e.g. 'pipelines.taxi_module').")
+  try:
+    module = user_module.load(module_file, module_path, run_fn)
+  except ModuleNotFoundError as e:
+    name = module_path or run_fn.rpartition('.')[0]
+    raise ValueError(f'{name!r} (module_path or run_fn) is not an importable '
+                     f'module: {e}') from e
   run_fn_name = run_fn.rpartition('.')[2] if run_fn else 'run_fn'
   return config_lib.resolve_mode(
       mode,
@@ -141,16 +150,6 @@ class Executor(base_executor.BaseExecutor):
 
   def _do(self, input_dict, output_dict, exec_properties, config,
           fault_tolerance, model_run) -> None:
-    # Launcher 'ray' connects here: an unreachable cluster fails now.
-    env = strategy_lib.detect_environment(
-        config, has_partition_plan=bool(input_dict.get(PARTITION_PLAN_KEY)))
-    config, reason = strategy_lib.resolve(config, env)
-    progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)', config.strategy,
-                         reason)
-    self._record_decision(model_run, config, reason, env)
-
-    # Before the wheel path is dropped below: it carries the content hash.
-    module_identity = _module_identity(exec_properties)
     module_name, wheels = udf_utils.decode_user_module_key(
         exec_properties.get(standard_component_specs.MODULE_PATH_KEY))
     # pip installs from local files only; the wheel may be on gs:// (as stock
@@ -164,8 +163,28 @@ class Executor(base_executor.BaseExecutor):
       props = dict(exec_properties)
       if module_name:
         props[standard_component_specs.MODULE_PATH_KEY] = module_name
-      task = self._make_task(input_dict, output_dict, props, config,
-                             fault_tolerance, module_identity)
+      # First the module's contract and what depends on it (construction
+      # runs no user code): a bad module fails before any cluster starts.
+      mode = check_module_contract(
+          props.get(standard_component_specs.MODULE_FILE_KEY),
+          props.get(standard_component_specs.MODULE_PATH_KEY),
+          props.get(standard_component_specs.RUN_FN_KEY), config.mode)
+      # From the unchanged properties: the wheel path carries the content
+      # hash.
+      module_identity = _module_identity(exec_properties)
+      stock_args = trainer_executor.GenericExecutor()._GetFnArgs(  # pylint: disable=protected-access
+          input_dict, output_dict, props)
+      config_lib.check_train_length(mode, stock_args.train_steps or 0,
+                                    config.train_epochs)
+      # Launcher 'ray' connects here: an unreachable cluster fails now.
+      env = strategy_lib.detect_environment(
+          config, has_partition_plan=bool(input_dict.get(PARTITION_PLAN_KEY)))
+      config, reason = strategy_lib.resolve(config, env)
+      progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)',
+                           config.strategy, reason)
+      self._record_decision(model_run, config, reason, env)
+      task = self._make_task(input_dict, props, config, fault_tolerance,
+                             module_identity, mode, stock_args)
       storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
       task.save(os.path.join(task.model_run_dir, TASK_FILE))
       result = self._train(task, config, fault_tolerance)
@@ -180,16 +199,8 @@ class Executor(base_executor.BaseExecutor):
     logging.info('HighPerfTrainer done: model %s, result %s',
                  task.serving_model_dir, result)
 
-  def _make_task(self, input_dict, output_dict, props, config,
-                 fault_tolerance, module_identity) -> TrainingTask:
-    mode = check_module_contract(
-        props.get(standard_component_specs.MODULE_FILE_KEY),
-        props.get(standard_component_specs.MODULE_PATH_KEY),
-        props.get(standard_component_specs.RUN_FN_KEY), config.mode)
-    stock_args = trainer_executor.GenericExecutor()._GetFnArgs(  # pylint: disable=protected-access
-        input_dict, output_dict, props)
-    config_lib.check_train_length(mode, stock_args.train_steps or 0,
-                                  config.train_epochs)
+  def _make_task(self, input_dict, props, config, fault_tolerance,
+                 module_identity, mode, stock_args) -> TrainingTask:
     run_fn_module = (props.get(standard_component_specs.RUN_FN_KEY) or
                      '').rpartition('.')[0]
     input_pipeline = _read_json_artifact(
