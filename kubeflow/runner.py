@@ -25,6 +25,8 @@ import re
 import sys
 from typing import Dict, List, Optional, Sequence
 
+from pipelines import console
+
 # What `make image` builds (the Makefile's IMAGE default); tests check both.
 DEFAULT_IMAGE = 'tfx-hpm:0.1.0'
 # Where kubeflow/Dockerfile puts the package's data inside the image.
@@ -284,6 +286,10 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--output',
                       default='outputs/kubeflow/taxi_hpm_pipeline.json')
   parser.add_argument(
+      '--verbose', action='store_true',
+      help='Also print TFX, TensorFlow and library logs and warnings (by '
+      'default they go to OUTPUT with .log instead of .json).')
+  parser.add_argument(
       '--image', default=DEFAULT_IMAGE,
       help='Container image with tfx-hpm installed (default: what `make '
       'image` builds; push it to a registry your cluster pulls from).')
@@ -390,7 +396,14 @@ def with_ray_address(distribution: Dict, address: str, stock: bool) -> Dict:
   return distribution
 
 
-def main(argv=None) -> int:
+def log_path(output: str) -> str:
+  """The compile log, next to the spec: `<output without .json>.log`."""
+  return os.path.abspath(os.path.splitext(output)[0] + '.log')
+
+
+def main(argv=None, quiet_console: bool = False) -> int:
+  """Compiles; `quiet_console` (the command line's) sends library output to
+  the log file, the count of its warnings said at the end."""
   parser = _parser()
   args = parser.parse_args(argv)
   # Every flag is checked before the (slow) TFX import and compile.
@@ -415,6 +428,13 @@ def main(argv=None) -> int:
         raise ValueError(f'--{flag.replace("_", "-")} must be >= 0.')
   except ValueError as e:  # json.JSONDecodeError is a ValueError too.
     parser.error(str(e))
+  report = None
+  if quiet_console and not args.verbose:
+    # Before TensorFlow and TFX start: they log, and warn, as they import.
+    log_file = log_path(args.output)
+    os.makedirs(os.path.dirname(log_file), exist_ok=True)
+    console.redirect_output(log_file)
+    report, _ = console.configure(log_file)
   path = compile_pipeline(
       args.output, args.image, args.pipeline_root, args.data_root,
       args.module, args.serving_model_dir, stock=args.stock,
@@ -426,8 +446,12 @@ def main(argv=None) -> int:
       checkpoint_root=args.checkpoint_root,
       compare_to_baseline=not args.no_baseline)
   print(f'Wrote {path}')
+  if report is not None:
+    print(f'full log: {log_file}' + (
+        f' ({report.warnings_in_file} warnings of TFX, TensorFlow and other '
+        'libraries there)' if report.warnings_in_file else ''))
   return 0
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(main(quiet_console=True))

@@ -7,8 +7,10 @@ import re
 import subprocess
 import sys
 
+from ml_metadata import metadata_store
 import pytest
 import tensorflow as tf
+from tfx.orchestration import metadata
 
 from pipelines import summary
 
@@ -28,7 +30,12 @@ def _run_pipeline(tmp_path, data_root, *extra_flags):
          '--data-root', data_root, '--pipeline-root', str(root),
          '--train-steps', str(TRAIN_STEPS), '--eval-steps', '5',
          '--accuracy-threshold', str(ACCURACY_THRESHOLD), *extra_flags]
-  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+  # As from a plain shell: the runner itself makes tf.keras Keras 2 (with
+  # Keras 3 the stock module failed: 'Functional' object has no attribute
+  # 'input_names').
+  env = {k: v for k, v in os.environ.items() if k != 'TF_USE_LEGACY_KERAS'}
+  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                        env=env)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
   return root, proc
 
@@ -49,6 +56,23 @@ def _assert_console_is_a_progress_report(console, stdout, root, variant):
   with open(log_file) as f:
     log = f.read()
   assert 'Running launcher for' in log and '[Trainer] started' not in log
+
+
+def _assert_found_by_the_stock_execution_types(root, variant):
+  """As TFX's own e2e tests query MLMD; ours say who they are."""
+  store = metadata_store.MetadataStore(
+      metadata.sqlite_metadata_connection_config(str(root / 'metadata.db')))
+  ours = {'Transform': 'components.transform.component.OptimizedTransform',
+          'Trainer': 'components.trainer.component.HighPerfTrainer'}
+  for node, stock_type in (
+      ('Transform', 'tfx.components.transform.component.Transform'),
+      ('Trainer', 'tfx.components.trainer.component.Trainer')):
+    [execution] = store.get_executions_by_type(stock_type)
+    recorded = execution.custom_properties.get('component_class')
+    if variant == 'hpm':
+      assert recorded.string_value == ours[node]
+    else:
+      assert recorded is None
 
 
 def _raw_eval_examples(root, count=16):
@@ -77,6 +101,7 @@ def test_pipeline_runs_and_pushed_model_serves_raw_examples(
   assert '=== tfx-hpm pipeline summary ===' in stdout
   _assert_console_is_a_progress_report(proc.stderr, stdout, root, variant)
   assert run.pushed_model and os.path.isdir(run.pushed_model)
+  _assert_found_by_the_stock_execution_types(root, variant)
 
   model = tf.saved_model.load(run.pushed_model)
   serve = model.signatures['serving_default']

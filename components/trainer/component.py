@@ -20,6 +20,7 @@ import re
 from typing import Any, Dict, Optional, Tuple, Union
 
 from tfx import types
+from tfx.components.trainer import component as trainer_component
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_component
 from tfx.dsl.components.base import executor_spec
@@ -29,6 +30,7 @@ from tfx.types import standard_artifacts
 from tfx.types import standard_component_specs
 from tfx.utils import json_utils
 
+from components import drop_in
 from components import types as hpm_types
 from components.trainer import checkpointing
 from components.trainer import config as config_lib
@@ -47,6 +49,8 @@ class HighPerfTrainerSpec(standard_component_specs.TrainerSpec):
           component_spec.ExecutionParameter(type=str),
       executor.FAULT_TOLERANCE_KEY:
           component_spec.ExecutionParameter(type=str),
+      drop_in.COMPONENT_CLASS_KEY:
+          component_spec.ExecutionParameter(type=str, optional=True),
   }
   INPUTS = {
       **standard_component_specs.TrainerSpec.INPUTS,
@@ -76,15 +80,17 @@ def _module_source(module_file: str) -> Tuple[Optional[str], Optional[str]]:
   return module_file, None
 
 
-class HighPerfTrainer(base_component.BaseComponent):
+class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
   """Trains a model with a tf.distribute strategy chosen by configuration.
 
   Component `outputs`, as the stock Trainer: `model` (SavedModel under
   `Format-Serving`, with `serving_default` and `transform_features`
   signatures in managed mode) and `model_run` (TensorBoard logs, the
   strategy decision and training result as files and custom properties,
-  cluster logs).
+  cluster logs). Its executions are recorded in MLMD under the stock
+  Trainer's type (see `components.drop_in`).
   """
+  STOCK_TYPE_NAME = trainer_component.Trainer.get_class_type()
 
   SPEC_CLASS = HighPerfTrainerSpec
   EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
@@ -168,6 +174,7 @@ class HighPerfTrainer(base_component.BaseComponent):
         custom_config=json_utils.dumps(custom_config),
         distribution=config.to_json(),
         fault_tolerance=fault_config.to_json(),
+        component_class=self.component_class(),
         tuned_input_pipeline=tuned_input_pipeline,
         partition_plan=partition_plan,
         model=types.Channel(type=standard_artifacts.Model),

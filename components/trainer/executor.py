@@ -5,7 +5,8 @@ The executor resolves everything a training process needs into a
 strategy (`auto` rules, recorded with the reason on `model_run`), and trains:
 in supervised child processes on this machine (launcher `local`), in Ray
 actors across a Ray cluster's nodes (launcher `ray`, see `ray_launcher`) or in
-its own process (launcher `in_process`). It then checks the exported model and
+its own process (launcher `in_process`, and `auto` where an output lives in
+this process only, recorded with the reason on `model_run`). It then checks the exported model and
 records the training result on `model_run`.
 """
 
@@ -176,13 +177,22 @@ class Executor(base_executor.BaseExecutor):
           input_dict, output_dict, props)
       config_lib.check_train_length(mode, stock_args.train_steps or 0,
                                     config.train_epochs)
+      config, launcher_reason = config_lib.resolve_launcher(config, {
+          role: path for role, path in (
+              ('model', stock_args.serving_model_dir),
+              ('model_run', stock_args.model_run_dir),
+              ('checkpoints', self._checkpoint_root(
+                  fault_tolerance, stock_args.model_run_dir)))
+          if storage.is_process_local(path)})
+      progress.LOGGER.info('HighPerfTrainer launcher: %s (%s)',
+                           config.launcher, launcher_reason)
       # Launcher 'ray' connects here: an unreachable cluster fails now.
       env = strategy_lib.detect_environment(
           config, has_partition_plan=bool(input_dict.get(PARTITION_PLAN_KEY)))
       config, reason = strategy_lib.resolve(config, env)
       progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)',
                            config.strategy, reason)
-      self._record_decision(model_run, config, reason, env)
+      self._record_decision(model_run, config, reason, env, launcher_reason)
       task = self._make_task(input_dict, props, config, fault_tolerance,
                              module_identity, mode, stock_args)
       storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
@@ -234,9 +244,7 @@ class Executor(base_executor.BaseExecutor):
         distribution=config.to_dict(),
         fault_tolerance=fault_tolerance.to_dict(),
         checkpoint_dir=checkpointing.stable_checkpoint_dir(
-            fault_tolerance.backup_root or os.path.join(
-                self._pipeline_root(stock_args.model_run_dir),
-                CHECKPOINT_SUBDIR),
+            self._checkpoint_root(fault_tolerance, stock_args.model_run_dir),
             self._pipeline_name(), self._node_id(), fingerprint),
         input_pipeline=input_pipeline,
         partition_plan_uri=(artifact_utils.get_single_uri(partition_plan)
@@ -347,10 +355,12 @@ class Executor(base_executor.BaseExecutor):
   @staticmethod
   def _record_decision(model_run: types.Artifact,
                        config: config_lib.DistributionConfig, reason: str,
-                       env: strategy_lib.Environment) -> None:
+                       env: strategy_lib.Environment,
+                       launcher_reason: str = 'requested') -> None:
     model_run.set_string_custom_property('strategy', config.strategy)
     model_run.set_string_custom_property('strategy_reason', reason)
     model_run.set_string_custom_property('launcher', config.launcher)
+    model_run.set_string_custom_property('launcher_reason', launcher_reason)
     if config.launcher == 'ray':
       from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
       model_run.set_string_custom_property(
@@ -362,6 +372,7 @@ class Executor(base_executor.BaseExecutor):
                                       int(config.deterministic))
     storage.write_json(os.path.join(model_run.uri, DECISION_FILE), {
         'strategy': config.strategy, 'reason': reason,
+        'launcher': config.launcher, 'launcher_reason': launcher_reason,
         'environment': dataclasses.asdict(env), 'config': config.to_dict()})
 
   @staticmethod
@@ -393,6 +404,11 @@ class Executor(base_executor.BaseExecutor):
     if node and node.node_info.id:
       return node.node_info.id
     return os.environ.get(NODE_ID_ENV) or 'Trainer'
+
+  def _checkpoint_root(self, fault_tolerance: checkpointing.CheckpointConfig,
+                       model_run_dir: str) -> str:
+    return fault_tolerance.backup_root or os.path.join(
+        self._pipeline_root(model_run_dir), CHECKPOINT_SUBDIR)
 
   def _pipeline_root(self, model_run_dir: str) -> str:
     """The pipeline root, from TFX's `<root>/<node>/.system/...` layout.
