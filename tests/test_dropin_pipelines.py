@@ -12,12 +12,16 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.lib.io import file_io
 from tfx import v1 as tfx
+from tfx.dsl.compiler import compiler
+from tfx.dsl.components.base import base_component
 from tfx.dsl.io import fileio
+from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 from tfx.types import standard_artifacts
 
 from components import GPipePartitioner
 from components import HighPerfTrainer
 from components import OptimizedTransform
+from tests.support import dropin_shapes
 
 BUCKET = 'gs://no-such-bucket-tfx-hpm'
 # User modules that must not be imported at construction.
@@ -122,3 +126,93 @@ def test_components_construct_without_io_or_user_code(
   with pytest.raises(ValueError, match='batch_size 40 is not divisible'):
     GPipePartitioner(config={'batch_size': 40, 'num_microbatches': 16},
                      module_file=f'{BUCKET}/model.py')
+
+
+# ------------------------------------------- Kubeflow compile, no storage
+
+
+def _compile(pipeline, tmp_path):
+  runner = kubeflow_v2_dag_runner.KubeflowV2DagRunner(
+      config=kubeflow_v2_dag_runner.KubeflowV2DagRunnerConfig(
+          default_image='tfx-hpm:test'),
+      output_dir=str(tmp_path), output_filename='pipeline.json')
+  return runner.run(pipeline, write_out=False)
+
+
+@pytest.fixture
+def no_module_packaging(monkeypatch):
+  """As TFX's own Kubeflow V2 tests: compiling packages user modules (reads
+  them); that packaging is the stock runner's, the same for every class."""
+  monkeypatch.setattr(base_component.BaseComponent,
+                      '_resolve_pip_dependencies', lambda self, root: None)
+
+
+@pytest.mark.parametrize('ours', [False, True], ids=['stock', 'ours'])
+def test_cached_shapes_compile_for_kubeflow_without_storage(
+    ours, tmp_path, no_module_packaging, no_storage_no_user_code):
+  pipeline = dropin_shapes.cached_pipeline(
+      ours, f'{BUCKET}/data', f'{BUCKET}/root', f'{BUCKET}/serving',
+      module_file=f'{BUCKET}/taxi_module.py',
+      tuner_module=f'{BUCKET}/tuner_module.py')
+  spec = _compile(pipeline, tmp_path)['pipelineSpec']
+  tasks = spec['root']['dag']['tasks']
+  assert set(tasks) >= {'CsvExampleGen', 'ImportSchemaGen', 'Transform',
+                        'Tuner', 'Trainer', 'Evaluator', 'Pusher'}
+  # The Pusher runs only for a blessed model.
+  assert 'blessed' in tasks['Pusher']['triggerPolicy']['condition']
+  trainer_inputs = tasks['Trainer']['inputs']['artifacts']
+  assert trainer_inputs['hyperparameters']['taskOutputArtifact'] == {
+      'outputArtifactKey': 'best_hyperparameters', 'producerTask': 'Tuner'}
+  params = spec['components']['Trainer']['inputDefinitions']['parameters']
+  assert 'module_file' in params
+
+
+def test_span_window_compiles_for_kubeflow_as_far_as_the_stock_pipeline(
+    tmp_path, no_module_packaging, no_storage_no_user_code):
+  """TFX's Kubeflow V2 compiler supports no span-range Resolver, for the
+  stock Transform as for ours: the same error, before any storage access."""
+  errors = []
+  for ours in (False, True):
+    pipeline = dropin_shapes.span_pipeline(
+        ours, f'{BUCKET}/data', f'{BUCKET}/root',
+        module_file=f'{BUCKET}/taxi_module.py')
+    with pytest.raises(TypeError) as error:
+      _compile(pipeline, tmp_path)
+    errors.append(str(error.value))
+  assert errors[0] == errors[1]
+  assert 'SpanRangeStrategy' in errors[0]
+
+
+def test_analyzer_cache_resolver_compiles_for_kubeflow_without_storage(
+    tmp_path, no_module_packaging, no_storage_no_user_code):
+  """The analyzer-cache Resolver alone (LatestArtifactStrategy, which TFX's
+  Kubeflow V2 compiler supports) in front of OptimizedTransform."""
+  pipeline = dropin_shapes.span_pipeline(
+      True, f'{BUCKET}/data', f'{BUCKET}/root',
+      module_file=f'{BUCKET}/taxi_module.py', span_window=False)
+  tasks = _compile(pipeline, tmp_path)['pipelineSpec']['root']['dag'][
+      'tasks']
+  assert tasks['Transform']['inputs']['artifacts']['analyzer_cache'][
+      'taskOutputArtifact']['producerTask'] == 'latest_analyzer_cache'
+
+
+def test_stock_execution_types_in_the_pipeline_ir():
+  """What MLMD records as the execution type (TFX's node_info.type.name):
+  the stock one for our Transform and Trainer, ours for the partitioner."""
+  pipeline = dropin_shapes.span_pipeline(True, '/data', '/root')
+  pipeline.components.append(GPipePartitioner(
+      config={'batch_size': 32, 'num_stages': 2},
+      module_path='pipelines.taxi_module'))
+  ir = compiler.Compiler().compile(pipeline)
+  types = {node.pipeline_node.node_info.id:
+           node.pipeline_node.node_info.type.name for node in ir.nodes}
+  assert types['Transform'] == 'tfx.components.transform.component.Transform'
+  assert types['Trainer'] == 'tfx.components.trainer.component.Trainer'
+  assert types['GPipePartitioner'] == (
+      'components.partitioner.component.GPipePartitioner')
+  params = {node.pipeline_node.node_info.id: node.pipeline_node.parameters
+            for node in ir.nodes}
+  assert params['Trainer'].parameters['component_class'].field_value \
+      .string_value == 'components.trainer.component.HighPerfTrainer'
+  assert params['Transform'].parameters['component_class'].field_value \
+      .string_value == 'components.transform.component.OptimizedTransform'
