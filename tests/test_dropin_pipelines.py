@@ -7,7 +7,11 @@ gs:// access raises, and importing the user's modules raises too.
 
 import importlib
 import importlib.util
+import json
+import os
 
+from ml_metadata import metadata_store
+from ml_metadata.proto import metadata_store_pb2
 import pytest
 import tensorflow as tf
 from tensorflow.python.lib.io import file_io
@@ -15,13 +19,16 @@ from tfx import v1 as tfx
 from tfx.dsl.compiler import compiler
 from tfx.dsl.components.base import base_component
 from tfx.dsl.io import fileio
+from tfx.orchestration import metadata
 from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 from tfx.types import standard_artifacts
 
 from components import GPipePartitioner
 from components import HighPerfTrainer
 from components import OptimizedTransform
+from pipelines import data
 from tests.support import dropin_shapes
+from tests.support import dropin_tuner_module
 
 BUCKET = 'gs://no-such-bucket-tfx-hpm'
 # User modules that must not be imported at construction.
@@ -216,3 +223,127 @@ def test_stock_execution_types_in_the_pipeline_ir():
       .string_value == 'components.trainer.component.HighPerfTrainer'
   assert params['Transform'].parameters['component_class'].field_value \
       .string_value == 'components.transform.component.OptimizedTransform'
+
+
+# ------------------------------------------------------ the shapes run
+
+SAMPLE_ROWS = 500  # What the shapes need: every split and vocabulary filled.
+CACHED_NODES = ('CsvExampleGen', 'ImportSchemaGen', 'Transform', 'Tuner',
+                'Trainer', 'Evaluator', 'Pusher')
+_STATES = {metadata_store_pb2.Execution.COMPLETE: 'COMPLETE',
+           metadata_store_pb2.Execution.CACHED: 'CACHED'}
+
+
+def _store(metadata_path):
+  return metadata_store.MetadataStore(
+      metadata.sqlite_metadata_connection_config(metadata_path))
+
+
+def _node_of(store, execution) -> str:
+  for context in store.get_contexts_by_execution(execution.id):
+    if store.get_context_types_by_id([context.type_id])[0].name == 'node':
+      return context.name.split('.', 1)[1]
+  raise AssertionError(f'execution {execution.id} has no node context')
+
+
+def _runs(store):
+  """Per pipeline run, in order: {node id: execution}."""
+  runs = sorted(store.get_contexts_by_type('pipeline_run'),
+                key=lambda c: c.id)
+  return [{_node_of(store, e): e
+           for e in store.get_executions_by_context(run.id)}
+          for run in runs]
+
+
+def _artifacts(store, execution, event_type, key):
+  events = [e for e in store.get_events_by_execution_ids([execution.id])
+            if e.type == event_type and e.path.steps[0].key == key]
+  return store.get_artifacts_by_id([e.artifact_id for e in events])
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_tuner_cond_pusher_and_three_cached_runs(tmp_path):
+  """ImportSchemaGen, a Tuner's best_hyperparameters into HighPerfTrainer,
+  a Pusher under Cond(blessed); runs 2 and 3 reuse every execution, as the
+  stock components do (TFX's own taxi e2e test: unchanged inputs, cached
+  executions, no new artifacts)."""
+  data_root = data.write_sample(data.default_data_root(),
+                                str(tmp_path / 'data'), SAMPLE_ROWS)
+  metadata_path = str(tmp_path / 'metadata.db')
+  serving = tmp_path / 'serving'
+  artifact_counts = []
+  for _ in range(3):
+    tfx.orchestration.LocalDagRunner().run(dropin_shapes.cached_pipeline(
+        True, data_root, str(tmp_path / 'root'), str(serving),
+        metadata_path))
+    artifact_counts.append(len(_store(metadata_path).get_artifacts()))
+
+  store = _store(metadata_path)
+  runs = _runs(store)
+  states = [{node: _STATES.get(e.last_known_state, e.last_known_state)
+             for node, e in run.items()} for run in runs]
+  assert states == [dict.fromkeys(CACHED_NODES, 'COMPLETE'),
+                    dict.fromkeys(CACHED_NODES, 'CACHED'),
+                    dict.fromkeys(CACHED_NODES, 'CACHED')]
+  assert artifact_counts[0] == artifact_counts[1] == artifact_counts[2]
+  # The Tuner's best values reached the managed loop's hparams.
+  [best] = _artifacts(store, runs[0]['Tuner'],
+                      metadata_store_pb2.Event.OUTPUT, 'best_hyperparameters')
+  [model_run] = _artifacts(store, runs[0]['Trainer'],
+                           metadata_store_pb2.Event.OUTPUT, 'model_run')
+  with open(os.path.join(best.uri, 'best_hyperparameters.txt')) as f:
+    tuned = json.load(f)
+  tuned = tuned.get('values', tuned)
+  assert tuned['learning_rate'] in dropin_tuner_module.LEARNING_RATES
+  with open(os.path.join(model_run.uri, 'training_task.json')) as f:
+    task = json.load(f)
+  assert task['hparams'] == {**dropin_shapes.HPARAMS, **tuned}
+  # Blessed (threshold 0), so the conditional Pusher pushed.
+  [blessing] = _artifacts(store, runs[0]['Evaluator'],
+                          metadata_store_pb2.Event.OUTPUT, 'blessing')
+  assert blessing.custom_properties['blessed'].int_value == 1
+  [pushed] = _artifacts(store, runs[0]['Pusher'],
+                        metadata_store_pb2.Event.OUTPUT, 'pushed_model')
+  assert pushed.custom_properties['pushed'].int_value == 1
+  assert os.listdir(serving)
+  # Found as TFX's e2e tests find them: one execution per run.
+  assert len(store.get_executions_by_type(
+      'tfx.components.trainer.component.Trainer')) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_span_window_and_analyzer_cache_across_two_runs(tmp_path):
+  """Run 1 on span 1; run 2, after span 2 arrived, transforms both spans
+  (the span-window Resolver) with run 1's analyzer cache."""
+  data_root = tmp_path / 'spans'
+  metadata_path = str(tmp_path / 'metadata.db')
+  for span in (1, 2):
+    data.write_sample(data.default_data_root(),
+                      str(data_root / f'span-{span}'), SAMPLE_ROWS)
+    tfx.orchestration.LocalDagRunner().run(dropin_shapes.span_pipeline(
+        True, str(data_root), str(tmp_path / 'root'), metadata_path))
+
+  store = _store(metadata_path)
+  runs = _runs(store)
+  assert len(runs) == 2
+  for run in runs:
+    assert {node: e.last_known_state for node, e in run.items()} == dict.fromkeys(
+        ('CsvExampleGen', 'ImportSchemaGen', 'Transform', 'Trainer'),
+        metadata_store_pb2.Execution.COMPLETE)
+  input_event = metadata_store_pb2.Event.INPUT
+  first, second = runs[0]['Transform'], runs[1]['Transform']
+  spans = [sorted(a.properties['span'].int_value for a in
+                  _artifacts(store, t, input_event, 'examples'))
+           for t in (first, second)]
+  assert spans == [[1], [1, 2]]
+  assert not _artifacts(store, first, input_event, 'analyzer_cache')
+  [cache_in] = _artifacts(store, second, input_event, 'analyzer_cache')
+  [cache_out] = _artifacts(store, first, metadata_store_pb2.Event.OUTPUT,
+                           'updated_analyzer_cache')
+  assert cache_in.id == cache_out.id
+  # The cache was used: the second run wrote its own, for both spans.
+  [updated] = _artifacts(store, second, metadata_store_pb2.Event.OUTPUT,
+                         'updated_analyzer_cache')
+  assert tf.io.gfile.listdir(updated.uri)
