@@ -1,4 +1,4 @@
-"""Kubeflow Pipelines: the compiler (`python -m kubeflow.runner`) and the container entrypoint.
+"""Kubeflow Pipelines: compiler (`python -m kubeflow.runner`), entrypoint.
 
 TFX 1.16 needs tf.keras to be Keras 2 (tf-keras): every entry point here runs
 as `python -m kubeflow.<module>`, which imports this package first, so setting

@@ -1,4 +1,4 @@
-"""The taxi pipeline, its runners (`python -m pipelines.local_runner`) and console.
+"""The taxi pipeline, its runners (`python -m pipelines.local_runner`), console.
 
 TFX 1.16 needs tf.keras to be Keras 2 (tf-keras): every entry point here runs
 as `python -m pipelines.<module>`, which imports this package first, so setting
