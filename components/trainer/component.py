@@ -124,8 +124,9 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
       hyperparameters: Tuner output; its values override
         `custom_config['hparams']` in managed mode.
       module_file: Module with `build_model(hparams)` (managed mode) and/or
-        `run_fn(fn_args)`: a file, or the name of an importable module.
-        Exactly one of module_file and run_fn.
+        `run_fn(fn_args)`: a file, or the dotted name of an importable
+        module (no `.py`, `/` or scheme). Exactly one of module_file and
+        run_fn.
       run_fn: Python path of a `run_fn` (run_fn mode).
       train_args: Splits and num_steps (optimizer updates).
       eval_args: Splits and num_steps (0: one pass in managed mode).
