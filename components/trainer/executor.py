@@ -193,8 +193,9 @@ class Executor(base_executor.BaseExecutor):
       progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)',
                            config.strategy, reason)
       self._record_decision(model_run, config, reason, env, launcher_reason)
-      task = self._make_task(input_dict, props, config, fault_tolerance,
-                             module_identity, mode, stock_args)
+      task = self._make_task(input_dict, output_dict, props, config,
+                             fault_tolerance, module_identity, mode,
+                             stock_args)
       storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
       task.save(os.path.join(task.model_run_dir, TASK_FILE))
       result = self._train(task, config, fault_tolerance)
@@ -209,8 +210,9 @@ class Executor(base_executor.BaseExecutor):
     logging.info('HighPerfTrainer done: model %s, result %s',
                  task.serving_model_dir, result)
 
-  def _make_task(self, input_dict, props, config, fault_tolerance,
-                 module_identity, mode, stock_args) -> TrainingTask:
+  def _make_task(self, input_dict, output_dict, props, config,
+                 fault_tolerance, module_identity, mode,
+                 stock_args) -> TrainingTask:
     run_fn_module = (props.get(standard_component_specs.RUN_FN_KEY) or
                      '').rpartition('.')[0]
     input_pipeline = _read_json_artifact(
