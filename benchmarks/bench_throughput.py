@@ -184,7 +184,6 @@ if __name__ == '__main__':
   if args.variant is None:
     print(main(args.results_dir, args.train_steps, args.rounds))
   else:
-    os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
     with open(args.out, 'w') as f:
       json.dump(_run_variant(args.root, json.loads(args.variant),
                              args.train_steps, args.round), f)

@@ -228,7 +228,6 @@ if __name__ == '__main__':
     print(main(args.results_dir, args.train_steps, args.eval_steps,
                args.rounds))
   else:
-    os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
     with open(args.out, 'w') as f:
       json.dump(_run_variant(args.root, VARIANTS[args.variant][1],
                              args.train_steps, args.eval_steps, args.round),

@@ -605,7 +605,6 @@ def render(transforms, readers, trainer, trainer_data, num_examples,
 
 def main(results_dir: str = 'benchmarks/results',
          work_dir: str = None, with_trainer: bool = False) -> str:
-  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
   from components.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from components.records import tuned_input_pipeline  # pylint: disable=g-import-not-at-top
   work = work_dir or tempfile.mkdtemp(prefix='bench_transform_')

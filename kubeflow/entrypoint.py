@@ -32,12 +32,20 @@ before any work (KFP's driver and launcher write nothing there first).
 """
 
 import os
+
+# Keras 2 (tf-keras) for TFX 1.16, before anything imports TensorFlow (the
+# image sets it too; `kubeflow` is a namespace package with no __init__ of
+# ours to do it). A value already set wins.
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import runpy
 import sys
 from typing import List, Optional
 
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 TFX_ENTRYPOINT = (
     'tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor')

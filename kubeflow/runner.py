@@ -7,6 +7,14 @@ Every flag is checked before TFX is imported; `compiler` compiles, with the
 task resources of `resources`.
 """
 
+import os
+
+# TFX 1.16 needs tf.keras to be Keras 2 (tf-keras); set before anything
+# imports TensorFlow, so the command works in a plain shell (`kubeflow` is a
+# namespace package: no __init__ of ours runs first). A value already set wins.
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import argparse
 import json
 import sys
@@ -14,12 +22,18 @@ from typing import Dict
 
 from kubeflow import compiler
 from kubeflow import resources
+from pipelines import console
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='python -m kubeflow.runner', description=__doc__.splitlines()[0])
   parser.add_argument('--output',
                       default='outputs/kubeflow/taxi_hpm_pipeline.json')
+  parser.add_argument(
+      '--verbose', action='store_true',
+      help='Also print TFX, TensorFlow and library logs and warnings (by '
+      'default they go to OUTPUT with .log instead of .json).')
   parser.add_argument(
       '--image', default=compiler.DEFAULT_IMAGE,
       help='Container image with tfx-hpm installed (default: what `make '
@@ -127,7 +141,14 @@ def with_ray_address(distribution: Dict, address: str, stock: bool) -> Dict:
   return distribution
 
 
-def main(argv=None) -> int:
+def log_path(output: str) -> str:
+  """The compile log, next to the spec: `<output without .json>.log`."""
+  return os.path.abspath(os.path.splitext(output)[0] + '.log')
+
+
+def main(argv=None, quiet_console: bool = False) -> int:
+  """Compiles; `quiet_console` (the command line's) sends library output to
+  the log file, the count of its warnings said at the end."""
   parser = _parser()
   args = parser.parse_args(argv)
   # Every flag is checked before the (slow) TFX import and compile.
@@ -147,6 +168,13 @@ def main(argv=None) -> int:
         raise ValueError(f'--{flag.replace("_", "-")} must be >= 0.')
   except ValueError as e:  # json.JSONDecodeError is a ValueError too.
     parser.error(str(e))
+  report = None
+  if quiet_console and not args.verbose:
+    # Before TensorFlow and TFX start: they log, and warn, as they import.
+    log_file = log_path(args.output)
+    os.makedirs(os.path.dirname(log_file), exist_ok=True)
+    console.redirect_output(log_file)
+    report, _ = console.configure(log_file)
   path = compiler.compile_pipeline(
       args.output, args.image, args.pipeline_root, args.data_root,
       args.module, args.serving_model_dir, stock=args.stock,
@@ -158,8 +186,12 @@ def main(argv=None) -> int:
       checkpoint_root=args.checkpoint_root,
       compare_to_baseline=not args.no_baseline)
   print(f'Wrote {path}')
+  if report is not None:
+    print(f'full log: {log_file}' + (
+        f' ({report.warnings_in_file} warnings of TFX, TensorFlow and other '
+        'libraries there)' if report.warnings_in_file else ''))
   return 0
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(main(quiet_console=True))

@@ -81,8 +81,12 @@ def _command(name: str, root: str, data_root: str, metadata_path: str,
 
 
 def _env() -> Dict[str, str]:
-  # The emulator's settings are in os.environ (tests/conftest.py).
-  return dict(os.environ, PYTHONPATH=REPO_ROOT, PYTHONUNBUFFERED='1')
+  """The emulator's settings are in os.environ (tests/conftest.py). As from a
+  plain shell, without TF_USE_LEGACY_KERAS: the runner itself makes tf.keras
+  Keras 2 (with Keras 3 the stock module failed: 'Functional' object has no
+  attribute 'input_names')."""
+  env = {k: v for k, v in os.environ.items() if k != 'TF_USE_LEGACY_KERAS'}
+  return dict(env, PYTHONPATH=REPO_ROOT, PYTHONUNBUFFERED='1')
 
 
 def _start(tmp_path, name, root, data_root, *flags) -> subprocess.Popen:
@@ -247,6 +251,8 @@ def test_stock_pipeline_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
   # A remote root's log file is local, under the working directory.
   [log_file] = glob.glob(str(tmp_path / 'cwd' / 'outputs' / 'logs' / '*.log'))
   console_report.assert_progress_report(output, output, log_file, 'stock')
+  mlmd.assert_found_by_the_stock_execution_types(
+      str(tmp_path / 'gcs_stock.db'), ours=False)
 
 
 @pytest.mark.slow
@@ -264,6 +270,8 @@ def test_hpm_pipeline_with_gpipe_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
   [log_file] = glob.glob(str(tmp_path / 'cwd' / 'outputs' / 'logs' / '*.log'))
   console_report.assert_progress_report(output, output, log_file, 'hpm',
                                         TRAIN_STEPS)
+  mlmd.assert_found_by_the_stock_execution_types(
+      str(tmp_path / 'gcs_hpm_gpipe.db'), ours=True)
 
   metadata_path = str(tmp_path / 'gcs_hpm_gpipe.db')
   model_run = _properties(mlmd.latest_artifact(metadata_path, 'ModelRun'))

@@ -56,8 +56,6 @@ def small_module(tmp_path):
     ({'num_stages': 0}, r"num_stages must be a positive int or 'auto'"),
     ({'batch_size': 40, 'num_microbatches': 16},
      r'batch_size 40 is not divisible by num_microbatches 16'),
-    ({'num_stages': TAXI_LAYER_CALLS + 1, 'num_microbatches': 4},
-     rf'exceeds the {TAXI_LAYER_CALLS} partitionable layers'),
     ({'remat': 'sometimes'}, r"remat must be one of \('always', "
                              r"'except_last', 'never'\), got 'sometimes'"),
     ({'remat': 'never', 'offload_activations': True},
@@ -153,6 +151,21 @@ def _run_executor(module_file, output_dir, **config):
   executor.Executor().Do({}, {executor.PARTITION_PLAN_KEY: [artifact]},
                          exec_properties)
   return artifact
+
+
+def test_too_many_stages_fail_when_the_executor_starts(tmp_path):
+  """Construction runs no user code; the executor's first step does."""
+  config = {'batch_size': 64, 'num_stages': TAXI_LAYER_CALLS + 1,
+            'num_microbatches': 4}
+  GPipePartitioner(config=config, module_path=TAXI_MODULE)
+  artifact = hpm_types.PartitionPlan()
+  artifact.uri = str(tmp_path / 'plan')
+  with pytest.raises(ValueError, match=rf'exceeds the {TAXI_LAYER_CALLS} '
+                     'partitionable layers'):
+    executor.Executor().Do({}, {executor.PARTITION_PLAN_KEY: [artifact]}, {
+        'module_path': TAXI_MODULE,
+        executor.CONFIG_KEY: config_lib.PartitionerConfig(**config).to_json()})
+  assert not os.path.exists(artifact.uri)
 
 
 def test_executor_writes_plan_profile_and_report(small_module, tmp_path):

@@ -259,6 +259,8 @@ def test_trainer_executor_runs_with_only_the_stock_exec_properties(tmp_path):
       {'examples': [examples], 'schema': [schema]}, outputs, properties)
   model_run = outputs['model_run'][0]
   assert model_run.get_string_custom_property('launcher') == 'local'
+  assert 'shared storage' in model_run.get_string_custom_property(
+      'launcher_reason')
   assert model_run.get_int_custom_property('train_steps') == 4
   logs = os.path.join(model_run.uri, trainer_executor.CLUSTER_LOG_DIR,
                       'attempt-0')
@@ -320,12 +322,43 @@ def test_drop_ins_keep_the_stock_node_ids():
 
 
 def test_local_launcher_rejects_outputs_other_processes_cannot_see(tmp_path):
+  """Asked for explicitly, child processes stay an error on ram://."""
   examples, schema = _examples_and_schema(str(tmp_path))
   outputs = _trainer_outputs(_ram('model'), str(tmp_path / 'model_run'))
   with pytest.raises(ValueError, match=r"launcher='local'.*ram://"):
     trainer_executor.Executor().Do(
         {'examples': [examples], 'schema': [schema]}, outputs,
-        _stock_trainer_properties())
+        _stock_trainer_properties(**{
+            trainer_executor.DISTRIBUTION_KEY: json.dumps(
+                {'launcher': 'local'})}))
+  assert outputs['model_run'][0].get_string_custom_property(
+      'launcher_reason') == 'requested'
+
+
+def test_stock_properties_on_ram_train_in_the_executors_process(tmp_path):
+  """As the stock Trainer: no launcher given, outputs on ram:// just work;
+  the launcher decision and its reason are recorded on model_run."""
+  examples, schema = _examples_and_schema(str(tmp_path))
+  model_uri = _ram('model')
+  outputs = _trainer_outputs(model_uri, str(tmp_path / 'model_run'))
+  properties = _stock_trainer_properties()
+  assert trainer_executor.DISTRIBUTION_KEY not in properties
+  trainer_executor.Executor().Do(
+      {'examples': [examples], 'schema': [schema]}, outputs, properties)
+  model_run = outputs['model_run'][0]
+  assert model_run.get_string_custom_property('launcher') == 'in_process'
+  reason = model_run.get_string_custom_property('launcher_reason')
+  assert "['model']" in reason and model_uri in reason
+  assert "executor's process" in reason
+  assert model_run.get_int_custom_property('train_steps') == 4
+  # No cluster was started, so no cluster logs.
+  assert not os.path.exists(os.path.join(
+      model_run.uri, trainer_executor.CLUSTER_LOG_DIR))
+  decision = storage.read_json(os.path.join(
+      model_run.uri, trainer_executor.DECISION_FILE))
+  assert decision['launcher'] == 'in_process'
+  assert decision['launcher_reason'] == reason
+  assert tf.saved_model.load(os.path.join(model_uri, 'Format-Serving'))
 
 
 # ---------------------------------------------------- OptimizedTransform

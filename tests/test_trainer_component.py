@@ -4,6 +4,7 @@ import json
 import os
 import textwrap
 
+from google.protobuf import json_format
 import pytest
 import tensorflow as tf
 from tfx import v1 as tfx
@@ -45,6 +46,26 @@ def _module(tmp_path, source: str) -> str:
   return str(path)
 
 
+def _start_executor(trainer, tmp_path):
+  """Runs the trainer's executor as an orchestrator would (protos as JSON).
+
+  The inputs name no files: the tests using it fail before anything is read.
+  """
+  examples = standard_artifacts.Examples()
+  examples.uri = str(tmp_path / 'examples')
+  examples.split_names = json.dumps(['train', 'eval'])
+  model, model_run = standard_artifacts.Model(), standard_artifacts.ModelRun()
+  model.uri = str(tmp_path / 'model')
+  model_run.uri = str(tmp_path / 'model_run')
+  properties = {
+      key: (json_format.MessageToJson(value, preserving_proto_field_name=True)
+            if hasattr(value, 'DESCRIPTOR') else value)
+      for key, value in trainer.exec_properties.items() if value is not None}
+  executor.Executor().Do({'examples': [examples]},
+                         {'model': [model], 'model_run': [model_run]},
+                         properties)
+
+
 def test_drop_in_spec_and_exec_properties():
   tuned = _channel(hpm_types.TunedInputPipeline)
   trainer = _trainer(
@@ -82,11 +103,13 @@ def test_mode_follows_the_module():
   assert trainer.exec_properties['module_file'] == STOCK_TAXI_MODULE
 
 
-def test_run_fn_path_parameter():
+def test_run_fn_path_parameter(tmp_path):
   trainer = _trainer(module_file=None, run_fn='pipelines.taxi_module.run_fn')
   assert trainer.exec_properties['run_fn'] == 'pipelines.taxi_module.run_fn'
   with pytest.raises(ValueError, match=r"run_fn 'pipelines.taxi_module.nope'"):
-    _trainer(module_file=None, run_fn='pipelines.taxi_module.nope')
+    _start_executor(
+        _trainer(module_file=None, run_fn='pipelines.taxi_module.nope'),
+        tmp_path)
 
 
 @pytest.mark.parametrize('distribution,expected', [
@@ -100,8 +123,8 @@ def test_run_fn_path_parameter():
      'by the 2 replicas'),
     ({'gradient_accumulation_steps': 0},
      'gradient_accumulation_steps=0 must be an integer >= 1'),
-    ({'launcher': 'ssh'}, "launcher='ssh' is not one of ('in_process', "
-     "'local', 'ray')"),
+    ({'launcher': 'ssh'}, "launcher='ssh' is not one of ('auto', "
+     "'in_process', 'local', 'ray')"),
     ({'launcher': 'ray', 'ray_placement': 'RANDOM'},
      "ray_placement='RANDOM' is not one of ('SPREAD', 'PACK')"),
     ({'num_gpus': 2}, "Unknown distribution option(s) ['num_gpus']"),
@@ -157,32 +180,42 @@ def test_bad_fault_tolerance_fails_at_construction():
     _trainer(fault_tolerance={'max_restarts': -1})
 
 
-def test_module_without_entry_points(tmp_path):
+def test_module_without_entry_points_fails_when_the_executor_starts(
+    tmp_path):
   only_run_fn = _module(tmp_path, """
       def run_fn(fn_args):
         pass
       """)
   with pytest.raises(ValueError,
                      match="mode='managed' needs build_model.*user_module.py"):
-    _trainer(module_file=only_run_fn, distribution={'mode': 'managed'})
+    _start_executor(_trainer(module_file=only_run_fn,
+                             distribution={'mode': 'managed'}), tmp_path)
   neither = _module(tmp_path, 'VALUE = 1\n')
   with pytest.raises(ValueError, match='defines neither build_model'):
-    _trainer(module_file=neither)
+    _start_executor(_trainer(module_file=neither), tmp_path)
   only_build_model = _module(tmp_path, """
       def build_model(hparams):
         return None
       """)
   with pytest.raises(ValueError, match="mode='run_fn' needs run_fn"):
-    _trainer(module_file=only_build_model, distribution={'mode': 'run_fn'})
+    _start_executor(_trainer(module_file=only_build_model,
+                             distribution={'mode': 'run_fn'}), tmp_path)
+  # Nothing started: no decision, no task, no model.
+  assert not (tmp_path / 'model').exists()
+  assert os.listdir(tmp_path / 'model_run') == []
 
 
-def test_missing_module_file(tmp_path):
+def test_missing_module_fails_when_the_executor_starts(tmp_path):
   missing = str(tmp_path / 'nowhere.py')
+  trainer = _trainer(module_file=missing)
+  assert trainer.exec_properties['module_file'] == missing
   with pytest.raises(ValueError, match=f"module_file '{missing}' does not "
-                     'exist, and is not an importable module'):
-    _trainer(module_file=missing)
-  with pytest.raises(ValueError, match='is not an importable module'):
-    _trainer(module_file='pipelines.no_such_module')
+                     'exist'):
+    _start_executor(trainer, tmp_path)
+  with pytest.raises(ValueError, match="'pipelines.no_such_module' .* is not "
+                     'an importable module'):
+    _start_executor(_trainer(module_file='pipelines.no_such_module'),
+                    tmp_path)
 
 
 def test_importable_module_name_becomes_module_path():
@@ -201,10 +234,16 @@ def test_module_file_and_run_fn_are_exclusive():
     _trainer(module_file=None)
 
 
-def test_managed_mode_needs_a_training_length():
+def test_managed_mode_needs_a_training_length(tmp_path):
+  # Configured as managed: known at construction.
   with pytest.raises(ValueError, match='Managed mode needs '
                      'train_args.num_steps > 0 or distribution train_epochs'):
-    _trainer(train_args=tfx.proto.TrainArgs())
+    _trainer(train_args=tfx.proto.TrainArgs(),
+             distribution={'mode': 'managed'})
+  # 'auto' is managed for this module: known once the executor loads it.
+  with pytest.raises(ValueError, match='Managed mode needs '
+                     'train_args.num_steps > 0 or distribution train_epochs'):
+    _start_executor(_trainer(train_args=tfx.proto.TrainArgs()), tmp_path)
   _trainer(train_args=tfx.proto.TrainArgs(), distribution={'train_epochs': 1})
   with pytest.raises(ValueError, match='set only one'):
     _trainer(distribution={'train_epochs': 1})

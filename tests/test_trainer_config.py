@@ -14,7 +14,7 @@ def _error(**values) -> str:
 
 def test_defaults_are_valid_and_round_trip():
   config = DistributionConfig.from_dict({})
-  assert config.strategy == 'auto' and config.launcher == 'local'
+  assert config.strategy == 'auto' and config.launcher == 'auto'
   assert DistributionConfig.from_json(config.to_json()) == config
   custom = DistributionConfig.from_dict(
       {'strategy': 'parameter_server', 'num_workers': 2, 'num_ps': 1,
@@ -201,3 +201,21 @@ def test_deterministic_refuses_parameter_servers(values):
   assert 'asynchronous' in message and f"num_ps={values['num_ps']}" in message
   # A seed alone is fine there: it fixes the initial weights.
   assert DistributionConfig.from_dict({'seed': 1, **values}).seed == 1
+
+
+def test_auto_launcher_trains_in_process_only_for_process_local_paths():
+  resolve = config_lib.resolve_launcher
+  auto = DistributionConfig.from_dict({})
+  config, reason = resolve(auto, {})
+  assert config.launcher == 'local' and 'shared storage' in reason
+  config, reason = resolve(auto, {'checkpoints': 'ram://root/_ckpt'})
+  assert config.launcher == 'in_process'
+  assert "['checkpoints'] at ['ram://root/_ckpt']" in reason
+  # A cluster needs child processes: the launcher's error names the paths.
+  cluster = DistributionConfig.from_dict(
+      {'strategy': 'multi_worker_mirrored', 'num_workers': 2})
+  config, reason = resolve(cluster, {'model': 'ram://m'})
+  assert config.launcher == 'local' and 'num_workers=2' in reason
+  # Asked for: kept, also on ram:// (the launcher then refuses it).
+  local = DistributionConfig.from_dict({'launcher': 'local'})
+  assert resolve(local, {'model': 'ram://m'}) == (local, 'requested')

@@ -22,7 +22,6 @@ from tfx.types import standard_artifacts
 from components import types as hpm_types
 from components.partitioner import config as config_lib
 from components.partitioner import executor
-from components.pipeline_parallel import graph as graph_lib
 
 MODULE_FILE_KEY = 'module_file'
 MODULE_PATH_KEY = 'module_path'
@@ -61,7 +60,7 @@ class GPipePartitioner(base_component.BaseComponent):
                module_path: Optional[str] = None,
                examples: Optional[types.BaseChannel] = None,
                transform_graph: Optional[types.BaseChannel] = None):
-    """Validates everything that can be checked before the run.
+    """Validates the config and inputs (no I/O, no user code).
 
     Args:
       config: a PartitionerConfig or its fields as a dict.
@@ -73,8 +72,8 @@ class GPipePartitioner(base_component.BaseComponent):
 
     Raises:
       ValueError: bad config (e.g. zero micro-batches, a batch size the
-        micro-batches do not divide, more stages than the model has layers),
-        or a bad combination of inputs.
+        micro-batches do not divide), or a bad combination of inputs. More
+        stages than the model has layers fails when the executor starts.
     """
     if isinstance(config, dict):
       config = config_lib.PartitionerConfig.from_dict(config)
@@ -87,14 +86,9 @@ class GPipePartitioner(base_component.BaseComponent):
     if examples is not None and transform_graph is None:
       raise ValueError('examples are transformed examples, parsed with the '
                        'transform_graph; pass transform_graph too.')
-    # The model's layer count is only known once it is built; build it here
-    # so that too many stages fail now rather than at run time.
-    build_model_fn = udf_utils.get_fn(
-        {MODULE_FILE_KEY: module_file, MODULE_PATH_KEY: module_path},
-        executor.BUILD_MODEL_FN)
-    config.validate_for_model(
-        graph_lib.LayerGraph(build_model_fn(config.hparams)).num_calls)
-
+    # Too many stages for the model's layers fails when the executor has
+    # built the model, before profiling: construction reads no file and runs
+    # no user code (a gs:// module must not need storage access here).
     spec = GPipePartitionerSpec(
         module_file=module_file,
         module_path=module_path,

@@ -8,25 +8,29 @@ Trainer, plus:
 - `fault_tolerance` (checkpoint.config.FaultToleranceConfig as a dict);
 - optional `tuned_input_pipeline` (from OptimizedTransform) and
   `partition_plan` (from GPipePartitioner) inputs.
-Everything is validated here, at construction: the configs, and the module's
-contract (managed mode needs `build_model(hparams)`, run_fn mode `run_fn`).
+The configs are validated here, at construction. As for the stock Trainer,
+construction reads no file and runs no user code (a `gs://` module file
+must not need storage access to build a pipeline): the module's contract
+(managed mode needs `build_model(hparams)`, run_fn mode `run_fn`) and what
+depends on it are checked by the executor before training starts.
 """
 
-import importlib.util
+import os
 import re
 from typing import Any, Dict, Optional, Tuple, Union
 
 from tfx import types
+from tfx.components.trainer import component as trainer_component
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_component
 from tfx.dsl.components.base import executor_spec
-from tfx.dsl.io import fileio
 from tfx.proto import trainer_pb2
 from tfx.types import component_spec
 from tfx.types import standard_artifacts
 from tfx.types import standard_component_specs
 from tfx.utils import json_utils
 
+from components import drop_in
 from components import types as hpm_types
 from components.trainer import config as config_lib
 from components.trainer import executor
@@ -45,6 +49,8 @@ class HighPerfTrainerSpec(standard_component_specs.TrainerSpec):
           component_spec.ExecutionParameter(type=str),
       executor.FAULT_TOLERANCE_KEY:
           component_spec.ExecutionParameter(type=str),
+      drop_in.COMPONENT_CLASS_KEY:
+          component_spec.ExecutionParameter(type=str, optional=True),
   }
   INPUTS = {
       **standard_component_specs.TrainerSpec.INPUTS,
@@ -63,30 +69,28 @@ def _module_source(module_file: str) -> Tuple[Optional[str], Optional[str]]:
 
   Besides a file path, `module_file` may name an importable module (e.g. one
   installed in a Kubeflow image); it is then passed on as the stock
-  `module_path` execution property, with nothing to package.
+  `module_path` execution property, with nothing to package. Told apart by
+  the form alone (no I/O): a dotted name without `.py`, `/` or a URI scheme
+  names a module.
   """
-  if fileio.exists(module_file):
-    return module_file, None
-  try:
-    importable = (_MODULE_NAME.fullmatch(module_file) is not None and
-                  importlib.util.find_spec(module_file) is not None)
-  except ImportError:
-    importable = False
-  if importable:
+  looks_like_path = (module_file.endswith('.py') or '/' in module_file or
+                     os.sep in module_file or '://' in module_file)
+  if not looks_like_path and _MODULE_NAME.fullmatch(module_file):
     return None, module_file
-  raise ValueError(f'module_file {module_file!r} does not exist, and is not '
-                   'an importable module name either.')
+  return module_file, None
 
 
-class HighPerfTrainer(base_component.BaseComponent):
+class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
   """Trains a model with a tf.distribute strategy chosen by configuration.
 
   Component `outputs`, as the stock Trainer: `model` (SavedModel under
   `Format-Serving`, with `serving_default` and `transform_features`
   signatures in managed mode) and `model_run` (TensorBoard logs, the
   strategy decision and training result as files and custom properties,
-  cluster logs).
+  cluster logs). Its executions are recorded in MLMD under the stock
+  Trainer's type (see `components.drop_in`).
   """
+  STOCK_TYPE_NAME = trainer_component.Trainer.get_class_type()
 
   SPEC_CLASS = HighPerfTrainerSpec
   EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
@@ -120,8 +124,9 @@ class HighPerfTrainer(base_component.BaseComponent):
       hyperparameters: Tuner output; its values override
         `custom_config['hparams']` in managed mode.
       module_file: Module with `build_model(hparams)` (managed mode) and/or
-        `run_fn(fn_args)`: a file, or the name of an importable module.
-        Exactly one of module_file and run_fn.
+        `run_fn(fn_args)`: a file, or the dotted name of an importable
+        module (no `.py`, `/` or scheme). Exactly one of module_file and
+        run_fn.
       run_fn: Python path of a `run_fn` (run_fn mode).
       train_args: Splits and num_steps (optimizer updates).
       eval_args: Splits and num_steps (0: one pass in managed mode).
@@ -136,8 +141,8 @@ class HighPerfTrainer(base_component.BaseComponent):
         else when training starts).
 
     Raises:
-      ValueError: A bad config or module, naming the value and what is
-        allowed.
+      ValueError: A bad config, naming the value and what is allowed (a
+        bad module fails when the executor starts, before training).
     """
     if [bool(module_file), bool(run_fn)].count(True) != 1:
       raise ValueError("Exactly one of 'module_file' or 'run_fn' must be "
@@ -152,9 +157,9 @@ class HighPerfTrainer(base_component.BaseComponent):
     module_path = None
     if module_file:
       module_file, module_path = _module_source(module_file)
-    mode = executor.check_module_contract(module_file, module_path, run_fn,
-                                          config.mode)
-    config_lib.check_train_length(mode, train_args.num_steps,
+    # The mode as configured: 'auto' is resolved against the module by the
+    # executor, which checks the training length again then.
+    config_lib.check_train_length(config.mode, train_args.num_steps,
                                   config.train_epochs)
     spec = HighPerfTrainerSpec(
         examples=examples,
@@ -170,6 +175,7 @@ class HighPerfTrainer(base_component.BaseComponent):
         custom_config=json_utils.dumps(custom_config),
         distribution=config.to_json(),
         fault_tolerance=fault_config.to_json(),
+        component_class=self.component_class(),
         tuned_input_pipeline=tuned_input_pipeline,
         partition_plan=partition_plan,
         model=types.Channel(type=standard_artifacts.Model),

@@ -6,16 +6,16 @@ milliseconds. Every error names the bad value and what is allowed instead.
 """
 
 import dataclasses
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from components.json_config import JsonConfig, check_int, is_int, is_number
 
 STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
               'parameter_server', 'central_storage', 'tpu')
-LAUNCHERS = ('in_process', 'local', 'ray')
+LAUNCHERS = ('auto', 'in_process', 'local', 'ray')
 # Launchers that start the cluster's processes themselves from num_workers /
-# num_ps.
-CLUSTER_LAUNCHERS = ('local', 'ray')
+# num_ps ('auto' is 'local' unless outputs live in one process).
+CLUSTER_LAUNCHERS = ('auto', 'local', 'ray')
 # Placement-group strategies for launcher 'ray': SPREAD puts each task on
 # another node where it can, PACK fills nodes first (both are soft: a task
 # lands where resources remain when nodes are short).
@@ -55,7 +55,10 @@ class DistributionConfig(JsonConfig):
       strategies); `in_process` trains inside the executor's process, for
       orchestrators that already run one pod per task and set TF_CONFIG;
       `ray` runs each task of the cluster in a Ray actor on an existing Ray
-      cluster, across its nodes (see `ray_launcher`).
+      cluster, across its nodes (see `ray_launcher`); `auto` (the default)
+      is `local`, or `in_process` where an output or the checkpoint root
+      lives in one process (`ram://`), which child processes cannot see
+      (see `resolve_launcher`).
     num_workers: Worker processes of a cluster the launcher starts (launcher
       `local` or `ray`).
     num_ps: Parameter-server processes of a cluster the launcher starts
@@ -103,7 +106,7 @@ class DistributionConfig(JsonConfig):
   OPTIONS_NAME = 'distribution'
   strategy: str = 'auto'
   mode: str = 'auto'
-  launcher: str = 'local'
+  launcher: str = AUTO
   num_workers: int = 1
   num_ps: int = 0
   ray_address: str = ''
@@ -271,6 +274,32 @@ class DistributionConfig(JsonConfig):
     """Examples per (micro-)step over all `num_replicas` replicas."""
     return self.per_replica_batch(num_replicas) * num_replicas
 
+
+
+def resolve_launcher(config: DistributionConfig,
+                     process_local: Dict[str, str]
+                    ) -> Tuple[DistributionConfig, str]:
+  """The launcher `auto` stands for, and why.
+
+  Args:
+    config: The validated config.
+    process_local: The outputs (and checkpoint root) that live in one
+      process, by role ('model', 'model_run', 'checkpoints').
+  """
+  if config.launcher != AUTO:
+    return config, 'requested'
+  if not process_local:
+    return (dataclasses.replace(config, launcher='local'),
+            'outputs and checkpoints are shared storage: training runs in '
+            'supervised child processes')
+  if config.num_workers != 1 or config.num_ps:
+    return (dataclasses.replace(config, launcher='local'),
+            f'num_workers={config.num_workers}, num_ps={config.num_ps} need '
+            f'child processes, though {process_local} live in this process')
+  return (dataclasses.replace(config, launcher='in_process'),
+          f'{sorted(process_local)} at {sorted(process_local.values())} '
+          'live in this process (child processes cannot see them): training '
+          "runs in the executor's process")
 
 
 # What a partition plan's single pipeline runs under (`auto` picks

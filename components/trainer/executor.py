@@ -5,8 +5,9 @@ The executor resolves everything a training process needs into a
 strategy (`auto` rules, recorded with the reason on `model_run`), and trains:
 in supervised child processes on this machine (launcher `local`), in Ray
 actors across a Ray cluster's nodes (launcher `ray`, see `ray_launcher`) or in
-its own process (launcher `in_process`). It then checks the exported model and
-records the training result on `model_run`.
+its own process (launcher `in_process`, and `auto` where an output lives in
+this process only, recorded with the reason on `model_run`). It then checks
+the exported model and records the training result on `model_run`.
 """
 
 import dataclasses
@@ -90,10 +91,19 @@ def check_module_contract(module_file: Optional[str],
                           mode: str) -> str:
   """Returns the training mode; raises if the module lacks its entry point.
 
-  The component calls it at construction, the executor again at run time
-  (where a packaged module is importable by name).
+  The executor calls it first, before any training (construction runs no
+  user code), where a packaged module is importable by name.
   """
-  module = user_module.load(module_file, module_path, run_fn)
+  if module_file and not fileio.exists(module_file):
+    raise ValueError(f'module_file {module_file!r} does not exist (a module '
+                     "installed in the image is named without '.py' or '/', "
+                     "e.g. 'pipelines.taxi_module').")
+  try:
+    module = user_module.load(module_file, module_path, run_fn)
+  except ModuleNotFoundError as e:
+    name = module_path or run_fn.rpartition('.')[0]
+    raise ValueError(f'{name!r} (module_path or run_fn) is not an importable '
+                     f'module: {e}') from e
   run_fn_name = run_fn.rpartition('.')[2] if run_fn else 'run_fn'
   return config_lib.resolve_mode(
       mode,
@@ -134,16 +144,6 @@ class Executor(base_executor.BaseExecutor):
 
   def _do(self, input_dict, output_dict, exec_properties, config,
           fault_tolerance, model_run) -> None:
-    # Launcher 'ray' connects here: an unreachable cluster fails now.
-    env = strategy_lib.detect_environment(
-        config, has_partition_plan=bool(input_dict.get(PARTITION_PLAN_KEY)))
-    config, reason = strategy_lib.resolve(config, env)
-    progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)', config.strategy,
-                         reason)
-    self._record_decision(model_run, config, reason, env)
-
-    # Before the wheel path is dropped below: it carries the content hash.
-    module_identity = _module_identity(exec_properties)
     module_name, wheels = udf_utils.decode_user_module_key(
         exec_properties.get(standard_component_specs.MODULE_PATH_KEY))
     # pip installs from local files only; the wheel may be on gs:// (as stock
@@ -157,8 +157,37 @@ class Executor(base_executor.BaseExecutor):
       props = dict(exec_properties)
       if module_name:
         props[standard_component_specs.MODULE_PATH_KEY] = module_name
+      # First the module's contract and what depends on it (construction
+      # runs no user code): a bad module fails before any cluster starts.
+      mode = check_module_contract(
+          props.get(standard_component_specs.MODULE_FILE_KEY),
+          props.get(standard_component_specs.MODULE_PATH_KEY),
+          props.get(standard_component_specs.RUN_FN_KEY), config.mode)
+      # From the unchanged properties: the wheel path carries the content
+      # hash.
+      module_identity = _module_identity(exec_properties)
+      stock_args = patches.stock_fn_args(input_dict, output_dict, props)
+      config_lib.check_train_length(mode, stock_args.train_steps or 0,
+                                    config.train_epochs)
+      config, launcher_reason = config_lib.resolve_launcher(config, {
+          role: path for role, path in (
+              ('model', stock_args.serving_model_dir),
+              ('model_run', stock_args.model_run_dir),
+              ('checkpoints', self._checkpoint_root(
+                  fault_tolerance, stock_args.model_run_dir)))
+          if storage.is_process_local(path)})
+      progress.LOGGER.info('HighPerfTrainer launcher: %s (%s)',
+                           config.launcher, launcher_reason)
+      # Launcher 'ray' connects here: an unreachable cluster fails now.
+      env = strategy_lib.detect_environment(
+          config, has_partition_plan=bool(input_dict.get(PARTITION_PLAN_KEY)))
+      config, reason = strategy_lib.resolve(config, env)
+      progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)',
+                           config.strategy, reason)
+      self._record_decision(model_run, config, reason, env, launcher_reason)
       task = self._make_task(input_dict, output_dict, props, config,
-                             fault_tolerance, module_identity)
+                             fault_tolerance, module_identity, mode,
+                             stock_args)
       storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
       task.save(os.path.join(task.model_run_dir, TASK_FILE))
       result = self._train(task, config, fault_tolerance)
@@ -174,14 +203,8 @@ class Executor(base_executor.BaseExecutor):
                  task.serving_model_dir, result)
 
   def _make_task(self, input_dict, output_dict, props, config,
-                 fault_tolerance, module_identity) -> TrainingTask:
-    mode = check_module_contract(
-        props.get(standard_component_specs.MODULE_FILE_KEY),
-        props.get(standard_component_specs.MODULE_PATH_KEY),
-        props.get(standard_component_specs.RUN_FN_KEY), config.mode)
-    stock_args = patches.stock_fn_args(input_dict, output_dict, props)
-    config_lib.check_train_length(mode, stock_args.train_steps or 0,
-                                  config.train_epochs)
+                 fault_tolerance, module_identity, mode,
+                 stock_args) -> TrainingTask:
     run_fn_module = (props.get(standard_component_specs.RUN_FN_KEY) or
                      '').rpartition('.')[0]
     tuned = input_dict.get(TUNED_INPUT_PIPELINE_KEY)
@@ -216,9 +239,7 @@ class Executor(base_executor.BaseExecutor):
         distribution=config.to_dict(),
         fault_tolerance=fault_tolerance.to_dict(),
         checkpoint_dir=location.stable_checkpoint_dir(
-            fault_tolerance.backup_root or os.path.join(
-                self._pipeline_root(stock_args.model_run_dir),
-                location.CHECKPOINT_SUBDIR),
+            self._checkpoint_root(fault_tolerance, stock_args.model_run_dir),
             self._pipeline_name(), self._node_id(), fingerprint),
         input_pipeline=input_pipeline,
         partition_plan_uri=(artifact_utils.get_single_uri(partition_plan)
@@ -329,10 +350,12 @@ class Executor(base_executor.BaseExecutor):
   @staticmethod
   def _record_decision(model_run: types.Artifact,
                        config: config_lib.DistributionConfig, reason: str,
-                       env: strategy_lib.Environment) -> None:
+                       env: strategy_lib.Environment,
+                       launcher_reason: str = 'requested') -> None:
     model_run.set_string_custom_property('strategy', config.strategy)
     model_run.set_string_custom_property('strategy_reason', reason)
     model_run.set_string_custom_property('launcher', config.launcher)
+    model_run.set_string_custom_property('launcher_reason', launcher_reason)
     if config.launcher == 'ray':
       from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
       model_run.set_string_custom_property(
@@ -344,6 +367,7 @@ class Executor(base_executor.BaseExecutor):
                                       int(config.deterministic))
     storage.write_json(os.path.join(model_run.uri, DECISION_FILE), {
         'strategy': config.strategy, 'reason': reason,
+        'launcher': config.launcher, 'launcher_reason': launcher_reason,
         'environment': dataclasses.asdict(env), 'config': config.to_dict()})
 
   @staticmethod
@@ -375,6 +399,11 @@ class Executor(base_executor.BaseExecutor):
     if node and node.node_info.id:
       return node.node_info.id
     return os.environ.get(NODE_ID_ENV) or 'Trainer'
+
+  def _checkpoint_root(self, fault_tolerance: FaultToleranceConfig,
+                       model_run_dir: str) -> str:
+    return fault_tolerance.backup_root or os.path.join(
+        self._pipeline_root(model_run_dir), location.CHECKPOINT_SUBDIR)
 
   def _pipeline_root(self, model_run_dir: str) -> str:
     """The pipeline root, from TFX's `<root>/<node>/.system/...` layout.

@@ -16,6 +16,7 @@ from tfx.proto import transform_pb2
 from tfx.types import component_spec
 from tfx.types import standard_component_specs
 
+from components import drop_in
 from components.transform import executor
 from components.transform.config import TuningConfig
 from components.types import TunedInputPipeline
@@ -28,6 +29,8 @@ class OptimizedTransformSpec(standard_component_specs.TransformSpec):
   PARAMETERS = {
       **standard_component_specs.TransformSpec.PARAMETERS,
       executor.TUNING_KEY: component_spec.ExecutionParameter(type=str),
+      drop_in.COMPONENT_CLASS_KEY: component_spec.ExecutionParameter(
+          type=str, optional=True),
   }
   OUTPUTS = {
       **standard_component_specs.TransformSpec.OUTPUTS,
@@ -49,12 +52,14 @@ class _UpgradeTransformSpec(base_beam_component.BaseBeamComponent):
     upgraded = OptimizedTransformSpec(
         **spec.exec_properties, **spec.inputs, **spec.outputs,
         **{executor.TUNING_KEY: self._tuning.to_json(),
+           drop_in.COMPONENT_CLASS_KEY: self.component_class(),
            executor.TUNED_INPUT_PIPELINE_KEY: types.Channel(
                type=TunedInputPipeline)})
     super().__init__(spec=upgraded, **kwargs)
 
 
-class OptimizedTransform(transform_component.Transform, _UpgradeTransformSpec):
+class OptimizedTransform(drop_in.StockExecutionType,
+                         transform_component.Transform, _UpgradeTransformSpec):
   """Transform that also measures and tunes the trainer's input pipeline.
 
   Outputs: every stock Transform output (materialized examples written by
@@ -62,8 +67,11 @@ class OptimizedTransform(transform_component.Transform, _UpgradeTransformSpec):
   records) plus `tuned_input_pipeline` (TunedInputPipeline): `config.json`
   (an `InputPipelineConfig` for `components.data.input_pipeline.
   build_dataset`), `report.md`, `candidates.png` and `fingerprint.json`
-  (what it was tuned on, so the next run can reuse it).
+  (what it was tuned on, so the next run can reuse it). Its executions are
+  recorded in MLMD under the stock Transform's type (see
+  `components.drop_in`).
   """
+  STOCK_TYPE_NAME = transform_component.Transform.get_class_type()
   SPEC_CLASS = OptimizedTransformSpec
   EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
 
