@@ -16,11 +16,13 @@ import importlib.util
 import re
 from typing import Any, Dict, Optional, Tuple, Union
 
+from absl import logging
 from tfx import types
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_component
 from tfx.dsl.components.base import executor_spec
 from tfx.dsl.io import fileio
+from tfx.orchestration import data_types
 from tfx.proto import trainer_pb2
 from tfx.types import component_spec
 from tfx.types import standard_artifacts
@@ -93,16 +95,21 @@ class HighPerfTrainer(base_component.BaseComponent):
 
   def __init__(
       self,
-      examples: types.BaseChannel,
+      examples: Optional[types.BaseChannel] = None,
+      transformed_examples: Optional[types.BaseChannel] = None,
       transform_graph: Optional[types.BaseChannel] = None,
       schema: Optional[types.BaseChannel] = None,
       base_model: Optional[types.BaseChannel] = None,
       hyperparameters: Optional[types.BaseChannel] = None,
-      module_file: Optional[str] = None,
-      run_fn: Optional[str] = None,
-      train_args: Optional[trainer_pb2.TrainArgs] = None,
-      eval_args: Optional[trainer_pb2.EvalArgs] = None,
-      custom_config: Optional[Dict[str, Any]] = None,
+      module_file: Optional[Union[str, data_types.RuntimeParameter]] = None,
+      run_fn: Optional[Union[str, data_types.RuntimeParameter]] = None,
+      train_args: Optional[Union[trainer_pb2.TrainArgs,
+                                 data_types.RuntimeParameter]] = None,
+      eval_args: Optional[Union[trainer_pb2.EvalArgs,
+                                data_types.RuntimeParameter]] = None,
+      custom_config: Optional[Union[Dict[str, Any],
+                                    data_types.RuntimeParameter]] = None,
+      custom_executor_spec: Optional[executor_spec.ExecutorSpec] = None,
       distribution: Optional[Union[Dict[str, Any],
                                    config_lib.DistributionConfig]] = None,
       fault_tolerance: Optional[Union[Dict[str, Any],
@@ -113,6 +120,8 @@ class HighPerfTrainer(base_component.BaseComponent):
 
     Args:
       examples: Examples to train and evaluate on (transformed or raw).
+      transformed_examples: Deprecated, as in the stock Trainer: `examples`
+        that need `transform_graph`.
       transform_graph: Transform output; its feature spec parses the
         examples and its graph goes into the serving signature.
       schema: Schema of the examples (when there is no transform graph).
@@ -126,6 +135,8 @@ class HighPerfTrainer(base_component.BaseComponent):
       train_args: Splits and num_steps (optimizer updates).
       eval_args: Splits and num_steps (0: one pass in managed mode).
       custom_config: Dict passed to the module (`fn_args.custom_config`).
+      custom_executor_spec: Deprecated, as in the stock Trainer: replaces
+        the executor (its class must accept our exec properties).
       distribution: DistributionConfig (or its dict).
       fault_tolerance: checkpointing.CheckpointConfig (or its dict).
       tuned_input_pipeline: TunedInputPipeline from OptimizedTransform.
@@ -143,6 +154,19 @@ class HighPerfTrainer(base_component.BaseComponent):
       raise ValueError("Exactly one of 'module_file' or 'run_fn' must be "
                        f'supplied; got module_file={module_file!r}, '
                        f'run_fn={run_fn!r}.')
+    # The stock Trainer's checks and deprecated arguments.
+    if bool(examples) == bool(transformed_examples):
+      raise ValueError("Exactly one of 'examples' or 'transformed_examples' "
+                       'must be supplied.')
+    if transformed_examples and not transform_graph:
+      raise ValueError("If 'transformed_examples' is supplied, "
+                       "'transform_graph' must be supplied too.")
+    for name, value in (('custom_executor_spec', custom_executor_spec),
+                        ('transformed_examples', transformed_examples)):
+      if value:
+        logging.warning('HighPerfTrainer: `%s` is deprecated, as in the '
+                        'stock Trainer.', name)
+    examples = examples or transformed_examples
     config = config_lib.DistributionConfig.from_dict(distribution)
     if partition_plan is not None:
       config_lib.check_partition_plan(config,
@@ -150,11 +174,11 @@ class HighPerfTrainer(base_component.BaseComponent):
     fault_config = checkpointing.CheckpointConfig.from_dict(fault_tolerance)
     train_args = train_args or trainer_pb2.TrainArgs()
     module_path = None
-    if module_file:
+    if isinstance(module_file, str):  # Not a RuntimeParameter.
       module_file, module_path = _module_source(module_file)
     mode = executor.check_module_contract(module_file, module_path, run_fn,
                                           config.mode)
-    config_lib.check_train_length(mode, train_args.num_steps,
+    config_lib.check_train_length(mode, _static_num_steps(train_args),
                                   config.train_epochs)
     spec = HighPerfTrainerSpec(
         examples=examples,
@@ -167,14 +191,16 @@ class HighPerfTrainer(base_component.BaseComponent):
         module_file=module_file,
         module_path=module_path,
         run_fn=run_fn,
-        custom_config=json_utils.dumps(custom_config),
+        custom_config=(custom_config
+                       if isinstance(custom_config, data_types.RuntimeParameter)
+                       else json_utils.dumps(custom_config)),
         distribution=config.to_json(),
         fault_tolerance=fault_config.to_json(),
         tuned_input_pipeline=tuned_input_pipeline,
         partition_plan=partition_plan,
         model=types.Channel(type=standard_artifacts.Model),
         model_run=types.Channel(type=standard_artifacts.ModelRun))
-    super().__init__(spec=spec)
+    super().__init__(spec=spec, custom_executor_spec=custom_executor_spec)
     # The stock Trainer's node id (`.with_id()` still overrides): a pipeline
     # that only changes the import keeps its pipeline-root layout, MLMD
     # contexts, cache and resolvers.
@@ -185,6 +211,16 @@ class HighPerfTrainer(base_component.BaseComponent):
       udf_utils.add_user_module_dependency(
           self, standard_component_specs.MODULE_FILE_KEY,
           standard_component_specs.MODULE_PATH_KEY)
+
+
+def _static_num_steps(train_args: Any) -> int:
+  """`train_args.num_steps` when known before run time, else 0.
+
+  A dict (with RuntimeParameter values) or a RuntimeParameter is resolved
+  at run time; the executor checks the training length again then.
+  """
+  return (train_args.num_steps
+          if isinstance(train_args, trainer_pb2.TrainArgs) else 0)
 
 
 def _planned_batch_size(channel: types.BaseChannel) -> Optional[int]:

@@ -56,6 +56,7 @@ TUNING_KEY = 'tuning'
 TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
 CONFIG_FILE = history.CONFIG_FILE
 STOCK_READER = 'stock TFX reader (tfx_bsl TFExampleRecord)'
+NOT_TUNED = 'not tuned'
 METRICS_NAMESPACE = 'tfx_hpm'
 # Counter name prefix of the examples written per output path.
 _EXAMPLES_COUNTER = 'examples_written:'
@@ -139,11 +140,16 @@ def _sharded_writes(num_shards: int):
 class _Plan:
   """What the executor decided before the stock Transform ran."""
   tuning: TuningConfig
-  tuned_artifact: types.Artifact
+  # None: the output dict has no tuned_input_pipeline (as the stock
+  # Transform's, e.g. our executor under the stock component): stock only.
+  tuned_artifact: Optional[types.Artifact]
   # The previous training's rate; None: measure the model, or search.
   consumer: Optional[tuner.ConsumerRate] = None
   notes: List[str] = dataclasses.field(default_factory=list)
   mismatches: List[str] = dataclasses.field(default_factory=list)
+  # Why there is nothing to tune on (the artifact then holds the default
+  # pipeline), or None.
+  not_tuned: Optional[str] = None
 
 
 class _Background:
@@ -217,7 +223,7 @@ class Executor(transform_executor.Executor):
   def Do(self, input_dict: Dict[str, List[types.Artifact]],
          output_dict: Dict[str, List[types.Artifact]],
          exec_properties: Dict[str, Any]) -> None:
-    plan = self._plan(output_dict, exec_properties)
+    plan = self._plan(input_dict, output_dict, exec_properties)
     start = time.monotonic()
     with _sharded_writes(plan.tuning.num_output_shards), \
         user_wheels.unzipped_installs():
@@ -226,22 +232,39 @@ class Executor(transform_executor.Executor):
           {k: v for k, v in output_dict.items()
            if k != TUNED_INPUT_PIPELINE_KEY},
           {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
+    if plan.tuned_artifact is None:
+      logging.info('OptimizedTransform: no %s output to write, so the input '
+                   'pipeline was not tuned.', TUNED_INPUT_PIPELINE_KEY)
+      return
     self._tune_after_transform(plan, input_dict, output_dict,
                                exec_properties, time.monotonic() - start,
                                self._examples_written())
 
-  def _plan(self, output_dict: Dict[str, List[types.Artifact]],
+  def _plan(self, input_dict: Dict[str, List[types.Artifact]],
+            output_dict: Dict[str, List[types.Artifact]],
             exec_properties: Dict[str, Any]) -> _Plan:
     """Checks the output and reads the history before the stock Transform.
 
     An unwritable output fails here, not after the Transform; also resets
     the state that the stock run fills (its Beam pipelines, the model step
-    prepared meanwhile).
+    prepared meanwhile), and resolves the split to tune on.
     """
     tuning = TuningConfig.from_json(exec_properties.get(TUNING_KEY))
+    self._pipelines: List[Any] = []
+    self._model_step: Optional[consumer_lib.ModelStep] = None
+    self._model_prepare: Optional[_Background] = None
+    self._model_note = ''
+    self._wants_model = False
+    if not output_dict.get(TUNED_INPUT_PIPELINE_KEY):
+      return _Plan(tuning, None)
     tuned_artifact = artifact_utils.get_single_instance(
         output_dict[TUNED_INPUT_PIPELINE_KEY])
     storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
+    split, not_tuned = _split_to_tune(tuning, input_dict, output_dict,
+                                      exec_properties)
+    if not_tuned:
+      return _Plan(tuning, tuned_artifact, not_tuned=not_tuned)
+    tuning = dataclasses.replace(tuning, tune_split=split)
     batch = tuning.measure_batch_size
     plan = _Plan(tuning, tuned_artifact)
     training = history.previous_training(tuned_artifact.uri)
@@ -257,10 +280,6 @@ class Executor(transform_executor.Executor):
       else:
         plan.notes.append('The previous training read another batch: its '
                           'rate was not used for the consumer.')
-    self._pipelines: List[Any] = []
-    self._model_step: Optional[consumer_lib.ModelStep] = None
-    self._model_prepare: Optional[_Background] = None
-    self._model_note = ''
     self._wants_model = tuning.early_stop and plan.consumer is None
     return plan
 
@@ -277,6 +296,9 @@ class Executor(transform_executor.Executor):
         sharded write's Beam counters).
     """
     tuning, tuned_artifact = plan.tuning, plan.tuned_artifact
+    if plan.not_tuned:
+      _write_not_tuned(tuned_artifact, plan.not_tuned, transform_seconds)
+      return
     batch = tuning.measure_batch_size
     notes = plan.notes
     consumer: Any = plan.consumer
@@ -411,6 +433,58 @@ class Executor(transform_executor.Executor):
             value = counter.attempted
           counts[name[len(_EXAMPLES_COUNTER):]] = int(value or 0)
     return counts
+
+
+def _split_to_tune(tuning: TuningConfig,
+                   input_dict: Dict[str, List[types.Artifact]],
+                   output_dict: Dict[str, List[types.Artifact]],
+                   exec_properties: Dict[str, Any]
+                  ) -> Tuple[Optional[str], Optional[str]]:
+  """(split to tune on, None), or (None, why nothing can be tuned).
+
+  Every input the stock Transform takes is taken; the tuner needs one
+  transformed split read either from materialized tf.Example TFRecords or
+  on the fly from raw tf.Example TFRecords.
+  """
+  examples = input_dict[standard_component_specs.EXAMPLES_KEY]
+  transform = list(executor_utils.ResolveSplitsConfig(
+      exec_properties.get(standard_component_specs.SPLITS_CONFIG_KEY),
+      examples).transform)
+  split = tuning.split_to_tune(transform)
+  if split is None:
+    return None, (f'no split to tune on: Transform transforms {transform}' +
+                  (f', not tune_split={tuning.tune_split!r}'
+                   if tuning.tune_split else ''))
+  materialized = (bool(output_dict.get(
+      standard_component_specs.TRANSFORMED_EXAMPLES_KEY)) and
+                  _are_tfrecords(examples))
+  on_the_fly = _are_tfrecords(examples, _TF_EXAMPLE)
+  if not (materialized or on_the_fly):
+    formats = sorted({
+        f'{examples_utils.get_file_format(a)}/'
+        f'{examples_utils.get_payload_format_string(a)}' for a in examples})
+    return None, (
+        f'no examples the input pipeline reads: the examples are {formats} '
+        '(it reads gzipped TFRecords, materialized or raw tf.Example)' +
+        ('' if output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
+         else ', and Transform did not materialize'))
+  return split, None
+
+
+def _write_not_tuned(artifact: types.Artifact, reason: str,
+                     transform_seconds: float) -> None:
+  """The default input pipeline, and why it was not tuned."""
+  logging.info('OptimizedTransform: not tuned, %s.', reason)
+  tf.io.gfile.makedirs(artifact.uri)
+  with tf.io.gfile.GFile(os.path.join(artifact.uri, CONFIG_FILE), 'w') as f:
+    f.write(json.dumps(input_pipeline.InputPipelineConfig().to_dict(),
+                       sort_keys=True, indent=1))
+  with tf.io.gfile.GFile(os.path.join(artifact.uri, report.REPORT_FILE),
+                         'w') as f:
+    f.write(f'# Input pipeline tuning\n\nNot tuned: {reason}. '
+            f'`{CONFIG_FILE}` holds the default input pipeline.\n')
+  artifact.set_string_custom_property('decision', f'{NOT_TUNED}: {reason}')
+  artifact.set_float_custom_property('transform_seconds', transform_seconds)
 
 
 def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
