@@ -122,6 +122,11 @@ ISSUE19A = {
     'TestTrainerComponent.testConstructWithRuntimeParam': _CONSTRUCTION_IO,
     'TestTrainerComponent.testConstructFromRunFn': _CONSTRUCTION_IMPORT,
     'TestTrainerComponent.testConstructWithParameter': _CONSTRUCTION_IMPORT,
+    **{f'TestTrainerExecutorOnRam.{name}': (
+        'issue19a: the default launcher trains in child processes, which '
+        'cannot see ram:// outputs (the stock Trainer trains in its own '
+        'process)') for name in ('testDo', 'testDoWithHyperParameters',
+                                 'testMultipleArtifacts')},
 }
 
 
@@ -129,8 +134,11 @@ def _expectations(cls):
   """Marks the class's tests listed in NOT_APPLICABLE / ISSUE19A.
 
   Each listed test is wrapped in the class itself (the stock function stays
-  unmarked for the other classes that inherit it).
+  unmarked for the other classes that inherit it). Also hides
+  `tf.test.TestCase.test_session`: a deprecated helper named like a test,
+  which skips itself ("Not a test.") when collected.
   """
+  cls.test_session = None
   for name in dir(cls):
     key = f'{cls.__name__}.{name}'
     for table, mark in ((ISSUE19A, 'xfail'), (NOT_APPLICABLE, 'xfail')):
@@ -152,6 +160,7 @@ class TestTrainerComponent(_trainer_component_test.ComponentTest):
 
 @_expectations
 @pytest.mark.slow
+@pytest.mark.extended
 class TestTrainerExecutor(_trainer_executor_test.ExecutorTest):
   """tfx/components/trainer/executor_test.py on HighPerfTrainer's executor,
   with the stock exec properties only."""
@@ -205,6 +214,7 @@ class _TransformExecutorSetUp:
 
 @_expectations
 @pytest.mark.slow
+@pytest.mark.extended
 class TestTransformExecutor(_TransformExecutorSetUp,
                             _transform_executor_test.ExecutorTest):
   """tfx/components/transform/executor_test.py (tf.compat.v1 Transform)."""
@@ -212,6 +222,7 @@ class TestTransformExecutor(_TransformExecutorSetUp,
 
 @_expectations
 @pytest.mark.slow
+@pytest.mark.extended
 class TestTransformExecutorV2(_TransformExecutorSetUp,
                               _transform_executor_v2_test.ExecutorV2Test):
   """tfx/components/transform/executor_v2_test.py (native TF2 Transform)."""
@@ -219,6 +230,7 @@ class TestTransformExecutorV2(_TransformExecutorSetUp,
 
 @_expectations
 @pytest.mark.slow
+@pytest.mark.extended
 class TestTransformExecutorOnParquet(
     _TransformExecutorSetUp,
     _transform_executor_on_parquet_test.ExecutorOnParquetTest):
@@ -227,6 +239,7 @@ class TestTransformExecutorOnParquet(
 
 @_expectations
 @pytest.mark.slow
+@pytest.mark.extended
 class TestTransformExecutorSequenceExample(
     _TransformExecutorSetUp,
     _transform_executor_sequence_example_test
