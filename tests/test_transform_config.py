@@ -66,7 +66,6 @@ def test_bad_tuning_fails_at_construction(values, message):
 
 
 @pytest.mark.parametrize('analyze, transform, message', [
-    (['train'], [], r'splits_config.transform is empty'),
     ([], ['train'], r'splits_config.analyze is empty'),
     (['train'], ['eval'], r"tune_split='train' is not transformed.*\['eval'\]"),
 ])
@@ -75,7 +74,20 @@ def test_bad_splits_fail_at_construction(analyze, transform, message):
     OptimizedTransform(
         **_channels(), module_file='m.py',
         splits_config=transform_pb2.SplitsConfig(analyze=analyze,
-                                                 transform=transform))
+                                                 transform=transform),
+        tuning={'tune_split': 'train'})
+
+
+def test_default_tune_split_follows_the_splits_config():
+  """Any splits_config the stock Transform takes is taken (drop-in)."""
+  assert TuningConfig().split_to_tune(['train', 'eval']) == 'train'
+  assert TuningConfig().split_to_tune(['eval', 'test']) == 'eval'
+  assert TuningConfig().split_to_tune([]) is None
+  assert TuningConfig(tune_split='test').split_to_tune(['train']) is None
+  for transform in (['eval'], []):
+    OptimizedTransform(**_channels(), module_file='m.py',
+                       splits_config=transform_pb2.SplitsConfig(
+                           analyze=['train'], transform=transform))
 
 
 def test_materialize_false_cannot_read_materialized():

@@ -1,19 +1,29 @@
-"""The sharded Beam write of OptimizedTransform's executor (fast, real Beam),
-through its patch of TFX's TransformProcessor (components.patches.transform)."""
+"""OptimizedTransform's executor: the sharded Beam write (fast, real Beam,
+through its patch of TFX's TransformProcessor, components.patches.transform),
+what it tunes on for each stock input."""
 
 import glob
 import os
+import re
 import threading
 
 import apache_beam as beam
 import pyarrow as pa
+import pytest
 import tensorflow as tf
 from tfx.components.transform import executor as transform_executor
 from tfx.components.transform import labels
+from tfx.proto import transform_pb2
+from tfx.types import artifact_utils
+from tfx.types import standard_artifacts
+from tfx.types import standard_component_specs
+from tfx.utils import proto_utils
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components.patches import transform as transform_patches
+from components.transform import executor
+from components.transform.config import TuningConfig
 
 SCHEMA = text_format.Parse('''
 feature { name: "x" type: INT }
@@ -84,3 +94,44 @@ def test_other_threads_write_as_stock():
   # The class is patched process-wide, but the shard count is this thread's.
   assert seen['class'].__name__ == 'ShardedTransformProcessor'
   assert seen['shards'] is None
+
+
+def _examples(file_format, payload_format):
+  artifact = standard_artifacts.Examples()
+  artifact.split_names = artifact_utils.encode_split_names(['train', 'eval'])
+  artifact.set_string_custom_property('file_format', file_format)
+  artifact.set_string_custom_property('payload_format', payload_format)
+  return {standard_component_specs.EXAMPLES_KEY: [artifact]}
+
+
+@pytest.mark.parametrize('examples, splits, materialize, expected', [
+    (('tfrecords_gzip', 'FORMAT_TF_EXAMPLE'), None, True, ('train', None)),
+    (('tfrecords_gzip', 'FORMAT_TF_EXAMPLE'), (['train'], ['eval']), False,
+     ('eval', None)),
+    (('tfrecords_gzip', 'FORMAT_TF_EXAMPLE'), (['train'], []), True,
+     (None, r"no split to tune on: Transform transforms \[\]")),
+    (('tfrecords_gzip', 'FORMAT_TF_SEQUENCE_EXAMPLE'), None, True,
+     ('train', None)),
+    (('tfrecords_gzip', 'FORMAT_TF_SEQUENCE_EXAMPLE'), None, False,
+     (None, r"examples are \['tfrecords_gzip/FORMAT_TF_SEQUENCE_EXAMPLE'\].*"
+      'and Transform did not materialize')),
+    (('parquet', 'FORMAT_PARQUET'), None, True,
+     (None, r"examples are \['parquet/FORMAT_PARQUET'\] \(it reads gzipped")),
+])
+def test_every_stock_input_is_taken_and_what_cannot_be_tuned_is_said(
+    examples, splits, materialize, expected):
+  """Inputs the stock Transform takes but the reader cannot tune on (no
+  split transformed, Parquet, unmaterialized SequenceExamples) leave the
+  default pipeline with the reason, instead of failing the step."""
+  properties = {standard_component_specs.SPLITS_CONFIG_KEY: (
+      proto_utils.proto_to_json(transform_pb2.SplitsConfig(
+          analyze=splits[0], transform=splits[1])) if splits else None)}
+  outputs = ({standard_component_specs.TRANSFORMED_EXAMPLES_KEY:
+              [standard_artifacts.Examples()]} if materialize else {})
+  split, why = executor._split_to_tune(  # pylint: disable=protected-access
+      TuningConfig(), _examples(*examples), outputs, properties)
+  assert split == expected[0]
+  if expected[1] is None:
+    assert why is None
+  else:
+    assert re.search(expected[1], why), why

@@ -19,11 +19,13 @@ import os
 import re
 from typing import Any, Dict, Optional, Tuple, Union
 
+from absl import logging
 from tfx import types
 from tfx.components.trainer import component as trainer_component
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_component
 from tfx.dsl.components.base import executor_spec
+from tfx.orchestration import data_types
 from tfx.proto import trainer_pb2
 from tfx.types import component_spec
 from tfx.types import standard_artifacts
@@ -97,16 +99,21 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
 
   def __init__(
       self,
-      examples: types.BaseChannel,
+      examples: Optional[types.BaseChannel] = None,
+      transformed_examples: Optional[types.BaseChannel] = None,
       transform_graph: Optional[types.BaseChannel] = None,
       schema: Optional[types.BaseChannel] = None,
       base_model: Optional[types.BaseChannel] = None,
       hyperparameters: Optional[types.BaseChannel] = None,
-      module_file: Optional[str] = None,
-      run_fn: Optional[str] = None,
-      train_args: Optional[trainer_pb2.TrainArgs] = None,
-      eval_args: Optional[trainer_pb2.EvalArgs] = None,
-      custom_config: Optional[Dict[str, Any]] = None,
+      module_file: Optional[Union[str, data_types.RuntimeParameter]] = None,
+      run_fn: Optional[Union[str, data_types.RuntimeParameter]] = None,
+      train_args: Optional[Union[trainer_pb2.TrainArgs,
+                                 data_types.RuntimeParameter]] = None,
+      eval_args: Optional[Union[trainer_pb2.EvalArgs,
+                                data_types.RuntimeParameter]] = None,
+      custom_config: Optional[Union[Dict[str, Any],
+                                    data_types.RuntimeParameter]] = None,
+      custom_executor_spec: Optional[executor_spec.ExecutorSpec] = None,
       distribution: Optional[Union[Dict[str, Any],
                                    config_lib.DistributionConfig]] = None,
       fault_tolerance: Optional[Union[Dict[str, Any],
@@ -117,6 +124,8 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
 
     Args:
       examples: Examples to train and evaluate on (transformed or raw).
+      transformed_examples: Deprecated, as in the stock Trainer: `examples`
+        that need `transform_graph`.
       transform_graph: Transform output; its feature spec parses the
         examples and its graph goes into the serving signature.
       schema: Schema of the examples (when there is no transform graph).
@@ -131,6 +140,8 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
       train_args: Splits and num_steps (optimizer updates).
       eval_args: Splits and num_steps (0: one pass in managed mode).
       custom_config: Dict passed to the module (`fn_args.custom_config`).
+      custom_executor_spec: Deprecated, as in the stock Trainer: replaces
+        the executor (its class must accept our exec properties).
       distribution: DistributionConfig (or its dict).
       fault_tolerance: FaultToleranceConfig (or its dict).
       tuned_input_pipeline: TunedInputPipeline from OptimizedTransform.
@@ -148,6 +159,19 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
       raise ValueError("Exactly one of 'module_file' or 'run_fn' must be "
                        f'supplied; got module_file={module_file!r}, '
                        f'run_fn={run_fn!r}.')
+    # The stock Trainer's checks and deprecated arguments.
+    if bool(examples) == bool(transformed_examples):
+      raise ValueError("Exactly one of 'examples' or 'transformed_examples' "
+                       'must be supplied.')
+    if transformed_examples and not transform_graph:
+      raise ValueError("If 'transformed_examples' is supplied, "
+                       "'transform_graph' must be supplied too.")
+    for name, value in (('custom_executor_spec', custom_executor_spec),
+                        ('transformed_examples', transformed_examples)):
+      if value:
+        logging.warning('HighPerfTrainer: `%s` is deprecated, as in the '
+                        'stock Trainer.', name)
+    examples = examples or transformed_examples
     config = config_lib.DistributionConfig.from_dict(distribution)
     if partition_plan is not None:
       config_lib.check_partition_plan(config,
@@ -155,11 +179,11 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
     fault_config = FaultToleranceConfig.from_dict(fault_tolerance)
     train_args = train_args or trainer_pb2.TrainArgs()
     module_path = None
-    if module_file:
+    if isinstance(module_file, str):  # Not a RuntimeParameter.
       module_file, module_path = _module_source(module_file)
     # The mode as configured: 'auto' is resolved against the module by the
     # executor, which checks the training length again then.
-    config_lib.check_train_length(config.mode, train_args.num_steps,
+    config_lib.check_train_length(config.mode, _static_num_steps(train_args),
                                   config.train_epochs)
     spec = HighPerfTrainerSpec(
         examples=examples,
@@ -172,7 +196,9 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
         module_file=module_file,
         module_path=module_path,
         run_fn=run_fn,
-        custom_config=json_utils.dumps(custom_config),
+        custom_config=(custom_config
+                       if isinstance(custom_config, data_types.RuntimeParameter)
+                       else json_utils.dumps(custom_config)),
         distribution=config.to_json(),
         fault_tolerance=fault_config.to_json(),
         component_class=self.component_class(),
@@ -180,7 +206,7 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
         partition_plan=partition_plan,
         model=types.Channel(type=standard_artifacts.Model),
         model_run=types.Channel(type=standard_artifacts.ModelRun))
-    super().__init__(spec=spec)
+    super().__init__(spec=spec, custom_executor_spec=custom_executor_spec)
     # The stock Trainer's node id (`.with_id()` still overrides): a pipeline
     # that only changes the import keeps its pipeline-root layout, MLMD
     # contexts, cache and resolvers.
@@ -191,6 +217,16 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
       udf_utils.add_user_module_dependency(
           self, standard_component_specs.MODULE_FILE_KEY,
           standard_component_specs.MODULE_PATH_KEY)
+
+
+def _static_num_steps(train_args: Any) -> int:
+  """`train_args.num_steps` when known before run time, else 0.
+
+  A dict (with RuntimeParameter values) or a RuntimeParameter is resolved
+  at run time; the executor checks the training length again then.
+  """
+  return (train_args.num_steps
+          if isinstance(train_args, trainer_pb2.TrainArgs) else 0)
 
 
 def _planned_batch_size(channel: types.BaseChannel) -> Optional[int]:

@@ -2,16 +2,22 @@
 config (`records.tuned_input_pipeline`), the report and chart, and the key
 numbers as custom properties (what MLMD queries and notebooks read)."""
 
+import os
 from typing import Dict, Optional
 
+from absl import logging
+import tensorflow as tf
 from tfx import types
 
+from components.data.config import InputPipelineConfig
 from components.records import tuned_input_pipeline
 from components.transform import report
 from components.transform.results import Measurement, TuningResult
 
 # The reference the tuned reader is compared with (speedup_vs_stock).
 STOCK_READER = 'stock TFX reader (tfx_bsl TFExampleRecord)'
+# The `decision` of an artifact that holds the default pipeline.
+NOT_TUNED = 'not tuned'
 
 
 def write(artifact: types.Artifact, result: TuningResult,
@@ -51,3 +57,17 @@ def write(artifact: types.Artifact, result: TuningResult,
   artifact.set_int_custom_property('num_examples', result.num_examples)
   artifact.set_int_custom_property('cache_bytes', result.cache_bytes)
   artifact.set_float_custom_property('tuning_seconds', result.seconds)
+
+
+def write_not_tuned(artifact: types.Artifact, reason: str,
+                    transform_seconds: float) -> None:
+  """The default input pipeline, and why it was not tuned."""
+  logging.info('OptimizedTransform: not tuned, %s.', reason)
+  config_file = tuned_input_pipeline.write(artifact.uri, InputPipelineConfig())
+  with tf.io.gfile.GFile(os.path.join(artifact.uri, report.REPORT_FILE),
+                         'w') as f:
+    f.write(f'# Input pipeline tuning\n\nNot tuned: {reason}. '
+            f'`{os.path.basename(config_file)}` holds the default input '
+            'pipeline.\n')
+  artifact.set_string_custom_property('decision', f'{NOT_TUNED}: {reason}')
+  artifact.set_float_custom_property('transform_seconds', transform_seconds)

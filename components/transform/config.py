@@ -54,7 +54,9 @@ class TuningConfig(JsonConfig):
     measure_seconds: Timed seconds per measured pipeline.
     allow_nondeterministic: Let the tuner pick non-deterministic ordering when
       it is faster. Off by default: exact resume needs a deterministic order.
-    tune_split: The materialized split the tuner measures on.
+    tune_split: The split the tuner measures on. None: 'train' when
+      Transform transforms it (as by default), else the first split of
+      `splits_config.transform`.
     early_stop: Also measure the consumer, the model's training step (the
       module's `build_model`, or the previous run's training rate), and stop
       with the default pipeline when training is not input-bound: when the
@@ -79,7 +81,7 @@ class TuningConfig(JsonConfig):
   max_candidates: int = 12
   measure_seconds: float = 0.3
   allow_nondeterministic: bool = False
-  tune_split: str = 'train'
+  tune_split: Optional[str] = None
   early_stop: bool = True
   input_bound_ratio: float = 4.0
   reuse: bool = True
@@ -147,14 +149,31 @@ class TuningConfig(JsonConfig):
         self.input_bound_ratio <= 0):
       raise ValueError('input_bound_ratio must be a positive number (finite), '
                        f'got {self.input_bound_ratio!r}.')
-    if not isinstance(self.tune_split, str) or not self.tune_split:
-      raise ValueError('tune_split must be a split name such as "train", got '
-                       f'{self.tune_split!r}.')
+    if self.tune_split is not None and (
+        not isinstance(self.tune_split, str) or not self.tune_split):
+      raise ValueError('tune_split must be a split name such as "train" (or '
+                       f'None), got {self.tune_split!r}.')
     return self
+
+  def split_to_tune(self, transform: Sequence[str]) -> Optional[str]:
+    """The split to measure, of the transformed ones; None: nothing is.
+
+    Args:
+      transform: The splits Transform transforms (resolved: every split when
+        there is no splits_config).
+    """
+    if self.tune_split is not None:
+      return self.tune_split if self.tune_split in transform else None
+    if 'train' in transform:
+      return 'train'
+    return transform[0] if transform else None
 
   def validate_splits(self, analyze: Sequence[str], transform: Sequence[str],
                       materialize: bool) -> 'TuningConfig':
     """Checks the Transform's splits and materialization against tuning.
+
+    A splits_config that transforms nothing is the stock Transform's
+    (analysis only): there is then nothing to tune, which the artifact says.
 
     Args:
       analyze: `splits_config.analyze`, or empty when no splits_config.
@@ -162,13 +181,12 @@ class TuningConfig(JsonConfig):
         (then Transform analyzes 'train' and transforms every split).
       materialize: The stock `materialize` argument.
     """
-    if (analyze or transform) and not (analyze and transform):
-      empty = 'analyze' if not analyze else 'transform'
+    if transform and not analyze:
       raise ValueError(
-          f'splits_config.{empty} is empty; OptimizedTransform needs at least '
-          'one split to analyze and one to transform and tune on (got '
-          f'analyze={list(analyze)}, transform={list(transform)}).')
-    if transform and self.tune_split not in transform:
+          'splits_config.analyze is empty; Transform needs at least one '
+          f'split to analyze (got analyze={list(analyze)}, '
+          f'transform={list(transform)}).')
+    if transform and self.tune_split not in (None, *transform):
       raise ValueError(f'tune_split={self.tune_split!r} is not transformed; '
                        f'choose one of splits_config.transform='
                        f'{list(transform)}.')

@@ -26,7 +26,7 @@ import functools
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from absl import logging
 import apache_beam as beam
@@ -65,11 +65,16 @@ _PREPARE_JOIN_S = 120.0
 class _Plan:
   """What the executor decided before the stock Transform ran."""
   tuning: TuningConfig
-  tuned_artifact: types.Artifact
+  # None: the output dict has no tuned_input_pipeline (as the stock
+  # Transform's, e.g. our executor under the stock component): stock only.
+  tuned_artifact: Optional[types.Artifact]
   # The previous training's rate; None: measure the model, or search.
   consumer: Optional[tuner.ConsumerRate] = None
   notes: List[str] = dataclasses.field(default_factory=list)
   mismatches: List[str] = dataclasses.field(default_factory=list)
+  # Why there is nothing to tune on (the artifact then holds the default
+  # pipeline), or None.
+  not_tuned: Optional[str] = None
 
 
 class _Background:
@@ -139,7 +144,7 @@ class Executor(transform_patches.TransformExecutorHooks):
   def Do(self, input_dict: Dict[str, List[types.Artifact]],
          output_dict: Dict[str, List[types.Artifact]],
          exec_properties: Dict[str, Any]) -> None:
-    plan = self._plan(output_dict, exec_properties)
+    plan = self._plan(input_dict, output_dict, exec_properties)
     start = time.monotonic()
     with transform_patches.sharded_writes(plan.tuning.num_output_shards), \
         patches.installed(patches.TRANSFORM_EXECUTOR_HOOKS,
@@ -149,22 +154,39 @@ class Executor(transform_patches.TransformExecutorHooks):
           {k: v for k, v in output_dict.items()
            if k != TUNED_INPUT_PIPELINE_KEY},
           {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
+    if plan.tuned_artifact is None:
+      logging.info('OptimizedTransform: no %s output to write, so the input '
+                   'pipeline was not tuned.', TUNED_INPUT_PIPELINE_KEY)
+      return
     self._tune_after_transform(plan, input_dict, output_dict,
                                exec_properties, time.monotonic() - start,
                                self._examples_written())
 
-  def _plan(self, output_dict: Dict[str, List[types.Artifact]],
+  def _plan(self, input_dict: Dict[str, List[types.Artifact]],
+            output_dict: Dict[str, List[types.Artifact]],
             exec_properties: Dict[str, Any]) -> _Plan:
     """Checks the output and reads the history before the stock Transform.
 
     An unwritable output fails here, not after the Transform; also resets
     the state that the stock run fills (its Beam pipelines, the model step
-    prepared meanwhile).
+    prepared meanwhile), and resolves the split to tune on.
     """
     tuning = TuningConfig.from_json(exec_properties.get(TUNING_KEY))
+    self._pipelines: List[Any] = []
+    self._model_step: Optional[consumer_lib.ModelStep] = None
+    self._model_prepare: Optional[_Background] = None
+    self._model_note = ''
+    self._wants_model = False
+    if not output_dict.get(TUNED_INPUT_PIPELINE_KEY):
+      return _Plan(tuning, None)
     tuned_artifact = artifact_utils.get_single_instance(
         output_dict[TUNED_INPUT_PIPELINE_KEY])
     storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
+    split, not_tuned = _split_to_tune(tuning, input_dict, output_dict,
+                                      exec_properties)
+    if not_tuned:
+      return _Plan(tuning, tuned_artifact, not_tuned=not_tuned)
+    tuning = dataclasses.replace(tuning, tune_split=split)
     batch = tuning.measure_batch_size
     plan = _Plan(tuning, tuned_artifact)
     training = history.previous_training(tuned_artifact.uri)
@@ -180,10 +202,6 @@ class Executor(transform_patches.TransformExecutorHooks):
       else:
         plan.notes.append('The previous training read another batch: its '
                           'rate was not used for the consumer.')
-    self._pipelines: List[Any] = []
-    self._model_step: Optional[consumer_lib.ModelStep] = None
-    self._model_prepare: Optional[_Background] = None
-    self._model_note = ''
     self._wants_model = tuning.early_stop and plan.consumer is None
     return plan
 
@@ -200,6 +218,10 @@ class Executor(transform_patches.TransformExecutorHooks):
         sharded write's Beam counters).
     """
     tuning, tuned_artifact = plan.tuning, plan.tuned_artifact
+    if plan.not_tuned:
+      artifact_lib.write_not_tuned(tuned_artifact, plan.not_tuned,
+                                   transform_seconds)
+      return
     batch = tuning.measure_batch_size
     notes = plan.notes
     consumer: Any = plan.consumer
@@ -335,6 +357,42 @@ class Executor(transform_patches.TransformExecutorHooks):
           counts[name[len(transform_patches.EXAMPLES_COUNTER):]] = int(
               value or 0)
     return counts
+
+
+def _split_to_tune(tuning: TuningConfig,
+                   input_dict: Dict[str, List[types.Artifact]],
+                   output_dict: Dict[str, List[types.Artifact]],
+                   exec_properties: Dict[str, Any]
+                  ) -> Tuple[Optional[str], Optional[str]]:
+  """(split to tune on, None), or (None, why nothing can be tuned).
+
+  Every input the stock Transform takes is taken; the tuner needs one
+  transformed split read either from materialized tf.Example TFRecords or
+  on the fly from raw tf.Example TFRecords.
+  """
+  examples = input_dict[standard_component_specs.EXAMPLES_KEY]
+  transform = list(executor_utils.ResolveSplitsConfig(
+      exec_properties.get(standard_component_specs.SPLITS_CONFIG_KEY),
+      examples).transform)
+  split = tuning.split_to_tune(transform)
+  if split is None:
+    return None, (f'no split to tune on: Transform transforms {transform}' +
+                  (f', not tune_split={tuning.tune_split!r}'
+                   if tuning.tune_split else ''))
+  materialized = (bool(output_dict.get(
+      standard_component_specs.TRANSFORMED_EXAMPLES_KEY)) and
+                  _are_tfrecords(examples))
+  on_the_fly = _are_tfrecords(examples, _TF_EXAMPLE)
+  if not (materialized or on_the_fly):
+    formats = sorted({
+        f'{examples_utils.get_file_format(a)}/'
+        f'{examples_utils.get_payload_format_string(a)}' for a in examples})
+    return None, (
+        f'no examples the input pipeline reads: the examples are {formats} '
+        '(it reads gzipped TFRecords, materialized or raw tf.Example)' +
+        ('' if output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
+         else ', and Transform did not materialize'))
+  return split, None
 
 
 def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
