@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from components.trainer import accumulation
+from components.trainer import call_size
 from components.trainer import checkpointing
 from components.trainer import driver
 from components.trainer import loop
@@ -294,50 +295,9 @@ def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):
     results[setting]['ids'] = tt.ids_by_step(
         tt.read_id_log(task.hparams['id_log']))
   assert results[5]['steps_per_execution'] == 5
-  assert results['auto']['steps_per_execution'] in driver.AUTO_CANDIDATES
+  assert results['auto']['steps_per_execution'] in call_size.candidates(4)
   for setting in (5, 'auto'):
     assert results[setting]['ids'] == results[1]['ids']
     for name, value in weights[1].items():
       np.testing.assert_array_equal(weights[setting][name], value,
                                     err_msg=name)
-
-
-class _FakeClock:
-  """Seconds per step of a call of k steps: a fixed cost plus k steps."""
-
-  def __init__(self, call_overhead, step_seconds):
-    self.call_overhead, self.step_seconds = call_overhead, step_seconds
-
-  def seconds(self, k):
-    return self.call_overhead + k * self.step_seconds
-
-
-def _search(clock, agree=lambda flag: flag):
-  sizer = driver.CallSizer('auto', agree=agree)
-  sizer.observe(1, 5.0)  # The first call traces: not measured.
-  calls = 0
-  while sizer.searching and calls < 100:
-    k = sizer.size()
-    sizer.observe(k, clock.seconds(k))
-    calls += 1
-  return sizer
-
-
-def test_auto_steps_per_call_grows_while_the_call_overhead_dominates():
-  # 1 ms per call, 10 us per step: longer calls keep paying off.
-  sizer = _search(_FakeClock(1e-3, 1e-5))
-  assert sizer.chosen == 1024
-  assert set(sizer.describe()['seconds_per_step_by_steps_per_execution']) == {
-      '1', '4', '16', '64', '256', '1024'}
-
-
-def test_auto_steps_per_call_stops_when_it_no_longer_pays():
-  # No per-call cost: every length measures the same; the first one stays.
-  assert _search(_FakeClock(0.0, 1e-3)).chosen == 1
-  # Long steps: a call of 64 would pass the half-second bound.
-  assert _search(_FakeClock(1e-2, 1e-2)).chosen == 16
-
-
-def test_auto_steps_per_call_follows_the_cluster_decision():
-  # Another worker saw no gain: all stop together at the first candidate.
-  assert _search(_FakeClock(1e-3, 1e-5), agree=lambda flag: False).chosen == 1

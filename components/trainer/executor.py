@@ -362,6 +362,14 @@ class Executor(base_executor.BaseExecutor):
       if isinstance(result.get(key), (int, float)):
         model_run.set_float_custom_property(key, float(result[key]))
     model_run.set_string_custom_property('training_mode', result['mode'])
+    # Steps per call, and for 'auto' each measurement and its reason.
+    if isinstance(result.get('steps_per_execution'), int):
+      model_run.set_int_custom_property('steps_per_execution',
+                                        result['steps_per_execution'])
+    if result.get('steps_per_execution_auto'):
+      model_run.set_string_custom_property(
+          'steps_per_execution_auto',
+          json.dumps(result['steps_per_execution_auto']))
     restarts = len(result.get('launch', {}).get('restarts', []))
     model_run.set_int_custom_property('restarts', restarts)
     # Where training resumed from, and what each crash cost (issue: resume

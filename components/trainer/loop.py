@@ -282,7 +282,10 @@ class ManagedTraining:
       # Workers reading gs:// hung inside the first multi-step call here
       # (both idle in the call); one step per call is what was verified.
       setting = 1
-    self.sizer = driver.CallSizer(setting, agree=self.all_workers)
+    # Workers of a cluster never size calls by their own clocks: they run
+    # the same calls ('auto' is fixed above for multi-worker kinds).
+    self.sizer = driver.CallSizer(
+        setting, max_call=self.fault_tolerance.save_every_steps)
     runner, watcher = self._runner_and_watcher(start)
     # The writer is the default for all of training: leaving `as_default`
     # flushes it, once here (per point, it flushed ~100 times a run).
