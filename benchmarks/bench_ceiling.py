@@ -50,6 +50,12 @@ GOAL_VS_BEST_K = 0.95
 SAVE_EVERY_SECONDS = 60
 
 
+def steps_at(batch: int, train_steps: int) -> int:
+  """`train_steps` at the smallest batch; the same examples at larger
+  batches."""
+  return max(1, train_steps * BATCHES[0] // batch)
+
+
 def _distribution(strategy: str, batch: int) -> Dict[str, Any]:
   if strategy == 'mirrored':
     return {'strategy': 'mirrored', 'logical_cpu_devices': 2,
@@ -190,19 +196,20 @@ def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
   with strategy.scope():
     model = taxi_module.build_model({})
     optimizer = model.optimizer
-    loss_fn = tf.keras.losses.get(model.loss)
-    loss_fn = type(loss_fn).from_config({**loss_fn.get_config(),
-                                         'reduction': 'none'})
+    loss_fn = tf.keras.losses.get(model.loss)  # Per example, if a function.
+    if isinstance(loss_fn, tf.keras.losses.Loss):
+      loss_fn = type(loss_fn).from_config({**loss_fn.get_config(),
+                                           'reduction': 'none'})
     optimizer.build(model.trainable_variables)
 
   @tf.autograph.experimental.do_not_convert
   def step(local, index):
     features, labels = tf.nest.map_structure(lambda t: t[index], local)
+    labels = tf.cast(tf.reshape(labels, [-1, 1]), tf.float32)
     with tf.GradientTape() as tape:
       predictions = model(features, training=True)
-      loss = tf.nn.compute_average_loss(
-          loss_fn(tf.cast(tf.expand_dims(labels, -1), tf.float32),
-                  predictions), global_batch_size=batch)
+      loss = tf.nn.compute_average_loss(loss_fn(labels, predictions),
+                                        global_batch_size=batch)
     gradients = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables))
     return loss
@@ -227,6 +234,97 @@ def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
           'num_batches': num_batches, 'loss': loss}
 
 
+def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
+                  k: int = CEILING_K) -> Dict[str, float]:
+  """Where the loop loses to the ceiling (one_device, `k` steps per call):
+  steady examples/s of the ceiling, of the trainer's step (replica step,
+  `strategy.run`, step counter, loss reduce) over the same stacked batches,
+  of the trainer's input pipeline alone (its distributed iterator, the
+  batches only touched), and of the trainer's step runner (both)."""
+  # pylint: disable=g-import-not-at-top
+  from components.data import input_pipeline
+  from components.trainer import accumulation
+  from components.trainer import datasets
+  from components.trainer import step_runners
+  from components.trainer.task import TrainingTask
+  from pipelines import taxi_module
+  import tensorflow as tf
+  import tensorflow_transform as tft
+  # pylint: enable=g-import-not-at-top
+  strategy = tf.distribute.OneDeviceStrategy('/cpu:0')
+  with open(os.path.join(inputs['tuned_input_pipeline'],
+                         'config.json')) as f:
+    config = input_pipeline.InputPipelineConfig.from_dict(json.load(f))
+  spec = tft.TFTransformOutput(
+      inputs['transform_graph']).transformed_feature_spec()
+  train_files = [os.path.join(inputs['examples'], 'Split-train', '*')]
+  data = datasets.TrainingData(
+      feature_spec=spec, label_key=taxi_module.LABEL_KEY, raw_label_key=None,
+      config=config, tf_transform_output=None)
+  task = TrainingTask(
+      module_file=None, module_path=None, mode='managed',
+      train_files=train_files, eval_files=[], transform_output=None,
+      schema_path=None, serving_model_dir='', model_run_dir='',
+      train_steps=train_steps, eval_steps=0, hparams={}, custom_config={},
+      distribution={}, fault_tolerance={}, checkpoint_dir='')
+  dataset_fn = datasets.train_dataset_fn(task, data, batch, 0,
+                                         datasets.DATA_SEED, config)
+  batches = list(dataset_fn(tf.distribute.InputContext()).take(
+      max(1, 10_000 // batch)))
+  stacked = tf.nest.map_structure(lambda *t: tf.stack(t), *batches)
+  with strategy.scope():
+    model = taxi_module.build_model({})
+    model.optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False)
+  replica_step = accumulation.replica_step_fn(model, 1, batch, batch)
+
+  @tf.function
+  def stacked_steps(k, offset):
+    total = tf.constant(0.0)
+    for i in tf.range(k):
+      index = (offset + i) % len(batches)
+      batch_i = tf.nest.map_structure(lambda t: t[index], stacked)
+      losses = strategy.run(replica_step, args=(batch_i,))
+      step.assign_add(1)
+      total += strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+    return total / tf.cast(k, tf.float32)
+
+  iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+  @tf.function
+  def input_only(k):
+    total = tf.constant(0.0)
+    for _ in tf.range(k):
+      features, _ = next(iterator)
+      total += tf.reduce_sum(tf.cast(
+          features[taxi_module.transformed_name('fare')], tf.float32))
+    return total
+
+  runner = step_runners.SynchronousSteps(strategy, dataset_fn, replica_step,
+                                         step)
+
+  def timed(call):
+    call(0)  # Traces; not measured.
+    calls = max(1, train_steps // k)
+    began = time.monotonic()
+    for index in range(calls):
+      float(call((index + 1) * k))
+    return calls * k * batch / (time.monotonic() - began)
+
+  kk = tf.constant(k, tf.int64)
+  rates = {
+      'trainer step over stacked batches': timed(
+          lambda at: stacked_steps(kk, tf.constant(at, tf.int64))),
+      'input pipeline alone': timed(lambda at: input_only(kk)),
+      'trainer step runner (input + step)': timed(
+          lambda at: runner(at, k)[1]),
+  }
+  print(rates, flush=True)
+  rates['ceiling'] = run_ceiling(inputs, 'one_device', batch,
+                                 train_steps)['examples_per_sec']
+  return rates
+
+
 def _in_process(root: str, mode: str, spec: Dict[str, Any]) -> Dict[str, Any]:
   """`mode` (prepare, trainer, ceiling) in a fresh Python process."""
   out = os.path.join(root, f'out-{time.time_ns()}.json')
@@ -241,6 +339,36 @@ def _in_process(root: str, mode: str, spec: Dict[str, Any]) -> Dict[str, Any]:
 
 def _median(values: List[float]) -> float:
   return statistics.median(values)
+
+
+def render_breakdown(breakdown: Dict[int, Dict[str, float]]) -> str:
+  """The breakdown table: each piece's examples/s and share of the ceiling."""
+  rows = []
+  for batch, rates in breakdown.items():
+    for name, rate in rates.items():
+      rows.append([batch, name, f'{rate:,.0f}',
+                   f'{rate / rates["ceiling"]:.2f}'])
+  return report.table(['global batch', 'what runs (one_device, '
+                       f'{CEILING_K} steps per call)', 'examples/s',
+                       'vs ceiling'], rows)
+
+
+def render_fixed_cost(runs: List[Dict[str, Any]]) -> str:
+  """The Trainer's time outside training, by part (from
+  training_result.json `timing`), for the given runs."""
+  parts = ['executor_before_launch_s', 'worker_imports_s', 'worker_setup_s',
+           'setup_s', 'build_model_s', 'restore_s', 'first_call_s',
+           'eval_s', 'export_s']
+  rows = []
+  for run in runs:
+    timing = run.get('timing') or {}
+    train = timing.get('train_s') or 0.0
+    rows.append([f'{run["trainer_wall_s"]:.1f}', f'{train:.1f}',
+                 f'{run["trainer_wall_s"] - train:.1f}'] +
+                [f'{timing[p]:.2f}' if timing.get(p) is not None else 'n/a'
+                 for p in parts])
+  return report.table(['Trainer wall s (MLMD)', 'training s',
+                       'outside training s'] + parts, rows)
 
 
 def render(measured: Dict[str, Any], train_steps: int, rounds: int,
@@ -266,8 +394,9 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
           f'explicit k={best_k} (goal >= {GOAL_VS_BEST_K}).')
   return (
       f'Full taxi data transformed once by OptimizedTransform (tuned for '
-      f'batch {BATCHES[0]}), the taxi model, {train_steps} train steps per '
-      f'measurement, {rounds} round(s) of interleaved measurements (each in a '
+      f'batch {BATCHES[0]}), the taxi model, {train_steps} train steps at '
+      f'batch {BATCHES[0]} (the same examples at larger batches), '
+      f'{rounds} round(s) of interleaved measurements (each in a '
       'fresh process), medians. Ceiling: the same model and optimizer over '
       f'one epoch of batches stacked in memory, {CEILING_K} steps per '
       '`tf.function` call, no input pipeline, no checkpoints. HighPerfTrainer: '
@@ -294,24 +423,44 @@ def main(results_dir: str = 'benchmarks/results',
     for strategy, batch in (cells if round_index % 2 == 0 else cells[::-1]):
       m = measured.setdefault(f'{strategy}@{batch}', {})
       distribution = _distribution(strategy, batch)
+      steps = steps_at(batch, train_steps)
       variants = [('ceiling', None), ('auto', 'auto')] + [
           (f'k{k}', k) for k in ks]
       for name, k in (variants if round_index % 2 == 0 else variants[::-1]):
         if name == 'ceiling':
           value = _in_process(root, 'ceiling', {
               'inputs': inputs, 'strategy': strategy, 'batch': batch,
-              'train_steps': train_steps})['examples_per_sec']
+              'train_steps': steps})['examples_per_sec']
         else:
           value = _in_process(root, 'trainer', {
               'distribution': {**distribution, 'steps_per_execution': k},
-              'train_steps': train_steps, 'round': round_index})
+              'train_steps': steps, 'round': round_index})
         m.setdefault(name, []).append(value)
         print(f'[bench_ceiling] round {round_index} {strategy} batch {batch} '
               f'{name}: {value}', flush=True)
+  breakdown = {}
+  if 'one_device' in strategies:
+    for batch in batches:
+      breakdown[batch] = _in_process(root, 'breakdown', {
+          'inputs': inputs, 'batch': batch,
+          'train_steps': steps_at(batch, train_steps)})
+      print(f'[bench_ceiling] breakdown batch {batch}: {breakdown[batch]}',
+            flush=True)
   with open(os.path.join(root, 'results.json'), 'w') as f:
-    json.dump(measured, f, indent=1)
+    json.dump({'measured': measured, 'breakdown': breakdown}, f, indent=1)
   body = render(measured, train_steps, rounds, list(ks),
                 [load_before, os.getloadavg()[0]])
+  if breakdown:
+    body += ('\n## Where the loop loses to the ceiling\n\n'
+             'Each piece alone in one process, one_device, '
+             f'{CEILING_K} steps per call (`--mode breakdown`).\n\n' +
+             render_breakdown(breakdown) + '\n')
+  auto_runs = [r for key, m in measured.items() for r in m.get('auto', [])]
+  if auto_runs:
+    body += ('\n## The Trainer\'s time outside training\n\n'
+             'Runs with the defaults above (every strategy and batch), '
+             'from MLMD and `training_result.json` `timing`.\n\n' +
+             render_fixed_cost(auto_runs) + '\n')
   return report.write(results_dir, 'ceiling',
                       'Training at the ceiling: HighPerfTrainer vs the '
                       'in-memory loop', body)
@@ -347,6 +496,9 @@ if __name__ == '__main__':
     elif args.mode == 'trainer':
       value = run_trainer(args.root, spec['distribution'],
                           spec['train_steps'], spec['round'])
+    elif args.mode == 'breakdown':
+      value = run_breakdown(spec['inputs'], spec['batch'],
+                            spec['train_steps'])
     else:
       value = run_ceiling(spec['inputs'], spec['strategy'], spec['batch'],
                           spec['train_steps'])

@@ -101,14 +101,14 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
   timed = None
   try:
     while current < train_steps:
-      next_save = checkpointer.next_save_step(current)
-      asked = sizer.size()
-      k = min(asked, train_steps - current,
-              (next_save or train_steps) - current)
       began, previous = time.monotonic(), current
       if timed:
         sizer.observe(timed[0], began - timed[1], previous,
                       measured=timed[2])
+      next_save = checkpointer.next_save_step(current)
+      asked = sizer.size()
+      k = min(asked, train_steps - current,
+              (next_save or train_steps) - current)
       current, call_loss = watcher.run(runner, current, k)
       stats.steps_done(current - previous)
       last = current >= train_steps

@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
@@ -141,6 +142,7 @@ class Executor(base_executor.BaseExecutor):
 
   def _do(self, input_dict, output_dict, exec_properties, config,
           fault_tolerance, model_run) -> None:
+    began = time.monotonic()
     # Launcher 'ray' connects here: an unreachable cluster fails now.
     env = strategy_lib.detect_environment(
         config, has_partition_plan=bool(input_dict.get(PARTITION_PLAN_KEY)))
@@ -168,7 +170,14 @@ class Executor(base_executor.BaseExecutor):
                              fault_tolerance, module_identity)
       storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
       task.save(os.path.join(task.model_run_dir, TASK_FILE))
+      prepared = time.monotonic()
       result = self._train(task, config, fault_tolerance)
+      # The component's fixed cost around the training processes.
+      result.setdefault('timing', {}).update({
+          'executor_before_launch_s': round(prepared - began, 3),
+          'executor_launch_s': round(time.monotonic() - prepared, 3)})
+      storage.write_json(
+          os.path.join(task.model_run_dir, worker.RESULT_FILE), result)
 
     if not fileio.exists(task.serving_model_dir):
       raise RuntimeError(f'Training finished but wrote no model to '

@@ -111,6 +111,9 @@ class ManagedTraining:
 
   def __init__(self, task: TrainingTask, strategy: tf.distribute.Strategy):
     self.started = time.monotonic()
+    # Seconds of each part outside the steps (training_result.json
+    # `timing`), so that the component's fixed cost can be told apart.
+    self.timing: Dict[str, float] = {}
     self.task = task
     self.strategy = strategy
     self.kind = _strategy_kind(strategy)
@@ -311,15 +314,27 @@ class ManagedTraining:
       model, strategy = self.local_copy(), tf.distribute.get_strategy()
     else:
       model, strategy = self.model, self.strategy
-    metrics = evaluation.evaluate(
-        model, strategy,
-        datasets.eval_dataset_fn(self.task, self.data, self.global_batch),
-        self.task.eval_steps,
-        self.task.model_run_dir if self.is_chief else None, self.train_steps)
-    export.export_trained_model(
-        model, self.module, self.data.tf_transform_output,
-        self.data.raw_label_key, self.task.serving_model_dir, self.is_chief)
+    with self.timed('eval_s'):
+      metrics = evaluation.evaluate(
+          model, strategy,
+          datasets.eval_dataset_fn(self.task, self.data, self.global_batch),
+          self.task.eval_steps,
+          self.task.model_run_dir if self.is_chief else None,
+          self.train_steps)
+    with self.timed('export_s'):
+      export.export_trained_model(
+          model, self.module, self.data.tf_transform_output,
+          self.data.raw_label_key, self.task.serving_model_dir,
+          self.is_chief)
     return metrics
+
+  @contextlib.contextmanager
+  def timed(self, name: str):
+    began = time.monotonic()
+    try:
+      yield
+    finally:
+      self.timing[name] = round(time.monotonic() - began, 3)
 
   def result(self, summary: Dict[str, Any], eval_metrics: Dict[str, float],
              exported: bool) -> Dict[str, Any]:
@@ -345,6 +360,8 @@ class ManagedTraining:
         'checkpoint_seconds': round(self.checkpointer.save_seconds, 4),
         'resume_events': self.checkpointer.events,
         'wall_seconds': round(time.monotonic() - self.started, 3),
+        'timing': {**self.timing,
+                   'first_call_s': summary.get('first_step_seconds')},
         'pipeline_parallel': None if self.plan is None else {
             'num_stages': self.plan['num_stages'],
             'num_microbatches': self.gpipe_runner.num_microbatches,
@@ -367,11 +384,17 @@ def run_managed_training(task: TrainingTask,
   `preemption.PREEMPTED_EXIT_CODE` and run again to resume.
   """
   autograph.skip_autograph_for_tf_keras()
+  began = time.monotonic()
   training = ManagedTraining(task, strategy)
-  training.build_model()
+  training.timing['setup_s'] = round(time.monotonic() - began, 3)
+  with training.timed('build_model_s'):
+    training.build_model()
   try:
     try:
-      summary = training.train(training.restore())
+      with training.timed('restore_s'):
+        start = training.restore()
+      with training.timed('train_s'):
+        summary = training.train(start)
     finally:
       training.checkpointer.close()
     if summary['preempted']:

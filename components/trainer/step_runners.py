@@ -30,9 +30,11 @@ class SynchronousSteps:
       total = tf.constant(0.0)
       for _ in tf.range(k):
         losses = strategy.run(replica_step, args=(next(iterator),))
-        step.assign_add(1)
         total += tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, losses,
                                          axis=None), tf.float32)
+      # Once per call: nothing reads the counter inside a call, and a
+      # checkpoint is only taken between calls.
+      step.assign_add(k)
       return _mean_loss(total, k)
 
     @tf.function
