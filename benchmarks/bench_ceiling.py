@@ -239,8 +239,9 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
   """Where the loop loses to the ceiling (one_device, `k` steps per call):
   steady examples/s of the ceiling, of the trainer's step (replica step,
   `strategy.run`, step counter, loss reduce) over the same stacked batches,
-  of the trainer's input pipeline alone (its distributed iterator, the
-  batches only touched), and of the trainer's step runner (both)."""
+  of the trainer's input pipeline alone (the batches only touched), through
+  `distribute_datasets_from_function`'s iterator and through the dataset's
+  own, and of the trainer's step runner (input and step)."""
   # pylint: disable=g-import-not-at-top
   from components.data import input_pipeline
   from components.trainer import accumulation
@@ -289,16 +290,20 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
       total += strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
     return total / tf.cast(k, tf.float32)
 
-  iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+  def input_only(iterator):
+    @tf.function
+    def run(k):
+      total = tf.constant(0.0)
+      for _ in tf.range(k):
+        features, _ = next(iterator)
+        total += tf.reduce_sum(tf.cast(
+            features[taxi_module.transformed_name('fare')], tf.float32))
+      return total
+    return run
 
-  @tf.function
-  def input_only(k):
-    total = tf.constant(0.0)
-    for _ in tf.range(k):
-      features, _ = next(iterator)
-      total += tf.reduce_sum(tf.cast(
-          features[taxi_module.transformed_name('fare')], tf.float32))
-    return total
+  distributed = input_only(iter(
+      strategy.distribute_datasets_from_function(dataset_fn)))
+  own = input_only(iter(dataset_fn(tf.distribute.InputContext())))
 
   runner = step_runners.SynchronousSteps(strategy, dataset_fn, replica_step,
                                          step)
@@ -315,7 +320,9 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
   rates = {
       'trainer step over stacked batches': timed(
           lambda at: stacked_steps(kk, tf.constant(at, tf.int64))),
-      'input pipeline alone': timed(lambda at: input_only(kk)),
+      'input alone, distributed iterator': timed(
+          lambda at: distributed(kk)),
+      "input alone, the dataset's own iterator": timed(lambda at: own(kk)),
       'trainer step runner (input + step)': timed(
           lambda at: runner(at, k)[1]),
   }

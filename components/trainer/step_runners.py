@@ -13,6 +13,13 @@ from typing import Callable, Tuple
 import tensorflow as tf
 
 
+def one_cpu_replica(strategy: tf.distribute.Strategy) -> bool:
+  """One replica on a CPU of this process (one_device on a CPU)."""
+  devices = strategy.extended.worker_devices
+  return (strategy.num_replicas_in_sync == 1 and len(devices) == 1 and
+          tf.DeviceSpec.from_string(devices[0]).device_type == 'CPU')
+
+
 def _mean_loss(total, k):
   return tf.cast(total, tf.float32) / tf.cast(k, tf.float32)
 
@@ -22,8 +29,15 @@ class SynchronousSteps:
 
   def __init__(self, strategy: tf.distribute.Strategy, dataset_fn: Callable,
                replica_step: Callable, step: tf.Variable):
-    self._iterator = iter(strategy.distribute_datasets_from_function(
-        dataset_fn))
+    if one_cpu_replica(strategy):
+      # The dataset's own iterator: the same batches (one input pipeline,
+      # one replica), without the distributed iterator's per-batch cost,
+      # which on a CPU buys nothing (measured: a cached epoch at batch 32
+      # read 5x slower through it).
+      self._iterator = iter(dataset_fn(tf.distribute.InputContext()))
+    else:
+      self._iterator = iter(strategy.distribute_datasets_from_function(
+          dataset_fn))
 
     @tf.function
     def run(iterator, k):
