@@ -65,6 +65,15 @@ def test_one_device_trains_evaluates_exports_and_reports(tmp_path, data):
   assert np.isfinite(result['train_loss'])
   assert set(result['eval']) == {'loss', 'binary_accuracy'}
   assert result['resume_events'] == []
+  # The fixed cost by part, and 'auto''s measurements (none complete in
+  # calls capped at 5 steps: it then keeps the longest, 5).
+  assert set(result['timing']) == {
+      'setup_s', 'build_model_s', 'restore_s', 'train_s', 'eval_s',
+      'export_s', 'first_call_s'}
+  assert all(v >= 0 for v in result['timing'].values())
+  assert result['timing']['first_call_s'] <= result['timing']['train_s']
+  assert result['steps_per_execution'] == 5
+  assert result['steps_per_execution_auto'] == []
   # Checkpoints at 5, 10, 15 and the final 16; the last two are kept.
   assert result['checkpoints_saved'] == 4
   assert sorted(os.listdir(task.checkpoint_dir))[:2] == [
