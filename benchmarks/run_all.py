@@ -13,7 +13,7 @@ import time
 
 from benchmarks import report
 
-BENCHMARKS = ['transform', 'trainer', 'throughput', 'resume',
+BENCHMARKS = ['transform', 'trainer', 'throughput', 'ceiling', 'resume',
               'resume_position', 'partitioner', 'pipeline', 'ray']
 
 

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from components.trainer import accumulation
+from components.trainer import call_size
 from components.trainer.checkpoint import location as location_lib
 from components.trainer.checkpoint import records as records_lib
 from components.trainer import loop
@@ -61,6 +62,15 @@ def test_one_device_trains_evaluates_exports_and_reports(tmp_path, data):
   assert np.isfinite(result['train_loss'])
   assert set(result['eval']) == {'loss', 'binary_accuracy'}
   assert result['resume_events'] == []
+  # The fixed cost by part, and 'auto''s measurements (none complete in
+  # calls capped at 5 steps: it then keeps the longest, 5).
+  assert set(result['timing']) == {
+      'setup_s', 'build_model_s', 'restore_s', 'train_s', 'eval_s',
+      'export_s', 'first_call_s'}
+  assert all(v >= 0 for v in result['timing'].values())
+  assert result['timing']['first_call_s'] <= result['timing']['train_s']
+  assert result['steps_per_execution'] == 5
+  assert result['steps_per_execution_auto'] == []
   # Checkpoints at 5, 10, 15 and the final 16; the last two are kept.
   assert result['checkpoints_saved'] == 4
   assert sorted(os.listdir(task.checkpoint_dir))[:2] == [
@@ -271,50 +281,9 @@ def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):
     results[setting]['ids'] = tt.ids_by_step(
         tt.read_id_log(task.hparams['id_log']))
   assert results[5]['steps_per_execution'] == 5
-  assert results['auto']['steps_per_execution'] in step_loop.AUTO_CANDIDATES
+  assert results['auto']['steps_per_execution'] in call_size.candidates(4)
   for setting in (5, 'auto'):
     assert results[setting]['ids'] == results[1]['ids']
     for name, value in weights[1].items():
       np.testing.assert_array_equal(weights[setting][name], value,
                                     err_msg=name)
-
-
-class _FakeClock:
-  """Seconds per step of a call of k steps: a fixed cost plus k steps."""
-
-  def __init__(self, call_overhead, step_seconds):
-    self.call_overhead, self.step_seconds = call_overhead, step_seconds
-
-  def seconds(self, k):
-    return self.call_overhead + k * self.step_seconds
-
-
-def _search(clock, agree=lambda flag: flag):
-  sizer = step_loop.CallSizer('auto', agree=agree)
-  sizer.observe(1, 5.0)  # The first call traces: not measured.
-  calls = 0
-  while sizer.searching and calls < 100:
-    k = sizer.size()
-    sizer.observe(k, clock.seconds(k))
-    calls += 1
-  return sizer
-
-
-def test_auto_steps_per_call_grows_while_the_call_overhead_dominates():
-  # 1 ms per call, 10 us per step: longer calls keep paying off.
-  sizer = _search(_FakeClock(1e-3, 1e-5))
-  assert sizer.chosen == 1024
-  assert set(sizer.describe()['seconds_per_step_by_steps_per_execution']) == {
-      '1', '4', '16', '64', '256', '1024'}
-
-
-def test_auto_steps_per_call_stops_when_it_no_longer_pays():
-  # No per-call cost: every length measures the same; the first one stays.
-  assert _search(_FakeClock(0.0, 1e-3)).chosen == 1
-  # Long steps: a call of 64 would pass the half-second bound.
-  assert _search(_FakeClock(1e-2, 1e-2)).chosen == 16
-
-
-def test_auto_steps_per_call_follows_the_cluster_decision():
-  # Another worker saw no gain: all stop together at the first candidate.
-  assert _search(_FakeClock(1e-3, 1e-5), agree=lambda flag: False).chosen == 1

@@ -88,9 +88,9 @@ class DistributionConfig(JsonConfig):
       cluster is killed and the component fails past it. 0: no limit.
     steps_per_execution: Training steps run inside one traced call (managed
       mode), so the host round trip of a call and its loss read-back are
-      paid once per call: an int >= 1, or 'auto', which starts at 1 and
-      grows the calls while the measured time per step improves, keeping a
-      call under about half a second. Checkpoints, preemption checks and
+      paid once per call: an int >= 1, or 'auto', which measures the
+      per-call overhead against the time of a step and picks the length
+      (`call_size`), keeping a call under about half a second. Checkpoints, preemption checks and
       progress happen between calls; a call never crosses a
       `save_every_steps` boundary, so checkpoints stay exactly where they
       would be with 1. For parameter servers it is the closures scheduled

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
@@ -144,6 +145,7 @@ class Executor(base_executor.BaseExecutor):
 
   def _do(self, input_dict, output_dict, exec_properties, config,
           fault_tolerance, model_run) -> None:
+    began = time.monotonic()
     module_name, wheels = udf_utils.decode_user_module_key(
         exec_properties.get(standard_component_specs.MODULE_PATH_KEY))
     # pip installs from local files only; the wheel may be on gs:// (as stock
@@ -190,7 +192,13 @@ class Executor(base_executor.BaseExecutor):
                              stock_args)
       storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
       task.save(os.path.join(task.model_run_dir, TASK_FILE))
+      prepared = time.monotonic()
       result = self._train(task, config, fault_tolerance)
+      # The component's fixed cost around the training processes.
+      result.setdefault('timing', {}).update({
+          'executor_before_launch_s': round(prepared - began, 3),
+          'executor_launch_s': round(time.monotonic() - prepared, 3)})
+      training_result.write(task.model_run_dir, result)
 
     if not fileio.exists(task.serving_model_dir):
       raise RuntimeError(f'Training finished but wrote no model to '
@@ -379,6 +387,14 @@ class Executor(base_executor.BaseExecutor):
       if isinstance(result.get(key), (int, float)):
         model_run.set_float_custom_property(key, float(result[key]))
     model_run.set_string_custom_property('training_mode', result['mode'])
+    # Steps per call, and for 'auto' each measurement and its reason.
+    if isinstance(result.get('steps_per_execution'), int):
+      model_run.set_int_custom_property('steps_per_execution',
+                                        result['steps_per_execution'])
+    if result.get('steps_per_execution_auto'):
+      model_run.set_string_custom_property(
+          'steps_per_execution_auto',
+          json.dumps(result['steps_per_execution_auto']))
     restarts = len(result.get('launch', {}).get('restarts', []))
     model_run.set_int_custom_property('restarts', restarts)
     # Where training resumed from, and what each crash cost (issue: resume

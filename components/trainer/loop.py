@@ -35,6 +35,7 @@ from components.pipeline_parallel import placement
 from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
 from components.trainer import accumulation
+from components.trainer import call_size
 from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.config import AUTO
@@ -114,6 +115,9 @@ class ManagedTraining:
 
   def __init__(self, task: TrainingTask, strategy: tf.distribute.Strategy):
     self.started = time.monotonic()
+    # Seconds of each part outside the steps (training_result.json
+    # `timing`), so that the component's fixed cost can be told apart.
+    self.timing: Dict[str, float] = {}
     self.task = task
     self.strategy = strategy
     self.kind = _strategy_kind(strategy)
@@ -286,7 +290,10 @@ class ManagedTraining:
       # Workers reading gs:// hung inside the first multi-step call here
       # (both idle in the call); one step per call is what was verified.
       setting = 1
-    self.sizer = step_loop.CallSizer(setting, agree=self.all_workers)
+    # Workers of a cluster never size calls by their own clocks: they run
+    # the same calls ('auto' is fixed above for multi-worker kinds).
+    self.sizer = call_size.CallSizer(
+        setting, max_call=self.fault_tolerance.save_every_steps)
     runner, watcher = self._runner_and_watcher(start)
     # The writer is the default for all of training: leaving `as_default`
     # flushes it, once here (per point, it flushed ~100 times a run).
@@ -312,15 +319,27 @@ class ManagedTraining:
       model, strategy = self.local_copy(), tf.distribute.get_strategy()
     else:
       model, strategy = self.model, self.strategy
-    metrics = evaluation.evaluate(
-        model, strategy,
-        datasets.eval_dataset_fn(self.task, self.data, self.global_batch),
-        self.task.eval_steps,
-        self.task.model_run_dir if self.is_chief else None, self.train_steps)
-    export.export_trained_model(
-        model, self.module, self.data.tf_transform_output,
-        self.data.raw_label_key, self.task.serving_model_dir, self.is_chief)
+    with self.timed('eval_s'):
+      metrics = evaluation.evaluate(
+          model, strategy,
+          datasets.eval_dataset_fn(self.task, self.data, self.global_batch),
+          self.task.eval_steps,
+          self.task.model_run_dir if self.is_chief else None,
+          self.train_steps)
+    with self.timed('export_s'):
+      export.export_trained_model(
+          model, self.module, self.data.tf_transform_output,
+          self.data.raw_label_key, self.task.serving_model_dir,
+          self.is_chief)
     return metrics
+
+  @contextlib.contextmanager
+  def timed(self, name: str):
+    began = time.monotonic()
+    try:
+      yield
+    finally:
+      self.timing[name] = round(time.monotonic() - began, 3)
 
   def result(self, summary: Dict[str, Any], eval_metrics: Dict[str, float],
              exported: bool) -> Dict[str, Any]:
@@ -346,6 +365,8 @@ class ManagedTraining:
         'checkpoint_seconds': round(self.checkpointer.save_seconds, 4),
         'resume_events': self.checkpointer.events,
         'wall_seconds': round(time.monotonic() - self.started, 3),
+        'timing': {**self.timing,
+                   'first_call_s': summary.get('first_step_seconds')},
         'pipeline_parallel': None if self.plan is None else {
             'num_stages': self.plan.num_stages,
             'num_microbatches': self.pipeline_runner.num_microbatches,
@@ -374,11 +395,17 @@ def run_managed_training(task: TrainingTask,
 
 def _train_evaluate_export(task: TrainingTask,
                            strategy: tf.distribute.Strategy) -> Dict[str, Any]:
+  began = time.monotonic()
   training = ManagedTraining(task, strategy)
-  training.build_model()
+  training.timing['setup_s'] = round(time.monotonic() - began, 3)
+  with training.timed('build_model_s'):
+    training.build_model()
   try:
     try:
-      summary = training.train(training.restore())
+      with training.timed('restore_s'):
+        start = training.restore()
+      with training.timed('train_s'):
+        summary = training.train(start)
     finally:
       training.checkpointer.close()
     if summary['preempted']:

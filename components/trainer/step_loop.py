@@ -9,82 +9,12 @@ preemption notices, progress, step statistics and the final save.
 """
 
 import math
-import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple
 
-from absl import logging
-
+from components.trainer import call_size
 from components.trainer import preemption
 from components.trainer.checkpoint.checkpointer import Checkpointer
-from components.trainer.config import AUTO
-
-# 'auto' tries these steps per call, in order, while the time per step keeps
-# improving by at least AUTO_GAIN.
-AUTO_CANDIDATES = (1, 4, 16, 64, 256, 1024)
-AUTO_GAIN = 1.05
-# Calls measured per candidate; a fixed count keeps the workers of a
-# multi-worker cluster in lockstep (they agree on each decision).
-AUTO_CALLS_PER_CANDIDATE = 3
-# 'auto' keeps a call this short, so that a preemption notice, a time-based
-# save or a progress line waits at most about this long.
-AUTO_MAX_CALL_SECONDS = 0.5
-
-
-class CallSizer:
-  """Steps per call: a fixed number, or 'auto', which measures and picks.
-
-  'auto' starts at one step per call and moves to the next candidate while
-  the measured time per step improves by AUTO_GAIN and a call stays under
-  AUTO_MAX_CALL_SECONDS; the measurement calls are real training steps.
-  The first call (tracing) is not measured.
-  """
-
-  def __init__(self, setting: Union[int, str],
-               agree: Callable[[bool], bool] = lambda flag: flag):
-    self._agree = agree
-    self.searching = setting == AUTO
-    self._index = 0
-    self.chosen = AUTO_CANDIDATES[0] if self.searching else int(setting)
-    self._calls: List[float] = []  # Seconds per step of this candidate.
-    self._traced = not self.searching
-    self.measured: Dict[int, float] = {}
-
-  def size(self) -> int:
-    return AUTO_CANDIDATES[self._index] if self.searching else self.chosen
-
-  def observe(self, steps: int, seconds: float) -> None:
-    """One measured call of `steps` steps (only while searching)."""
-    if not self._traced:
-      self._traced = True
-      return
-    self._calls.append(seconds / max(steps, 1))
-    if len(self._calls) < AUTO_CALLS_PER_CANDIDATE:
-      return
-    candidate = AUTO_CANDIDATES[self._index]
-    self.measured[candidate] = statistics.median(self._calls)
-    self._calls = []
-    best = min(self.measured, key=self.measured.get)
-    before = [v for k, v in self.measured.items() if k != candidate]
-    improved = not before or self.measured[candidate] * AUTO_GAIN <= min(
-        before)
-    nxt = self._index + 1
-    go_on = (improved and nxt < len(AUTO_CANDIDATES) and
-             AUTO_CANDIDATES[nxt] * self.measured[candidate] <=
-             AUTO_MAX_CALL_SECONDS)
-    if self._agree(go_on):
-      self._index = nxt
-      return
-    self.searching = False
-    self.chosen = best
-    logging.info('steps_per_execution=auto chose %d steps per call '
-                 '(seconds per step by steps per call: %s).', best,
-                 {k: round(v, 7) for k, v in self.measured.items()})
-
-  def describe(self) -> Dict[str, Any]:
-    return {'steps_per_execution': self.chosen,
-            'seconds_per_step_by_steps_per_execution': {
-                str(k): v for k, v in self.measured.items()}}
 
 
 class StepStats:
@@ -140,7 +70,7 @@ class StepStats:
 
 
 def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
-          start: int, train_steps: int, sizer: CallSizer,
+          start: int, train_steps: int, sizer: call_size.CallSizer,
           record_progress: Callable[[int, int, float, StepStats], None],
           any_worker: Callable[[bool], bool] = lambda flag: flag,
           read_step: Optional[Callable[[], int]] = None) -> Dict[str, Any]:
@@ -163,16 +93,20 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
   stats = StepStats(start)
   checkpointer.last_save_time = time.monotonic()
   current, pending, loss = start, None, math.nan
+  # The previous call, timed from its start to this one's: (steps, start,
+  # whether it ran at the asked length without a time-based save).
+  timed = None
   try:
     while current < train_steps:
-      next_save = checkpointer.next_save_step(current)
-      k = min(sizer.size(), train_steps - current,
-              (next_save or train_steps) - current)
       began, previous = time.monotonic(), current
+      if timed:
+        sizer.observe(timed[0], began - timed[1], previous,
+                      measured=timed[2])
+      next_save = checkpointer.next_save_step(current)
+      asked = sizer.size()
+      k = min(asked, train_steps - current,
+              (next_save or train_steps) - current)
       current, call_loss = watcher.run(runner, current, k)
-      if sizer.searching:
-        float(call_loss)  # Wait for the call, to time it.
-        sizer.observe(current - previous, time.monotonic() - began)
       stats.steps_done(current - previous)
       last = current >= train_steps
       if pending is not None:  # The previous call's, read after this one.
@@ -182,11 +116,14 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
         loss = float(call_loss)
       # The last call always saves (a crash during eval or export then costs
       # nothing), before its progress is recorded.
-      if (next_save is not None and current >= next_save) or (
+      by_steps = next_save is not None and current >= next_save
+      by_time = not by_steps and not last and bool(
           checkpointer.config.save_every_seconds and
-          any_worker(checkpointer.due_by_time())) or last:
+          any_worker(checkpointer.due_by_time()))
+      if by_steps or by_time or last:
         checkpointer.save(current)
       record_progress(previous, current, loss, stats)
+      timed = (current - previous, began, k == asked and not by_time)
   except preemption.Preempted:
     step = read_step() if read_step else current
     return stats.summary(step, loss, preempted=True)

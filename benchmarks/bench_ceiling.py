@@ -1,0 +1,513 @@
+"""How close HighPerfTrainer trains to the machine's ceiling.
+
+    python -m benchmarks.bench_ceiling [--train-steps N] [--rounds R]
+        [--batches 32,256] [--strategies one_device,mirrored] [--ks 64,256,1024]
+
+Side by side in one run, on the full taxi data transformed once by
+OptimizedTransform (one pipeline root, MLMD cache), the taxi model
+(`pipelines/taxi_module.py`), for each global batch and strategy
+(one_device; mirrored on 2 logical CPUs), each measurement in a fresh
+process:
+- the ceiling: the same Keras model and optimizer stepping over batches
+  already parsed into memory (one epoch of the trainer's own input pipeline,
+  stacked), CEILING_K steps per `tf.function` call (a `tf.range` loop
+  indexing the stacked tensors), no input pipeline, no checkpoints, the loss
+  read back once per call;
+- HighPerfTrainer's executor (a LocalDagRunner run of the Trainer, its
+  upstream cached) with the default `steps_per_execution='auto'`;
+- the same with each explicit k of `--ks` (the best is reported).
+HighPerfTrainer checkpoints by time (every 60 s, as in bench_throughput: by
+steps the checkpoints would dominate at this speed). Steady examples/s
+excludes the first call (tracing). Rounds are interleaved pairs: each round
+runs every variant once, the order reversed every other round; the median
+over rounds is reported. Writes benchmarks/results/ceiling.md.
+"""
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List
+
+from benchmarks import report
+
+TRAIN_STEPS = 20000
+ROUNDS = 1
+BATCHES = (32, 256)
+STRATEGIES = ('one_device', 'mirrored')
+EXPLICIT_KS = (64, 256, 1024)
+CEILING_K = 256
+EVAL_STEPS = 20
+PIPELINE_NAME = 'bench_ceiling'
+# Goals of issue 20.
+GOAL_RATIO = 0.85
+GOAL_VS_BEST_K = 0.95
+SAVE_EVERY_SECONDS = 60
+
+
+def steps_at(batch: int, train_steps: int) -> int:
+  """`train_steps` at the smallest batch; the same examples at larger
+  batches."""
+  return max(1, train_steps * BATCHES[0] // batch)
+
+
+def _distribution(strategy: str, batch: int) -> Dict[str, Any]:
+  if strategy == 'mirrored':
+    return {'strategy': 'mirrored', 'logical_cpu_devices': 2,
+            'global_batch_size': batch}
+  return {'strategy': strategy, 'global_batch_size': batch}
+
+
+def _pipeline(root: str, trainer_args=None):
+  """ExampleGen .. OptimizedTransform (tuned for batch 32), then optionally
+  HighPerfTrainer with `trainer_args` (distribution, train_steps, round)."""
+  # pylint: disable=g-import-not-at-top
+  from tfx import v1 as tfx
+  from components import HighPerfTrainer, OptimizedTransform
+  from pipelines import data
+  from pipelines import taxi_pipeline
+  # pylint: enable=g-import-not-at-top
+  module_file = data.default_module_file()
+  example_gen = tfx.components.CsvExampleGen(
+      input_base=data.default_data_root())
+  statistics_gen = tfx.components.StatisticsGen(
+      examples=example_gen.outputs['examples'])
+  schema_gen = tfx.components.SchemaGen(
+      statistics=statistics_gen.outputs['statistics'],
+      infer_feature_shape=True)
+  transform = OptimizedTransform(
+      examples=example_gen.outputs['examples'],
+      schema=schema_gen.outputs['schema'], module_file=module_file,
+      tuning={'trainer_batch_size': BATCHES[0]}).with_id(
+          taxi_pipeline.TRANSFORM_ID)
+  components = [example_gen, statistics_gen, schema_gen, transform]
+  if trainer_args:
+    components.append(HighPerfTrainer(
+        module_file=module_file,
+        examples=transform.outputs['transformed_examples'],
+        transform_graph=transform.outputs['transform_graph'],
+        schema=schema_gen.outputs['schema'],
+        tuned_input_pipeline=transform.outputs['tuned_input_pipeline'],
+        train_args=tfx.proto.TrainArgs(num_steps=trainer_args['train_steps']),
+        eval_args=tfx.proto.EvalArgs(num_steps=EVAL_STEPS),
+        custom_config={'benchmark_round': trainer_args['round']},
+        distribution=trainer_args['distribution'],
+        fault_tolerance={'max_restarts': 0, 'save_every_steps': None,
+                         'save_every_seconds': SAVE_EVERY_SECONDS}).with_id(
+                             taxi_pipeline.TRAINER_ID))
+  return tfx.dsl.Pipeline(
+      pipeline_name=PIPELINE_NAME, pipeline_root=root, components=components,
+      enable_cache=True,
+      metadata_connection_config=(
+          tfx.orchestration.metadata.sqlite_metadata_connection_config(
+              os.path.join(root, 'metadata.db'))),
+      beam_pipeline_args=['--direct_running_mode=in_memory',
+                          '--direct_num_workers=1'])
+
+
+def _newest(pattern: str) -> str:
+  """The newest execution's output folder matching `pattern`."""
+  paths = glob.glob(pattern)
+  if not paths:
+    raise FileNotFoundError(f'Nothing matches {pattern}.')
+  return max(paths, key=lambda p: int(p.rstrip('/').split('/')[-1]))
+
+
+def prepare(root: str) -> Dict[str, str]:
+  """Transforms the taxi data once; returns what the ceiling reads."""
+  from tfx import v1 as tfx  # pylint: disable=g-import-not-at-top
+  tfx.orchestration.LocalDagRunner().run(_pipeline(root))
+  return {
+      'examples': _newest(os.path.join(root, 'Transform',
+                                       'transformed_examples', '*')),
+      'transform_graph': _newest(os.path.join(root, 'Transform',
+                                              'transform_graph', '*')),
+      'tuned_input_pipeline': _newest(os.path.join(
+          root, 'Transform', 'tuned_input_pipeline', '*')),
+  }
+
+
+def run_trainer(root: str, distribution: Dict[str, Any], train_steps: int,
+                round_index: int) -> Dict[str, Any]:
+  """One Trainer execution (upstream cached); its measurements."""
+  # pylint: disable=g-import-not-at-top
+  from tfx import v1 as tfx
+  from pipelines import summary
+  # pylint: enable=g-import-not-at-top
+  tfx.orchestration.LocalDagRunner().run(_pipeline(root, {
+      'distribution': distribution, 'train_steps': train_steps,
+      'round': round_index}))
+  run = summary.read_run(os.path.join(root, 'metadata.db'))
+  with open(os.path.join(report.latest_model_run_uri(root),
+                         'training_result.json')) as f:
+    result = json.load(f)
+  assert result['steps'] == train_steps, result
+  return {'examples_per_sec': result['examples_per_sec'],
+          'steps_per_execution': result['steps_per_execution'],
+          'auto': result.get('steps_per_execution_auto'),
+          'timing': result.get('timing'),
+          'trainer_wall_s': {e.node_id: e.wall_s
+                             for e in run.executions}['Trainer']}
+
+
+def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
+                train_steps: int) -> Dict[str, Any]:
+  """The ceiling (module doc) in this process: steady examples/s."""
+  # pylint: disable=g-import-not-at-top
+  from components.data import input_pipeline
+  from components.trainer import strategy as strategy_lib
+  from components.trainer.config import DistributionConfig
+  from pipelines import taxi_module
+  import tensorflow as tf
+  import tensorflow_transform as tft
+  # pylint: enable=g-import-not-at-top
+  config = DistributionConfig.from_dict(_distribution(strategy_name, batch))
+  strategy_lib.configure_logical_cpus(config.logical_cpu_devices)
+  strategy = strategy_lib.make_strategy(config.strategy, config)
+  replicas = strategy.num_replicas_in_sync
+  with open(os.path.join(inputs['tuned_input_pipeline'],
+                         'config.json')) as f:
+    pipeline_config = input_pipeline.InputPipelineConfig.from_dict(
+        json.load(f))
+  spec = tft.TFTransformOutput(
+      inputs['transform_graph']).transformed_feature_spec()
+  # One epoch of the trainer's own batches (the rows a cached epoch holds).
+  dataset = input_pipeline.build_dataset(
+      [os.path.join(inputs['examples'], 'Split-train', '*')], spec,
+      taxi_module.LABEL_KEY, batch_size=batch, config=pipeline_config,
+      seed=0, num_epochs=1)
+  batches = list(dataset)
+  stacked = tf.nest.map_structure(lambda *t: tf.stack(t), *batches)
+  num_batches = len(batches)
+  per_replica = batch // replicas
+
+  def replica_slice(context):
+    start = context.replica_id_in_sync_group * per_replica
+    return tf.nest.map_structure(
+        lambda t: tf.identity(t[:, start:start + per_replica]), stacked)
+
+  data = strategy.experimental_distribute_values_from_function(
+      replica_slice)
+  with strategy.scope():
+    model = taxi_module.build_model({})
+    optimizer = model.optimizer
+    loss_fn = tf.keras.losses.get(model.loss)  # Per example, if a function.
+    if isinstance(loss_fn, tf.keras.losses.Loss):
+      loss_fn = type(loss_fn).from_config({**loss_fn.get_config(),
+                                           'reduction': 'none'})
+    optimizer.build(model.trainable_variables)
+
+  @tf.autograph.experimental.do_not_convert
+  def step(local, index):
+    features, labels = tf.nest.map_structure(lambda t: t[index], local)
+    labels = tf.cast(tf.reshape(labels, [-1, 1]), tf.float32)
+    with tf.GradientTape() as tape:
+      predictions = model(features, training=True)
+      loss = tf.nn.compute_average_loss(loss_fn(labels, predictions),
+                                        global_batch_size=batch)
+    gradients = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    return loss
+
+  @tf.function
+  def run(k, offset):
+    total = tf.constant(0.0)
+    for i in tf.range(k):
+      index = (offset + i) % num_batches
+      losses = strategy.run(step, args=(data, index))
+      total += strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+    return total / tf.cast(k, tf.float32)
+
+  k = tf.constant(CEILING_K, tf.int64)
+  float(run(k, tf.constant(0, tf.int64)))  # Traces; not measured.
+  calls = max(1, train_steps // CEILING_K)
+  began = time.monotonic()
+  for call in range(calls):
+    loss = float(run(k, tf.constant(call * CEILING_K, tf.int64)))
+  seconds = time.monotonic() - began
+  return {'examples_per_sec': calls * CEILING_K * batch / seconds,
+          'num_batches': num_batches, 'loss': loss}
+
+
+def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
+                  k: int = CEILING_K) -> Dict[str, float]:
+  """Where the loop loses to the ceiling (one_device, `k` steps per call):
+  steady examples/s of the ceiling, of the trainer's step (replica step,
+  `strategy.run`, step counter, loss reduce) over the same stacked batches,
+  of the trainer's input pipeline alone (the batches only touched), through
+  `distribute_datasets_from_function`'s iterator and through the dataset's
+  own, and of the trainer's step runner (input and step)."""
+  # pylint: disable=g-import-not-at-top
+  from components.data import input_pipeline
+  from components.trainer import accumulation
+  from components.trainer import datasets
+  from components.trainer import step_runners
+  from components.trainer.task import TrainingTask
+  from pipelines import taxi_module
+  import tensorflow as tf
+  import tensorflow_transform as tft
+  # pylint: enable=g-import-not-at-top
+  strategy = tf.distribute.OneDeviceStrategy('/cpu:0')
+  with open(os.path.join(inputs['tuned_input_pipeline'],
+                         'config.json')) as f:
+    config = input_pipeline.InputPipelineConfig.from_dict(json.load(f))
+  spec = tft.TFTransformOutput(
+      inputs['transform_graph']).transformed_feature_spec()
+  train_files = [os.path.join(inputs['examples'], 'Split-train', '*')]
+  data = datasets.TrainingData(
+      feature_spec=spec, label_key=taxi_module.LABEL_KEY, raw_label_key=None,
+      config=config, tf_transform_output=None)
+  task = TrainingTask(
+      module_file=None, module_path=None, mode='managed',
+      train_files=train_files, eval_files=[], transform_output=None,
+      schema_path=None, serving_model_dir='', model_run_dir='',
+      train_steps=train_steps, eval_steps=0, hparams={}, custom_config={},
+      distribution={}, fault_tolerance={}, checkpoint_dir='')
+  dataset_fn = datasets.train_dataset_fn(task, data, batch, 0,
+                                         datasets.DATA_SEED, config)
+  batches = list(dataset_fn(tf.distribute.InputContext()).take(
+      max(1, 10_000 // batch)))
+  stacked = tf.nest.map_structure(lambda *t: tf.stack(t), *batches)
+  with strategy.scope():
+    model = taxi_module.build_model({})
+    model.optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False)
+  replica_step = accumulation.replica_step_fn(model, 1, batch, batch)
+
+  @tf.function
+  def stacked_steps(k, offset):
+    total = tf.constant(0.0)
+    for i in tf.range(k):
+      index = (offset + i) % len(batches)
+      batch_i = tf.nest.map_structure(lambda t: t[index], stacked)
+      losses = strategy.run(replica_step, args=(batch_i,))
+      step.assign_add(1)
+      total += strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+    return total / tf.cast(k, tf.float32)
+
+  def input_only(iterator):
+    @tf.function
+    def run(k):
+      total = tf.constant(0.0)
+      for _ in tf.range(k):
+        features, _ = next(iterator)
+        total += tf.reduce_sum(tf.cast(
+            features[taxi_module.transformed_name('fare')], tf.float32))
+      return total
+    return run
+
+  distributed = input_only(iter(
+      strategy.distribute_datasets_from_function(dataset_fn)))
+  own = input_only(iter(dataset_fn(tf.distribute.InputContext())))
+
+  runner = step_runners.SynchronousSteps(strategy, dataset_fn, replica_step,
+                                         step)
+
+  def timed(call):
+    call(0)  # Traces; not measured.
+    calls = max(1, train_steps // k)
+    began = time.monotonic()
+    for index in range(calls):
+      float(call((index + 1) * k))
+    return calls * k * batch / (time.monotonic() - began)
+
+  kk = tf.constant(k, tf.int64)
+  rates = {
+      'trainer step over stacked batches': timed(
+          lambda at: stacked_steps(kk, tf.constant(at, tf.int64))),
+      'input alone, distributed iterator': timed(
+          lambda at: distributed(kk)),
+      "input alone, the dataset's own iterator": timed(lambda at: own(kk)),
+      'trainer step runner (input + step)': timed(
+          lambda at: runner(at, k)[1]),
+  }
+  print(rates, flush=True)
+  rates['ceiling'] = run_ceiling(inputs, 'one_device', batch,
+                                 train_steps)['examples_per_sec']
+  return rates
+
+
+def _in_process(root: str, mode: str, spec: Dict[str, Any]) -> Dict[str, Any]:
+  """`mode` (prepare, trainer, ceiling) in a fresh Python process."""
+  out = os.path.join(root, f'out-{time.time_ns()}.json')
+  subprocess.run(
+      [sys.executable, '-m', 'benchmarks.bench_ceiling', '--root', root,
+       '--mode', mode, '--spec', json.dumps(spec), '--out', out],
+      check=True, env=dict(os.environ, TF_USE_LEGACY_KERAS='1',
+                           TF_CPP_MIN_LOG_LEVEL='2'))
+  with open(out) as f:
+    return json.load(f)
+
+
+def _median(values: List[float]) -> float:
+  return statistics.median(values)
+
+
+def render_breakdown(breakdown: Dict[int, Dict[str, float]]) -> str:
+  """The breakdown table: each piece's examples/s and share of the ceiling."""
+  rows = []
+  for batch, rates in breakdown.items():
+    for name, rate in rates.items():
+      rows.append([batch, name, f'{rate:,.0f}',
+                   f'{rate / rates["ceiling"]:.2f}'])
+  return report.table(['global batch', 'what runs (one_device, '
+                       f'{CEILING_K} steps per call)', 'examples/s',
+                       'vs ceiling'], rows)
+
+
+def render_fixed_cost(runs: List[Dict[str, Any]]) -> str:
+  """The Trainer's time outside training, by part (from
+  training_result.json `timing`), for the given runs."""
+  parts = ['executor_before_launch_s', 'worker_imports_s', 'worker_setup_s',
+           'setup_s', 'build_model_s', 'restore_s', 'first_call_s',
+           'eval_s', 'export_s']
+  rows = []
+  for run in runs:
+    timing = run.get('timing') or {}
+    train = timing.get('train_s') or 0.0
+    rows.append([f'{run["trainer_wall_s"]:.1f}', f'{train:.1f}',
+                 f'{run["trainer_wall_s"] - train:.1f}'] +
+                [f'{timing[p]:.2f}' if timing.get(p) is not None else 'n/a'
+                 for p in parts])
+  return report.table(['Trainer wall s (MLMD)', 'training s',
+                       'outside training s'] + parts, rows)
+
+
+def render(measured: Dict[str, Any], train_steps: int, rounds: int,
+           ks: List[int], load: List[float]) -> str:
+  rows, verdicts = [], []
+  for key, m in measured.items():
+    strategy, batch = key.split('@')
+    ceiling = _median(m['ceiling'])
+    auto = _median([r['examples_per_sec'] for r in m['auto']])
+    by_k = {k: _median([r['examples_per_sec'] for r in m[f'k{k}']])
+            for k in ks}
+    best_k = max(by_k, key=by_k.get)
+    chosen = ', '.join(str(r['steps_per_execution']) for r in m['auto'])
+    rows.append([strategy, batch, f'{ceiling:,.0f}', f'{auto:,.0f}',
+                 f'{auto / ceiling:.2f}', chosen,
+                 ', '.join(f'k={k}: {v / ceiling:.2f}'
+                           for k, v in by_k.items()),
+                 f'{auto / by_k[best_k]:.2f}'])
+    if strategy == 'one_device':
+      verdicts.append(
+          f'batch {batch}: defaults {auto / ceiling:.2f} of the ceiling '
+          f'(goal >= {GOAL_RATIO}), {auto / by_k[best_k]:.2f} of the best '
+          f'explicit k={best_k} (goal >= {GOAL_VS_BEST_K}).')
+  return (
+      f'Full taxi data transformed once by OptimizedTransform (tuned for '
+      f'batch {BATCHES[0]}), the taxi model, {train_steps} train steps at '
+      f'batch {BATCHES[0]} (the same examples at larger batches), '
+      f'{rounds} round(s) of interleaved measurements (each in a '
+      'fresh process), medians. Ceiling: the same model and optimizer over '
+      f'one epoch of batches stacked in memory, {CEILING_K} steps per '
+      '`tf.function` call, no input pipeline, no checkpoints. HighPerfTrainer: '
+      'its executor through LocalDagRunner (upstream cached), checkpoints '
+      f'every {SAVE_EVERY_SECONDS} s; steady examples/s from '
+      '`training_result.json` (first call excluded). Load average '
+      f'before/after: {load[0]:.1f} / {load[1]:.1f}.\n\n' +
+      report.table(['strategy', 'global batch', 'ceiling ex/s',
+                    'defaults (auto) ex/s', 'defaults / ceiling',
+                    'auto chose k', 'explicit k / ceiling',
+                    'defaults / best k'], rows) +
+      '\n\n' + '\n'.join(f'- {v}' for v in verdicts) + '\n')
+
+
+def main(results_dir: str = 'benchmarks/results',
+         train_steps: int = TRAIN_STEPS, rounds: int = ROUNDS,
+         batches=BATCHES, strategies=STRATEGIES, ks=EXPLICIT_KS) -> str:
+  root = tempfile.mkdtemp(prefix='bench_ceiling_')
+  load_before = os.getloadavg()[0]
+  inputs = _in_process(root, 'prepare', {})
+  measured = {}
+  for round_index in range(rounds):
+    cells = [(s, b) for s in strategies for b in batches]
+    for strategy, batch in (cells if round_index % 2 == 0 else cells[::-1]):
+      m = measured.setdefault(f'{strategy}@{batch}', {})
+      distribution = _distribution(strategy, batch)
+      steps = steps_at(batch, train_steps)
+      variants = [('ceiling', None), ('auto', 'auto')] + [
+          (f'k{k}', k) for k in ks]
+      for name, k in (variants if round_index % 2 == 0 else variants[::-1]):
+        if name == 'ceiling':
+          value = _in_process(root, 'ceiling', {
+              'inputs': inputs, 'strategy': strategy, 'batch': batch,
+              'train_steps': steps})['examples_per_sec']
+        else:
+          value = _in_process(root, 'trainer', {
+              'distribution': {**distribution, 'steps_per_execution': k},
+              'train_steps': steps, 'round': round_index})
+        m.setdefault(name, []).append(value)
+        print(f'[bench_ceiling] round {round_index} {strategy} batch {batch} '
+              f'{name}: {value}', flush=True)
+  breakdown = {}
+  if 'one_device' in strategies:
+    for batch in batches:
+      breakdown[batch] = _in_process(root, 'breakdown', {
+          'inputs': inputs, 'batch': batch,
+          'train_steps': steps_at(batch, train_steps)})
+      print(f'[bench_ceiling] breakdown batch {batch}: {breakdown[batch]}',
+            flush=True)
+  with open(os.path.join(root, 'results.json'), 'w') as f:
+    json.dump({'measured': measured, 'breakdown': breakdown}, f, indent=1)
+  body = render(measured, train_steps, rounds, list(ks),
+                [load_before, os.getloadavg()[0]])
+  if breakdown:
+    body += ('\n## Where the loop loses to the ceiling\n\n'
+             'Each piece alone in one process, one_device, '
+             f'{CEILING_K} steps per call (`--mode breakdown`).\n\n' +
+             render_breakdown(breakdown) + '\n')
+  auto_runs = [r for key, m in measured.items() for r in m.get('auto', [])]
+  if auto_runs:
+    body += ('\n## The Trainer\'s time outside training\n\n'
+             'Runs with the defaults above (every strategy and batch), '
+             'from MLMD and `training_result.json` `timing`.\n\n' +
+             render_fixed_cost(auto_runs) + '\n')
+  return report.write(results_dir, 'ceiling',
+                      'Training at the ceiling: HighPerfTrainer vs the '
+                      'in-memory loop', body)
+
+
+def _ints(text: str) -> List[int]:
+  return [int(v) for v in text.split(',') if v]
+
+
+if __name__ == '__main__':
+  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_ceiling')
+  parser.add_argument('--results-dir', default='benchmarks/results')
+  parser.add_argument('--train-steps', type=int, default=TRAIN_STEPS)
+  parser.add_argument('--rounds', type=int, default=ROUNDS)
+  parser.add_argument('--batches', default=','.join(map(str, BATCHES)))
+  parser.add_argument('--strategies', default=','.join(STRATEGIES))
+  parser.add_argument('--ks', default=','.join(map(str, EXPLICIT_KS)))
+  # One measurement in this process (used by `main`).
+  parser.add_argument('--mode', help=argparse.SUPPRESS)
+  parser.add_argument('--root', help=argparse.SUPPRESS)
+  parser.add_argument('--spec', help=argparse.SUPPRESS)
+  parser.add_argument('--out', help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.mode is None:
+    print(main(args.results_dir, args.train_steps, args.rounds,
+               _ints(args.batches), args.strategies.split(','),
+               _ints(args.ks)))
+  else:
+    os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+    spec = json.loads(args.spec)
+    if args.mode == 'prepare':
+      value = prepare(args.root)
+    elif args.mode == 'trainer':
+      value = run_trainer(args.root, spec['distribution'],
+                          spec['train_steps'], spec['round'])
+    elif args.mode == 'breakdown':
+      value = run_breakdown(spec['inputs'], spec['batch'],
+                            spec['train_steps'])
+    else:
+      value = run_ceiling(spec['inputs'], spec['strategy'], spec['batch'],
+                          spec['train_steps'])
+    with open(args.out, 'w') as f:
+      json.dump(value, f)
