@@ -500,7 +500,8 @@ def test_transform_tuning_runs_with_every_input_and_output_on_ram(
     executor_utils.SetSplitNames(['train', 'eval'], [transformed])
     counts = _write_transformed_examples(graph.uri, examples, transformed)
     executor = transform_executor.Executor()
-    plan = executor._plan(outputs, properties)  # pylint: disable=protected-access
+    plan = executor._plan(  # pylint: disable=protected-access
+        {'examples': [examples]}, outputs, properties)
     executor._tune_after_transform(  # pylint: disable=protected-access
         plan, {'examples': [examples]}, outputs, properties,
         transform_seconds=1.0, examples_written=counts)
