@@ -32,13 +32,14 @@ CONTAINER_TOOL ?= $(shell \
   elif command -v docker >/dev/null 2>&1; then echo docker; fi)
 IMAGE_CONTEXT := build/image-context
 
-.PHONY: help venv run run-stock test test-all test-fast test-slow bench kubeflow image notebook clean
+.PHONY: help venv run run-stock test test-all test-conformance test-fast test-slow bench kubeflow image notebook clean
 
 help:
 	@echo "make run        # full Chicago taxi pipeline with tfx-hpm components (LocalDagRunner)"
 	@echo "make run-stock  # the same pipeline with the stock Transform and Trainer"
 	@echo "make test       # the core test suite (at most 20 min on 2 cores)"
 	@echo "make test-all   # core, then the extended tests (what CI runs; at most 40 min)"
+	@echo "make test-conformance  # TFX's own executor tests on ours (about an hour)"
 	@echo "make test-fast  # tests without end-to-end pipeline runs and clusters"
 	@echo "make bench      # side-by-side benchmarks -> benchmarks/results/"
 	@echo "make kubeflow   # compile the pipeline for Kubeflow Pipelines (v2 JSON)"
@@ -68,18 +69,24 @@ run-stock: venv
 # JUnit XML per target; `test-all` ends with the slowest tests and each target's time.
 TEST_RESULTS := outputs/test-results
 
+CORE := not extended and not conformance
+
 test: venv
-	$(VPY) -m pytest tests -m "not extended" --junitxml=$(TEST_RESULTS)/core.xml $(PYTEST_ARGS)
+	$(VPY) -m pytest tests -m "$(CORE)" --junitxml=$(TEST_RESULTS)/core.xml $(PYTEST_ARGS)
 
 test-all: venv
 	@status=0; \
-	$(VPY) -m pytest tests -m "not extended" --junitxml=$(TEST_RESULTS)/core.xml $(PYTEST_ARGS) || status=$$?; \
+	$(VPY) -m pytest tests -m "$(CORE)" --junitxml=$(TEST_RESULTS)/core.xml $(PYTEST_ARGS) || status=$$?; \
 	$(VPY) -m pytest tests -m extended --junitxml=$(TEST_RESULTS)/extended.xml $(PYTEST_ARGS) || status=$$?; \
 	$(VPY) -m tests.support.timing_report $(TEST_RESULTS)/core.xml $(TEST_RESULTS)/extended.xml; \
 	exit $$status
 
+# TFX's own Trainer and Transform executor tests on ours (tests/test_tfx_conformance.py).
+test-conformance: venv
+	$(VPY) -m pytest tests -m conformance --junitxml=$(TEST_RESULTS)/conformance.xml $(PYTEST_ARGS)
+
 test-fast: venv
-	$(VPY) -m pytest tests -m "not slow and not extended" $(PYTEST_ARGS)
+	$(VPY) -m pytest tests -m "not slow and not extended and not conformance" $(PYTEST_ARGS)
 
 test-slow: venv
 	$(VPY) -m pytest tests -m slow $(PYTEST_ARGS)

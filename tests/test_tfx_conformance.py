@@ -130,7 +130,7 @@ class TestTrainerComponent(_trainer_component_test.ComponentTest):
 
 @_expectations
 @pytest.mark.slow
-@pytest.mark.extended
+@pytest.mark.conformance
 class TestTrainerExecutor(_trainer_executor_test.ExecutorTest):
   """tfx/components/trainer/executor_test.py on HighPerfTrainer's executor,
   with the stock exec properties only."""
@@ -138,7 +138,7 @@ class TestTrainerExecutor(_trainer_executor_test.ExecutorTest):
 
 @_expectations
 @pytest.mark.slow
-@pytest.mark.extended
+@pytest.mark.conformance
 class TestTrainerExecutorOnRam(_trainer_executor_test.ExecutorTest):
   """The same, every output (and so the checkpoints) on `ram://`."""
 
@@ -184,7 +184,7 @@ class _TransformExecutorSetUp:
 
 @_expectations
 @pytest.mark.slow
-@pytest.mark.extended
+@pytest.mark.conformance
 class TestTransformExecutor(_TransformExecutorSetUp,
                             _transform_executor_test.ExecutorTest):
   """tfx/components/transform/executor_test.py (tf.compat.v1 Transform)."""
@@ -192,7 +192,7 @@ class TestTransformExecutor(_TransformExecutorSetUp,
 
 @_expectations
 @pytest.mark.slow
-@pytest.mark.extended
+@pytest.mark.conformance
 class TestTransformExecutorV2(_TransformExecutorSetUp,
                               _transform_executor_v2_test.ExecutorV2Test):
   """tfx/components/transform/executor_v2_test.py (native TF2 Transform)."""
@@ -200,7 +200,7 @@ class TestTransformExecutorV2(_TransformExecutorSetUp,
 
 @_expectations
 @pytest.mark.slow
-@pytest.mark.extended
+@pytest.mark.conformance
 class TestTransformExecutorOnParquet(
     _TransformExecutorSetUp,
     _transform_executor_on_parquet_test.ExecutorOnParquetTest):
@@ -209,7 +209,7 @@ class TestTransformExecutorOnParquet(
 
 @_expectations
 @pytest.mark.slow
-@pytest.mark.extended
+@pytest.mark.conformance
 class TestTransformExecutorSequenceExample(
     _TransformExecutorSetUp,
     _transform_executor_sequence_example_test
