@@ -124,6 +124,9 @@ def test_same_spec_as_stock_transform_plus_tuning():
   assert ours.outputs['tuned_input_pipeline'].type is TunedInputPipeline
   assert set(ours.inputs) == set(stock.inputs)
   tuning = json.loads(ours.exec_properties.pop('tuning'))
+  # Recorded under the stock execution type; this says which class ran.
+  assert ours.exec_properties.pop('component_class') == (
+      'components.transform.component.OptimizedTransform')
   assert ours.exec_properties == stock.exec_properties
   assert tuning['time_budget_s'] == 4.0
   assert TuningConfig.from_dict(tuning).cache == 'auto'
