@@ -21,9 +21,8 @@ from pipelines import taxi_pipeline
 TUNER_MODULE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             'dropin_tuner_module.py')
 # The schema TFX's taxi example ships for ImportSchemaGen.
-TAXI_SCHEMA = os.path.join(
-    os.path.dirname(os.path.dirname(data.default_data_root())),
-    'user_provided_schema', 'schema.pbtxt')
+TAXI_SCHEMA = os.path.join(os.path.dirname(data.default_data_root()),
+                           'user_provided_schema', 'schema.pbtxt')
 TRAIN_STEPS = 20
 EVAL_STEPS = 2
 HPARAMS = {'hidden_units': [8]}
