@@ -329,11 +329,14 @@ def test_span_window_and_analyzer_cache_across_two_runs(tmp_path):
   runs = _runs(store)
   assert len(runs) == 2
   components = ('CsvExampleGen', 'ImportSchemaGen', 'Transform', 'Trainer')
-  for run in runs:
-    # (The Resolver nodes record executions too; the first run's cache
-    # Resolver finds no cache, as with the stock Transform.)
-    assert {node: run[node].last_known_state for node in components} == (
-        dict.fromkeys(components, metadata_store_pb2.Execution.COMPLETE))
+  complete, cached = (metadata_store_pb2.Execution.COMPLETE,
+                      metadata_store_pb2.Execution.CACHED)
+  # (The Resolver nodes record executions too; the first run's cache
+  # Resolver finds no cache, as with the stock Transform.) The schema file is
+  # unchanged, so the second run reuses its import.
+  for run, schema_state in zip(runs, (complete, cached)):
+    assert {node: run[node].last_known_state for node in components} == {
+        **dict.fromkeys(components, complete), 'ImportSchemaGen': schema_state}
   input_event = metadata_store_pb2.Event.INPUT
   first, second = runs[0]['Transform'], runs[1]['Transform']
   spans = [sorted(a.properties['span'].int_value for a in
