@@ -37,6 +37,7 @@ from components.records import partition_plan
 from components.records import tuned_input_pipeline
 from components.trainer.checkpoint import store as store_lib
 from components.trainer import executor as trainer_executor
+from components.trainer import model_run as trainer_model_run
 from components.transform import executor as transform_executor
 from components.transform import tuner
 from components.transform.config import TuningConfig
@@ -231,7 +232,7 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
                                           'training_result.json'))
   assert result['steps'] == 4 and result['exported'] is True
   decision = storage.read_json(os.path.join(
-      model_run_uri, trainer_executor.DECISION_FILE))
+      model_run_uri, trainer_model_run.DECISION_FILE))
   assert decision['strategy'] == 'one_device'
   assert tf.io.gfile.exists(os.path.join(model_run_uri,
                                          trainer_executor.TASK_FILE))
@@ -355,7 +356,7 @@ def test_stock_properties_on_ram_train_in_the_executors_process(tmp_path):
   assert not os.path.exists(os.path.join(
       model_run.uri, trainer_executor.CLUSTER_LOG_DIR))
   decision = storage.read_json(os.path.join(
-      model_run.uri, trainer_executor.DECISION_FILE))
+      model_run.uri, trainer_model_run.DECISION_FILE))
   assert decision['launcher'] == 'in_process'
   assert decision['launcher_reason'] == reason
   assert tf.saved_model.load(os.path.join(model_uri, 'Format-Serving'))

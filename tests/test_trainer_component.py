@@ -15,6 +15,7 @@ from components import types as hpm_types
 from components.trainer import executor
 from components.trainer.config import DistributionConfig
 from components.trainer import fn_args as fn_args_lib
+from components.trainer import model_run as model_run_lib
 from components.trainer import strategy as strategy_lib
 from pipelines import data
 
@@ -293,18 +294,18 @@ def test_seed_and_determinism_are_recorded_on_model_run(tmp_path):
   model_run.uri = str(tmp_path)
   config = DistributionConfig(
       strategy='one_device', seed=42, deterministic=True)
-  executor.Executor._record_decision(  # pylint: disable=protected-access
+  model_run_lib.record_decision(
       model_run, config, 'requested', strategy_lib.Environment())
   assert model_run.get_int_custom_property('seed') == 42
   assert model_run.get_int_custom_property('deterministic') == 1
-  with open(tmp_path / executor.DECISION_FILE) as f:
+  with open(tmp_path / model_run_lib.DECISION_FILE) as f:
     decision = json.load(f)
   assert decision['config']['seed'] == 42
   assert decision['config']['deterministic'] is True
 
   unseeded = standard_artifacts.ModelRun()
   unseeded.uri = str(tmp_path / 'unseeded')
-  executor.Executor._record_decision(  # pylint: disable=protected-access
+  model_run_lib.record_decision(
       unseeded, DistributionConfig(strategy='one_device'),
       'requested', strategy_lib.Environment())
   assert not unseeded.has_custom_property('seed')

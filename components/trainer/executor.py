@@ -10,9 +10,7 @@ this process only, recorded with the reason on `model_run`). It then checks
 the exported model and records the training result on `model_run`.
 """
 
-import dataclasses
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -35,6 +33,7 @@ from components.records import training_result
 from components.records import tuned_input_pipeline
 from components.trainer import config as config_lib
 from components.trainer import launcher
+from components.trainer import model_run as model_run_lib
 from components.trainer import progress
 from components.trainer import strategy as strategy_lib
 from components.trainer import supervisor
@@ -51,7 +50,6 @@ FAULT_TOLERANCE_KEY = 'fault_tolerance'
 TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
 PARTITION_PLAN_KEY = 'partition_plan'
 
-DECISION_FILE = 'distribution_decision.json'
 TASK_FILE = 'training_task.json'
 CLUSTER_LOG_DIR = 'cluster_logs'
 # This node's pipeline name and id where the executor's context has none:
@@ -186,7 +184,8 @@ class Executor(base_executor.BaseExecutor):
       config, reason = strategy_lib.resolve(config, env)
       progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)',
                            config.strategy, reason)
-      self._record_decision(model_run, config, reason, env, launcher_reason)
+      model_run_lib.record_decision(model_run, config, reason, env,
+                                    launcher_reason)
       task = self._make_task(input_dict, output_dict, props, config,
                              fault_tolerance, module_identity, mode,
                              stock_args)
@@ -203,10 +202,10 @@ class Executor(base_executor.BaseExecutor):
     if not fileio.exists(task.serving_model_dir):
       raise RuntimeError(f'Training finished but wrote no model to '
                          f'{task.serving_model_dir}.')
-    self._record_result(model_run, result)
+    model_run_lib.record_result(model_run, result)
     placement = result.get('launch', {}).get('placement')
     if placement:
-      self._record_placement(model_run, placement)
+      model_run_lib.record_placement(model_run, placement)
     logging.info('HighPerfTrainer done: model %s, result %s',
                  task.serving_model_dir, result)
 
@@ -341,68 +340,6 @@ class Executor(base_executor.BaseExecutor):
         timeout_s=config.timeout_s,
         max_restarts=fault_tolerance.max_restarts,
         read_progress=read_progress)
-
-  @staticmethod
-  def _record_placement(model_run: types.Artifact,
-                        placement: Dict[str, Dict[str, Any]]) -> None:
-    """Which Ray node ran which task (the last attempt's)."""
-    nodes = {name: {'node_id': where['node_id'], 'node_ip': where['node_ip']}
-             for name, where in placement.items()}
-    model_run.set_string_custom_property('ray_placement',
-                                         json.dumps(nodes, sort_keys=True))
-    path = os.path.join(model_run.uri, DECISION_FILE)
-    decision = storage.read_json(path) or {}
-    decision['placement'] = nodes
-    storage.write_json(path, decision)
-
-  @staticmethod
-  def _record_decision(model_run: types.Artifact,
-                       config: config_lib.DistributionConfig, reason: str,
-                       env: strategy_lib.Environment,
-                       launcher_reason: str = 'requested') -> None:
-    model_run.set_string_custom_property('strategy', config.strategy)
-    model_run.set_string_custom_property('strategy_reason', reason)
-    model_run.set_string_custom_property('launcher', config.launcher)
-    model_run.set_string_custom_property('launcher_reason', launcher_reason)
-    if config.launcher == 'ray':
-      from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
-      model_run.set_string_custom_property(
-          'ray_address', ray_launcher.resolve_address(config.ray_address))
-    # Ints: TFX's Kubeflow entrypoint cannot translate MLMD bool values.
-    if config.seed is not None:
-      model_run.set_int_custom_property('seed', config.seed)
-    model_run.set_int_custom_property('deterministic',
-                                      int(config.deterministic))
-    storage.write_json(os.path.join(model_run.uri, DECISION_FILE), {
-        'strategy': config.strategy, 'reason': reason,
-        'launcher': config.launcher, 'launcher_reason': launcher_reason,
-        'environment': dataclasses.asdict(env), 'config': config.to_dict()})
-
-  @staticmethod
-  def _record_result(model_run: types.Artifact, result: Dict[str, Any]):
-    for key in ('num_replicas', 'global_batch_size', 'train_steps'):
-      if isinstance(result.get(key), int):
-        model_run.set_int_custom_property(key, result[key])
-    for key in ('examples_per_sec', 'train_loss', 'train_wall_s'):
-      if isinstance(result.get(key), (int, float)):
-        model_run.set_float_custom_property(key, float(result[key]))
-    model_run.set_string_custom_property('training_mode', result['mode'])
-    # Steps per call, and for 'auto' each measurement and its reason.
-    if isinstance(result.get('steps_per_execution'), int):
-      model_run.set_int_custom_property('steps_per_execution',
-                                        result['steps_per_execution'])
-    if result.get('steps_per_execution_auto'):
-      model_run.set_string_custom_property(
-          'steps_per_execution_auto',
-          json.dumps(result['steps_per_execution_auto']))
-    restarts = len(result.get('launch', {}).get('restarts', []))
-    model_run.set_int_custom_property('restarts', restarts)
-    # Where training resumed from, and what each crash cost (issue: resume
-    # events live on the artifact, not only in training_result.json).
-    events = result.get('resume_events') or []
-    model_run.set_string_custom_property('resume_events', json.dumps(events))
-    model_run.set_int_custom_property('resumes', sum(
-        1 for e in events if e.get('event') == 'resumed'))
 
   def _pipeline_name(self) -> str:
     info = self._context and self._context.pipeline_info

@@ -1,0 +1,82 @@
+"""What HighPerfTrainer records on its ModelRun artifact: the distribution
+decision (custom properties and `distribution_decision.json` beside the run's
+logs), the Ray placement, and the training result's key numbers.
+
+`model_run` is the TFX ModelRun artifact (anything with `uri` and the
+`set_*_custom_property` methods).
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict
+
+from components import storage
+from components.trainer import config as config_lib
+from components.trainer import strategy as strategy_lib
+
+DECISION_FILE = 'distribution_decision.json'
+
+
+def record_placement(model_run,
+                     placement: Dict[str, Dict[str, Any]]) -> None:
+  """Which Ray node ran which task (the last attempt's)."""
+  nodes = {name: {'node_id': where['node_id'], 'node_ip': where['node_ip']}
+           for name, where in placement.items()}
+  model_run.set_string_custom_property('ray_placement',
+                                       json.dumps(nodes, sort_keys=True))
+  path = os.path.join(model_run.uri, DECISION_FILE)
+  decision = storage.read_json(path) or {}
+  decision['placement'] = nodes
+  storage.write_json(path, decision)
+
+
+def record_decision(model_run,
+                    config: config_lib.DistributionConfig, reason: str,
+                    env: strategy_lib.Environment,
+                    launcher_reason: str = 'requested') -> None:
+  """The strategy and launcher chosen, and why (also in DECISION_FILE)."""
+  model_run.set_string_custom_property('strategy', config.strategy)
+  model_run.set_string_custom_property('strategy_reason', reason)
+  model_run.set_string_custom_property('launcher', config.launcher)
+  model_run.set_string_custom_property('launcher_reason', launcher_reason)
+  if config.launcher == 'ray':
+    from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
+    model_run.set_string_custom_property(
+        'ray_address', ray_launcher.resolve_address(config.ray_address))
+  # Ints: TFX's Kubeflow entrypoint cannot translate MLMD bool values.
+  if config.seed is not None:
+    model_run.set_int_custom_property('seed', config.seed)
+  model_run.set_int_custom_property('deterministic',
+                                    int(config.deterministic))
+  storage.write_json(os.path.join(model_run.uri, DECISION_FILE), {
+      'strategy': config.strategy, 'reason': reason,
+      'launcher': config.launcher, 'launcher_reason': launcher_reason,
+      'environment': dataclasses.asdict(env), 'config': config.to_dict()})
+
+
+def record_result(model_run, result: Dict[str, Any]) -> None:
+  """The training result's key numbers, restarts and resume events."""
+  for key in ('num_replicas', 'global_batch_size', 'train_steps'):
+    if isinstance(result.get(key), int):
+      model_run.set_int_custom_property(key, result[key])
+  for key in ('examples_per_sec', 'train_loss', 'train_wall_s'):
+    if isinstance(result.get(key), (int, float)):
+      model_run.set_float_custom_property(key, float(result[key]))
+  model_run.set_string_custom_property('training_mode', result['mode'])
+  # Steps per call, and for 'auto' each measurement and its reason.
+  if isinstance(result.get('steps_per_execution'), int):
+    model_run.set_int_custom_property('steps_per_execution',
+                                      result['steps_per_execution'])
+  if result.get('steps_per_execution_auto'):
+    model_run.set_string_custom_property(
+        'steps_per_execution_auto',
+        json.dumps(result['steps_per_execution_auto']))
+  restarts = len(result.get('launch', {}).get('restarts', []))
+  model_run.set_int_custom_property('restarts', restarts)
+  # Where training resumed from, and what each crash cost (issue: resume
+  # events live on the artifact, not only in training_result.json).
+  events = result.get('resume_events') or []
+  model_run.set_string_custom_property('resume_events', json.dumps(events))
+  model_run.set_int_custom_property('resumes', sum(
+      1 for e in events if e.get('event') == 'resumed'))
