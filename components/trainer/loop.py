@@ -26,7 +26,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Dict
 
 import tensorflow as tf
 
@@ -36,6 +36,7 @@ from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
 from components.trainer import accumulation
 from components.trainer import call_size
+from components.trainer import cluster_agreement
 from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.config import AUTO
@@ -66,37 +67,6 @@ _EVENTS_MAX_QUEUE = 1000
 _EVENTS_FLUSH_MILLIS = 600_000
 
 
-def _strategy_kind(strategy: tf.distribute.Strategy) -> str:
-  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-    return 'parameter_server'
-  if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-    return 'multi_worker_mirrored'
-  return 'single_worker'
-
-
-def _agreement(strategy: tf.distribute.Strategy, kind: str
-              ) -> Tuple[Callable[[bool], bool], Callable[[bool], bool]]:
-  """(any worker says yes, all workers say yes) for this cluster.
-
-  Workers of a MultiWorkerMirrored cluster run the same calls and saves
-  (saving runs collectives), so decisions taken from their own clocks are
-  all-reduced; a single worker decides alone.
-  """
-  if kind != 'multi_worker_mirrored':
-    return (lambda flag: flag), (lambda flag: flag)
-
-  @tf.function
-  def count(flag):
-    flags = strategy.run(lambda f: f, args=(flag,))
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None)
-
-  def yes(flag: bool) -> int:
-    return int(count(tf.constant(int(flag))))
-
-  replicas = strategy.num_replicas_in_sync
-  return (lambda flag: yes(flag) > 0), (lambda flag: yes(flag) == replicas)
-
-
 def _json_value(value):
   """Numpy / tensor scalars to plain Python for JSON."""
   if isinstance(value, dict):
@@ -120,7 +90,7 @@ class ManagedTraining:
     self.timing: Dict[str, float] = {}
     self.task = task
     self.strategy = strategy
-    self.kind = _strategy_kind(strategy)
+    self.kind = cluster_agreement.strategy_kind(strategy)
     self.is_chief = bool(strategy.extended.should_checkpoint)
     self.module = user_module.load(task.module_file, task.module_path)
     self.data = datasets.training_data(task, self.module)
@@ -140,7 +110,8 @@ class ManagedTraining:
           f'train_steps={task.train_steps} must be >= 1; '
           'task_process.resolve_lengths turns train_epochs into steps first.')
     self.train_steps = int(task.train_steps)
-    self.any_worker, self.all_workers = _agreement(strategy, self.kind)
+    self.any_worker, self.all_workers = cluster_agreement.votes(
+        strategy, self.kind)
     # Flushed by record_progress at most once a second (a flush to an object
     # store uploads the file again), so the writer itself never flushes
     # during training.
