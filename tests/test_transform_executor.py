@@ -22,7 +22,7 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components.patches import transform as transform_patches
-from components.transform import executor
+from components.transform import tuning_inputs
 from components.transform.config import TuningConfig
 
 SCHEMA = text_format.Parse('''
@@ -128,7 +128,7 @@ def test_every_stock_input_is_taken_and_what_cannot_be_tuned_is_said(
           analyze=splits[0], transform=splits[1])) if splits else None)}
   outputs = ({standard_component_specs.TRANSFORMED_EXAMPLES_KEY:
               [standard_artifacts.Examples()]} if materialize else {})
-  split, why = executor._split_to_tune(  # pylint: disable=protected-access
+  split, why = tuning_inputs.split_to_tune(
       TuningConfig(), _examples(*examples), outputs, properties)
   assert split == expected[0]
   if expected[1] is None:

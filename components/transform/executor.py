@@ -26,7 +26,7 @@ import functools
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
 import apache_beam as beam
@@ -34,10 +34,8 @@ import tensorflow as tf
 import tensorflow_transform as tft
 from tfx import types
 from tfx.components.transform import executor_utils
-from tfx.components.util import examples_utils
 from tfx.types import artifact_utils
 from tfx.types import standard_component_specs
-from tfx.utils import io_utils
 from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
@@ -51,12 +49,11 @@ from components.transform import history
 from components.transform import measurement
 from components.transform import report
 from components.transform import tuner
+from components.transform import tuning_inputs
 from components.transform.config import TuningConfig
 
 TUNING_KEY = 'tuning'
 TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
-_TFRECORDS_GZIP = 'tfrecords_gzip'
-_TF_EXAMPLE = 'FORMAT_TF_EXAMPLE'
 # Longest wait for the model-preparing thread after Beam finished.
 _PREPARE_JOIN_S = 120.0
 
@@ -182,7 +179,7 @@ class Executor(transform_patches.TransformExecutorHooks):
     tuned_artifact = artifact_utils.get_single_instance(
         output_dict[TUNED_INPUT_PIPELINE_KEY])
     storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
-    split, not_tuned = _split_to_tune(tuning, input_dict, output_dict,
+    split, not_tuned = tuning_inputs.split_to_tune(tuning, input_dict, output_dict,
                                       exec_properties)
     if not_tuned:
       return _Plan(tuning, tuned_artifact, not_tuned=not_tuned)
@@ -240,7 +237,7 @@ class Executor(transform_patches.TransformExecutorHooks):
     # From TFRecord inputs, Transform materializes tf.Example TFRecords.
     transformed = (
         output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
-        if _are_tfrecords(examples) else None)
+        if tuning_inputs.are_tfrecords(examples) else None)
     num_examples = (_split_count(examples_written, transformed,
                                  tuning.tune_split)
                     if transformed else None)
@@ -249,11 +246,11 @@ class Executor(transform_patches.TransformExecutorHooks):
         output_dict[standard_component_specs.TRANSFORM_GRAPH_KEY])
     tft_output = tft.TFTransformOutput(transform_graph_uri)
     feature_spec = tft_output.transformed_feature_spec()
-    materialized = (_split_patterns(transformed, tuning.tune_split)
+    materialized = (tuning_inputs.split_patterns(transformed, tuning.tune_split)
                     if transformed else None)
-    raw_patterns = ({split: _split_patterns(examples, split)
+    raw_patterns = ({split: tuning_inputs.split_patterns(examples, split)
                      for split in splits_config.transform}
-                    if _are_tfrecords(examples, _TF_EXAMPLE) else None)
+                    if tuning_inputs.are_tfrecords(examples, tuning_inputs.TF_EXAMPLE) else None)
     references = ({artifact_lib.STOCK_READER: _stock_reader(
         materialized, tft_output.transformed_metadata.schema, batch)}
                   if materialized else {})
@@ -359,42 +356,6 @@ class Executor(transform_patches.TransformExecutorHooks):
     return counts
 
 
-def _split_to_tune(tuning: TuningConfig,
-                   input_dict: Dict[str, List[types.Artifact]],
-                   output_dict: Dict[str, List[types.Artifact]],
-                   exec_properties: Dict[str, Any]
-                  ) -> Tuple[Optional[str], Optional[str]]:
-  """(split to tune on, None), or (None, why nothing can be tuned).
-
-  Every input the stock Transform takes is taken; the tuner needs one
-  transformed split read either from materialized tf.Example TFRecords or
-  on the fly from raw tf.Example TFRecords.
-  """
-  examples = input_dict[standard_component_specs.EXAMPLES_KEY]
-  transform = list(executor_utils.ResolveSplitsConfig(
-      exec_properties.get(standard_component_specs.SPLITS_CONFIG_KEY),
-      examples).transform)
-  split = tuning.split_to_tune(transform)
-  if split is None:
-    return None, (f'no split to tune on: Transform transforms {transform}' +
-                  (f', not tune_split={tuning.tune_split!r}'
-                   if tuning.tune_split else ''))
-  materialized = (bool(output_dict.get(
-      standard_component_specs.TRANSFORMED_EXAMPLES_KEY)) and
-                  _are_tfrecords(examples))
-  on_the_fly = _are_tfrecords(examples, _TF_EXAMPLE)
-  if not (materialized or on_the_fly):
-    formats = sorted({
-        f'{examples_utils.get_file_format(a)}/'
-        f'{examples_utils.get_payload_format_string(a)}' for a in examples})
-    return None, (
-        f'no examples the input pipeline reads: the examples are {formats} '
-        '(it reads gzipped TFRecords, materialized or raw tf.Example)' +
-        ('' if output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
-         else ', and Transform did not materialize'))
-  return split, None
-
-
 def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
   """Examples in the files (estimated from the first one), None if none.
 
@@ -419,20 +380,6 @@ def _split_count(counts: Dict[str, int], transformed: List[types.Artifact],
       return None
     total += sum(matches)
   return total
-
-
-def _are_tfrecords(examples: List[types.Artifact],
-                   payload_format: Optional[str] = None) -> bool:
-  """Whether every artifact holds gzipped TFRecords (of `payload_format`)."""
-  return all(
-      examples_utils.get_file_format(a) == _TFRECORDS_GZIP and
-      payload_format in (None, examples_utils.get_payload_format_string(a))
-      for a in examples)
-
-
-def _split_patterns(artifacts: List[types.Artifact], split: str) -> List[str]:
-  return [io_utils.all_files_pattern(uri)
-          for uri in artifact_utils.get_split_uris(artifacts, split)]
 
 
 def _stock_reader(patterns: List[str], schema: schema_pb2.Schema,
