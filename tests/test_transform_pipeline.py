@@ -30,7 +30,10 @@ from pipelines import data
 from pipelines import taxi_module
 from tests.support import mlmd
 
-pytestmark = pytest.mark.slow
+# Extended: the core set proves OptimizedTransform end to end in the gs://
+# GPipe pipeline (tests/test_gcs_pipeline.py); this module adds its identity
+# with the stock Transform and the tuning reuse (about 5 min).
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 NUM_SHARDS = 4
 BATCH = 64
