@@ -73,13 +73,8 @@ def _pipeline(root: str, trainer_args=None):
   from pipelines import taxi_pipeline
   # pylint: enable=g-import-not-at-top
   module_file = data.default_module_file()
-  example_gen = tfx.components.CsvExampleGen(
-      input_base=data.default_data_root())
-  statistics_gen = tfx.components.StatisticsGen(
-      examples=example_gen.outputs['examples'])
-  schema_gen = tfx.components.SchemaGen(
-      statistics=statistics_gen.outputs['statistics'],
-      infer_feature_shape=True)
+  example_gen, statistics_gen, schema_gen = taxi_pipeline.upstream(
+      data.default_data_root())
   transform = OptimizedTransform(
       examples=example_gen.outputs['examples'],
       schema=schema_gen.outputs['schema'], module_file=module_file,

@@ -147,16 +147,9 @@ def _step_seconds(metadata_path: str) -> Dict[str, object]:
 
 def run_upstream(root: str) -> Dict[str, str]:
   """CsvExampleGen -> StatisticsGen -> SchemaGen on the full taxi data."""
-  from tfx import v1 as tfx  # pylint: disable=g-import-not-at-top
   from pipelines import data  # pylint: disable=g-import-not-at-top
-  example_gen = tfx.components.CsvExampleGen(
-      input_base=data.default_data_root())
-  statistics_gen = tfx.components.StatisticsGen(
-      examples=example_gen.outputs['examples'])
-  schema_gen = tfx.components.SchemaGen(
-      statistics=statistics_gen.outputs['statistics'],
-      infer_feature_shape=True)
-  _run_pipeline(root, [example_gen, statistics_gen, schema_gen])
+  from pipelines import taxi_pipeline  # pylint: disable=g-import-not-at-top
+  _run_pipeline(root, list(taxi_pipeline.upstream(data.default_data_root())))
   return {
       'examples': glob.glob(os.path.join(root, 'CsvExampleGen', 'examples',
                                          '*'))[0],

@@ -9,7 +9,7 @@ one by one and a stock run stays available for side-by-side comparison.
 
 import dataclasses
 import os
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
@@ -102,6 +102,18 @@ def eval_config(accuracy_threshold: float,
       ])
 
 
+def upstream(data_root: str) -> Tuple[base_node.BaseNode, ...]:
+  """CsvExampleGen -> StatisticsGen -> SchemaGen (inferred feature shapes) on
+  the CSVs in `data_root`: what every taxi pipeline and benchmark starts with."""
+  example_gen = tfx.components.CsvExampleGen(input_base=data_root)
+  statistics_gen = tfx.components.StatisticsGen(
+      examples=example_gen.outputs['examples'])
+  schema_gen = tfx.components.SchemaGen(
+      statistics=statistics_gen.outputs['statistics'],
+      infer_feature_shape=True)
+  return example_gen, statistics_gen, schema_gen
+
+
 def create_pipeline(
     *,
     pipeline_name: str,
@@ -154,12 +166,7 @@ def create_pipeline(
   if metadata_path is None:
     metadata_path = os.path.join(pipeline_root, 'metadata.db')
 
-  example_gen = tfx.components.CsvExampleGen(input_base=data_root)
-  statistics_gen = tfx.components.StatisticsGen(
-      examples=example_gen.outputs['examples'])
-  schema_gen = tfx.components.SchemaGen(
-      statistics=statistics_gen.outputs['statistics'],
-      infer_feature_shape=True)
+  example_gen, statistics_gen, schema_gen = upstream(data_root)
   example_validator = tfx.components.ExampleValidator(
       statistics=statistics_gen.outputs['statistics'],
       schema=schema_gen.outputs['schema'])
