@@ -110,11 +110,19 @@ def span_pipeline(ours: bool, data_root: str, root: str,
   example_gen = tfx.components.CsvExampleGen(
       input_base=data_root, input_config=span_input_config())
   schema_gen = tfx.components.ImportSchemaGen(schema_file=TAXI_SCHEMA)
+  # As TFX's penguin_pipeline_local: `example_gen.outputs['examples']` would
+  # only give the current run's artifact (the compiler adds a pipeline_run
+  # context query), so the window reads ExampleGen's outputs of every run
+  # through a plain Channel and runs after ExampleGen.
   window = tfx.dsl.Resolver(
       strategy_class=tfx.dsl.experimental.SpanRangeStrategy,
       config={'range_config': tfx.proto.RangeConfig(
           rolling_range=tfx.proto.RollingRange(num_spans=2))},
-      examples=example_gen.outputs['examples']).with_id('span_window')
+      examples=tfx.dsl.Channel(
+          type=tfx.types.standard_artifacts.Examples,
+          producer_component_id=example_gen.id,
+          output_key='examples')).with_id('span_window')
+  window.add_upstream_node(example_gen)
   latest_cache = tfx.dsl.Resolver(
       strategy_class=tfx.dsl.experimental.LatestArtifactStrategy,
       cache=tfx.dsl.Channel(
