@@ -33,6 +33,8 @@ SAMPLE_ROWS = 2000
 # TFX_HPM_TEST_SEED=<seed>.
 RUN_SEED = int(os.environ.get('TFX_HPM_TEST_SEED') or
                int.from_bytes(os.urandom(4), 'big'))
+# pytest-xdist workers start after this and inherit it: one seed per run.
+os.environ['TFX_HPM_TEST_SEED'] = str(RUN_SEED)
 
 
 def pytest_report_header(config):
@@ -109,6 +111,35 @@ def gcs_bucket(gcs_emulator_server) -> str:
 
 _STARTED = []
 
+# The set a test belongs to (`make test` runs the core set; `make test-all`
+# both, in one session).
+EXTENDED_MARKERS = ('extended', 'conformance')
+
+
+def suite_of(item) -> str:
+  for marker in EXTENDED_MARKERS:
+    if item.get_closest_marker(marker):
+      return marker
+  return 'core'
+
+
+def pytest_collection_modifyitems(items):
+  """Within each module, the core tests first; each test's set in the JUnit
+  XML.
+
+  One `make test-all` session then builds each module's and the session's
+  shared fixtures (a Ray cluster, a baseline training, the shared pipeline
+  upstream) once for both sets, and a core test pays for the fixtures it
+  uses, as it would in `make test`.
+  """
+  modules = {}
+  for item in items:
+    modules.setdefault(item.nodeid.split('::')[0], []).append(item)
+  items[:] = [item for module in modules.values()
+              for item in sorted(module, key=lambda i: suite_of(i) != 'core')]
+  for item in items:
+    item.user_properties.append(('set', suite_of(item)))
+
 
 def pytest_terminal_summary(terminalreporter):
   stats = terminalreporter.stats
@@ -138,7 +169,9 @@ def pytest_unconfigure(config):
   pipeline runners end the same way (`os._exit`).
   """
   del config
-  if _EXIT_STATUS:
+  # An xdist worker reports to the controller through its gateway and
+  # exits when the controller closes it; only the controller ends here.
+  if _EXIT_STATUS and 'PYTEST_XDIST_WORKER' not in os.environ:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_EXIT_STATUS[0])  # pylint: disable=protected-access

@@ -151,7 +151,7 @@ def test_resume_many_epochs_in_is_exact(tmp_path, num_files, changes):
           seed=3, input_context=context, skip_batches=skip), limit=limit)
 
     uninterrupted = batches(0, 130)  # Over 10 epochs.
-    for skip in (1, 10, 11, 52, 104, 125):
+    for skip in (10, 52, 125):  # Straddling the first epoch end; deep.
       assert batches(skip, 5) == uninterrupted[skip:skip + 5], skip
     rows = len(set(_flat(uninterrupted)))
     epochs = [_flat(uninterrupted)[i * rows:(i + 1) * rows] for i in range(3)]

@@ -263,9 +263,9 @@ def _artifacts(store, execution, event_type, key):
 
 @pytest.mark.slow
 @pytest.mark.extended
-def test_tuner_cond_pusher_and_three_cached_runs(tmp_path):
+def test_tuner_cond_pusher_and_a_cached_rerun(tmp_path):
   """ImportSchemaGen, a Tuner's best_hyperparameters into HighPerfTrainer,
-  a Pusher under Cond(blessed); runs 2 and 3 reuse every execution, as the
+  a Pusher under Cond(blessed); a second run reuses every execution, as the
   stock components do (TFX's own taxi e2e test: unchanged inputs, cached
   executions, no new artifacts)."""
   data_root = data.write_sample(data.default_data_root(),
@@ -273,7 +273,7 @@ def test_tuner_cond_pusher_and_three_cached_runs(tmp_path):
   metadata_path = str(tmp_path / 'metadata.db')
   serving = tmp_path / 'serving'
   artifact_counts = []
-  for _ in range(3):
+  for _ in range(2):
     tfx.orchestration.LocalDagRunner().run(dropin_shapes.cached_pipeline(
         True, data_root, str(tmp_path / 'root'), str(serving),
         metadata_path))
@@ -284,9 +284,8 @@ def test_tuner_cond_pusher_and_three_cached_runs(tmp_path):
   states = [{node: _STATES.get(e.last_known_state, e.last_known_state)
              for node, e in run.items()} for run in runs]
   assert states == [dict.fromkeys(CACHED_NODES, 'COMPLETE'),
-                    dict.fromkeys(CACHED_NODES, 'CACHED'),
                     dict.fromkeys(CACHED_NODES, 'CACHED')]
-  assert artifact_counts[0] == artifact_counts[1] == artifact_counts[2]
+  assert artifact_counts[0] == artifact_counts[1]
   # The Tuner's best values reached the managed loop's hparams.
   [best] = _artifacts(store, runs[0]['Tuner'],
                       metadata_store_pb2.Event.OUTPUT, 'best_hyperparameters')
@@ -309,7 +308,7 @@ def test_tuner_cond_pusher_and_three_cached_runs(tmp_path):
   assert os.listdir(serving)
   # Found as TFX's e2e tests find them: one execution per run.
   assert len(store.get_executions_by_type(
-      'tfx.components.trainer.component.Trainer')) == 3
+      'tfx.components.trainer.component.Trainer')) == 2
 
 
 @pytest.mark.slow

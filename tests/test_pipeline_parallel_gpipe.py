@@ -49,17 +49,22 @@ CORE_CASE = 'skip_k4_except_last'
 CORE_1F1B_CASE = '1f1b_skip_k3_m4_except_last'
 CORE_HYBRID_CASE = 'hybrid_r2_k2_1f1b_except_last'
 HYBRID_CASES = ('hybrid_r2_k2_gpipe_always', 'hybrid_r2_k2_1f1b_never')
-GRADIENT_CASES = ([f'skip_k{k}_{mode}' for k in (2, 4) for mode in REMAT_MODES]
-                  + ['skip_k4_always_offload', 'sequential_k4_except_last',
-                     'taxi_k2_profiled_plan'])
+# GPipe against one device: K in {2, 4} with each remat mode once (K=4
+# except_last is CORE_CASE), activation offload, a sequential model and a
+# profiled taxi plan.
+GRADIENT_CASES = ('skip_k2_never', 'skip_k2_always', 'skip_k4_never',
+                  'skip_k4_always_offload', 'sequential_k4_except_last',
+                  'taxi_k2_profiled_plan')
 SEQUENTIAL_BOUNDARIES = {2: [0, 2, 5], 3: [0, 2, 4, 5], 4: [0, 1, 2, 4, 5]}
-# 1F1B against one device: both models, K in {2, 3}, M in {1, 4, 8}, with
-# and without re-materialization; except_last where M > 1 makes it differ.
+# 1F1B against one device: every pair of values of (model, K, M, remat) once
+# (a pairwise covering set: M in {1, 4, 8} x K in {2, 3} x remat in {never,
+# always} x both models), plus except_last where M > 1 makes it differ (the
+# skip model's K=3, M=4 case is CORE_1F1B_CASE).
 ONE_F_ONE_B_CASES = (
-    [f'1f1b_{model}_k{k}_m{m}_{mode}' for model in ('skip', 'sequential')
-     for k in (2, 3) for m in (1, 4, 8) for mode in ('never', 'always')] +
-    [f'1f1b_{model}_k3_m{m}_except_last' for model in ('skip', 'sequential')
-     for m in (4, 8)])
+    '1f1b_skip_k2_m1_never', '1f1b_sequential_k3_m1_always',
+    '1f1b_skip_k3_m4_always', '1f1b_sequential_k2_m4_never',
+    '1f1b_skip_k2_m8_always', '1f1b_sequential_k3_m8_never',
+    '1f1b_sequential_k3_m8_except_last')
 MEMORY_MICROBATCHES = 8
 
 
@@ -240,26 +245,18 @@ def _run_1f1b_suite(all_devices):
                  replicas=2)
     results[case] = _compare(_skip_model, plan, features, labels,
                              all_devices)
-  results['transient_peak_bytes'] = {
-      schedule: _transient_peak_bytes('never', all_devices[:2], schedule)
-      for schedule in ('gpipe', '1f1b')}
   return results
 
 
 def run_worker(output_path: str, scratch_dir: str, suite: str) -> None:
-  """Runs the 'core' cases, the 'full' GPipe suite or the '1f1b' suite;
-  writes results as JSON."""
+  """Runs the 'core' cases or the 'full' GPipe and 1F1B suites (one
+  process: TensorFlow starts once); writes results as JSON."""
   tf.config.set_visible_devices([], 'GPU')
   configure_logical_cpus(NUM_DEVICES)
   all_devices = placement.stage_devices(NUM_DEVICES)
   results = {'devices': all_devices}
   features, labels = _data('skip')
   skip_graph = graph_lib.LayerGraph(_skip_model())
-  if suite == '1f1b':
-    results.update(_run_1f1b_suite(all_devices))
-    with open(output_path, 'w') as f:
-      json.dump(results, f, indent=1)
-    return
   if suite == 'core':
     plan = _plan(skip_graph, 4, SKIP_BOUNDARIES[4], 'except_last')
     results[CORE_CASE] = _compare(_skip_model, plan, features, labels,
@@ -275,11 +272,13 @@ def run_worker(output_path: str, scratch_dir: str, suite: str) -> None:
     with open(output_path, 'w') as f:
       json.dump(results, f, indent=1)
     return
-  for k in (2, 4):
-    for mode in REMAT_MODES:
+  for case in GRADIENT_CASES:
+    _, k, mode = case.split('_', 2)
+    if case.startswith('skip') and mode in REMAT_MODES:
+      k = int(k[1:])
       plan = _plan(skip_graph, k, SKIP_BOUNDARIES[k], mode)
-      results[f'skip_k{k}_{mode}'] = _compare(
-          _skip_model, plan, features, labels, all_devices[:k])
+      results[case] = _compare(_skip_model, plan, features, labels,
+                               all_devices[:k])
   plan = _plan(skip_graph, 4, SKIP_BOUNDARIES[4], 'always', offload=True)
   results['skip_k4_always_offload'] = _compare(
       _skip_model, plan, features, labels, all_devices)
@@ -297,9 +296,12 @@ def run_worker(output_path: str, scratch_dir: str, suite: str) -> None:
       _taxi_model, plan, taxi_features, taxi_labels, all_devices[:2])
   results['train_and_export'] = _train_and_export(
       all_devices, os.path.join(scratch_dir, 'saved_model'))
+  results.update(_run_1f1b_suite(all_devices))
+  # GPipe without and with remat, and 1F1B without.
   results['transient_peak_bytes'] = {
-      mode: _transient_peak_bytes(mode, all_devices[:2])
-      for mode in ('never', 'always')}
+      'never': _transient_peak_bytes('never', all_devices[:2]),
+      'always': _transient_peak_bytes('always', all_devices[:2]),
+      '1f1b': _transient_peak_bytes('never', all_devices[:2], '1f1b')}
   with open(output_path, 'w') as f:
     json.dump(results, f, indent=1)
 
@@ -330,11 +332,6 @@ def core_results(tmp_path_factory):
 @pytest.fixture(scope='module')
 def worker_results(tmp_path_factory):
   return _run_worker(tmp_path_factory, 'full')
-
-
-@pytest.fixture(scope='module')
-def one_f_one_b_results(tmp_path_factory):
-  return _run_worker(tmp_path_factory, '1f1b')
 
 
 def _assert_matches_one_device(result):
@@ -417,27 +414,27 @@ def test_remat_lowers_peak_memory(worker_results):
 @pytest.mark.slow
 @pytest.mark.parametrize('case', ONE_F_ONE_B_CASES)
 def test_1f1b_same_loss_gradients_and_placement_as_one_device(
-    one_f_one_b_results, case):
-  _assert_matches_one_device(one_f_one_b_results[case])
+    worker_results, case):
+  _assert_matches_one_device(worker_results[case])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('case', HYBRID_CASES)
-def test_data_x_pipeline_matches_one_device(one_f_one_b_results, case):
-  _assert_matches_one_device(one_f_one_b_results[case])
-  assert len(set(one_f_one_b_results[case]['all_devices'])) == NUM_DEVICES
+def test_data_x_pipeline_matches_one_device(worker_results, case):
+  _assert_matches_one_device(worker_results[case])
+  assert len(set(worker_results[case]['all_devices'])) == NUM_DEVICES
 
 
 @pytest.mark.slow
-def test_1f1b_lowers_measured_peak_memory(one_f_one_b_results):
+def test_1f1b_lowers_measured_peak_memory(worker_results):
   # remat 'never', K=2, M=8, micro-batches of 128 x 256 floats: GPipe keeps
   # all 8 micro-batches' activations on both stages (8 x 9 layer outputs,
   # ~9 MiB); 1F1B keeps 2 on stage 0 and 1 on stage 1 (2 x 4 + 1 x 5 layer
   # outputs, 18% of that). Stated margin: 1F1B's peak is under half of
   # GPipe's.
-  peaks = one_f_one_b_results['transient_peak_bytes']
-  assert peaks['gpipe'] > 6 * 2**20, peaks
-  assert peaks['1f1b'] < 0.5 * peaks['gpipe'], peaks
+  peaks = worker_results['transient_peak_bytes']
+  assert peaks['never'] > 6 * 2**20, peaks
+  assert peaks['1f1b'] < 0.5 * peaks['never'], peaks
 
 
 @pytest.mark.slow

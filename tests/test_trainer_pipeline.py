@@ -91,33 +91,31 @@ def _assert_trained_and_blessed(run, model_run, strategy: str, replicas: int,
   return result
 
 
-# one_device runs in test_in_process_launcher_trains_in_the_executor;
+# Per strategy, where it trains the taxi model to the bound in a pipeline:
+# one_device in test_in_process_launcher_trains_in_the_executor;
 # multi_worker_mirrored in the pipelines of
 # test_gcs_pipeline.py::test_hpm_multi_worker_resumes_from_gcs_after_worker_killed
 # (local launcher) and
-# test_trainer_ray.py::test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed.
-@pytest.mark.parametrize('distribution,strategy,replicas,processes', [
-    ({'strategy': 'mirrored', 'logical_cpu_devices': 2}, 'mirrored', 2,
-     ['trainer']),
-    ({'strategy': 'central_storage', 'logical_cpu_devices': 2},
-     'central_storage', 2, ['trainer']),
-    ({'strategy': 'parameter_server', 'num_workers': 2, 'num_ps': 1},
-     'parameter_server', 1, ['chief', 'ps-0', 'worker-0', 'worker-1']),
-], ids=['mirrored', 'central_storage', 'parameter_server'])
+# test_trainer_ray.py::test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed;
+# mirrored in notebooks/trainer.ipynb. mirrored and central_storage compute
+# one device's large-batch step (test_trainer_accumulation.py,
+# test_trainer_faults.py two-replica tests), so only the asynchronous
+# parameter-server training needs its own run here.
 @pytest.mark.extended
-def test_strategy_trains_taxi_and_is_blessed(shared_taxi_root, taxi_sample_dir,
-                                             distribution, strategy, replicas,
-                                             processes):
-  run = _run(shared_taxi_root, taxi_sample_dir, distribution)
+def test_parameter_server_trains_taxi_and_is_blessed(shared_taxi_root,
+                                                     taxi_sample_dir):
+  run = _run(shared_taxi_root, taxi_sample_dir,
+             {'strategy': 'parameter_server', 'num_workers': 2, 'num_ps': 1})
   model_run = _latest_model_run(shared_taxi_root)
-  result = _assert_trained_and_blessed(run, model_run, strategy, replicas,
+  result = _assert_trained_and_blessed(run, model_run, 'parameter_server', 1,
                                        'managed')
   assert result['steps'] == TRAIN_STEPS  # Optimizer updates done.
   assert 0 < result['train_loss'] < 10
   assert result['launch']['attempts'] == 1
   logs = os.listdir(os.path.join(model_run.uri, 'cluster_logs', 'attempt-0'))
-  assert sorted(logs) == [f'{p}.log' for p in processes]
-  # Upstream components ran once for all strategies (cache).
+  assert sorted(logs) == ['chief.log', 'ps-0.log', 'worker-0.log',
+                          'worker-1.log']
+  # Upstream components ran once for all the pipeline runs (cache).
   assert _completed_runs(shared_taxi_root, 'Transform') == 1
 
 
