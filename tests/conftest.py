@@ -141,6 +141,36 @@ def pytest_collection_modifyitems(items):
     item.user_properties.append(('set', suite_of(item)))
 
 
+# Files with the longest runs (measured serially: pipelines, notebooks,
+# clusters), longest first. pytest-xdist hands files out by test count, which
+# would leave these few-test files for last and one worker running them alone.
+LONG_FILES = (
+    'tests/test_gcs_pipeline.py', 'tests/test_notebook.py',
+    'tests/test_kubeflow_run.py', 'tests/test_trainer_ray.py',
+    'tests/test_trainer_pipeline.py', 'tests/test_dropin_pipelines.py',
+    'tests/test_transform_pipeline.py', 'tests/test_trainer_resume.py',
+    'tests/test_trainer_faults.py')
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  """Whole files to workers (`--dist loadfile`), LONG_FILES first."""
+  # pylint: disable-next=g-import-not-at-top
+  from xdist.scheduler import LoadFileScheduling
+
+  class LongFilesFirst(LoadFileScheduling):
+
+    def _assign_work_unit(self, node):
+      for scope in reversed(LONG_FILES):
+        if scope in self.workqueue:
+          self.workqueue.move_to_end(scope, last=False)
+      super()._assign_work_unit(node)
+
+  if config.getvalue('dist') != 'loadfile':
+    return None
+  return LongFilesFirst(config, log)
+
+
 def pytest_terminal_summary(terminalreporter):
   stats = terminalreporter.stats
   if not _STARTED or not (stats.get('failed') or stats.get('error')):

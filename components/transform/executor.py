@@ -141,12 +141,12 @@ class Executor(transform_patches.TransformExecutorHooks):
   def Do(self, input_dict: Dict[str, List[types.Artifact]],
          output_dict: Dict[str, List[types.Artifact]],
          exec_properties: Dict[str, Any]) -> None:
+    plan = self._plan(input_dict, output_dict, exec_properties)
     # The stock Do replaces a single transformed_examples artifact with one
     # per input Examples artifact (e.g. a span window); done here, on the
     # dict the launcher records, since the stock Do gets a filtered copy.
     executor_utils.MatchNumberOfTransformedExamplesArtifacts(
         input_dict, output_dict)
-    plan = self._plan(input_dict, output_dict, exec_properties)
     start = time.monotonic()
     with transform_patches.sharded_writes(plan.tuning.num_output_shards), \
         patches.installed(patches.TRANSFORM_EXECUTOR_HOOKS,
