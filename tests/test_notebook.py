@@ -98,6 +98,18 @@ def _read_bytes(pattern: str) -> bytes:
     return f.read()
 
 
+def _run_component_notebook(name: str, components):
+  """Executes a component notebook; checks its executions COMPLETE.
+
+  Returns its pipeline root, all its text output and its inline images.
+  """
+  _, code = _execute(name)
+  root = _pipeline_root(code)
+  _assert_complete(root, ['CsvExampleGen', 'StatisticsGen', 'SchemaGen',
+                          'Transform', *components])
+  return root, _all_text(code), _images(code)
+
+
 def _remove_work_dir(root: str) -> None:
   """The notebook's temporary folder (the parent of its pipeline root)."""
   work = os.path.dirname(root)
@@ -109,13 +121,7 @@ def _remove_work_dir(root: str) -> None:
 @pytest.mark.slow
 @pytest.mark.extended
 def test_walkthrough_runs_the_pipeline_and_shows_the_trainer_decision():
-  notebook = nbformat.read(NOTEBOOK, as_version=4)
-  # The kernel starts in the repository root, as the notebook asks.
-  NotebookClient(notebook, timeout=900, kernel_name='python3',
-                 resources={'metadata': {'path': REPO}}).execute()
-  code = [cell for cell in notebook.cells if cell.cell_type == 'code']
-  assert not [o for cell in code for o in cell.outputs
-              if o.output_type == 'error']
+  _, code = _execute('walkthrough.ipynb')
   components = _text(code[1].outputs)
   assert "'Transform'" in components and "'Trainer'" in components
   run_summary = _text(code[2].outputs)
@@ -151,17 +157,14 @@ def test_committed_notebooks_have_no_outputs(name):
 @pytest.mark.slow
 @pytest.mark.extended
 def test_trainer_notebook_trains_kills_resumes_and_evaluates():
-  _, code = _execute('trainer.ipynb')
-  root = _pipeline_root(code)
-  _assert_complete(root, ['CsvExampleGen', 'StatisticsGen', 'SchemaGen',
-                          'Transform', 'Trainer_auto', 'Trainer_mirrored',
-                          'Trainer_mwms', 'Trainer_resumed', 'Evaluator'])
-  text = _all_text(code)
+  root, text, images = _run_component_notebook(
+      'trainer.ipynb', ['Trainer_auto', 'Trainer_mirrored', 'Trainer_mwms',
+                        'Trainer_resumed', 'Evaluator'])
   # The decision and its reason, for auto and the explicit strategies.
   assert 'nothing to distribute' in text, text
   assert "strategy='multi_worker_mirrored' was requested." in text
   # Training curves and the resumed run's curve are drawn inline.
-  assert len(_images(code)) >= 2
+  assert len(images) >= 2
   # The resume event, as model_run records it.
   assert 'restarts: 1  resumes: 1' in text, text
   assert re.search(r"resume event: \{[^\n]*'event': 'resumed'", text), text
@@ -184,16 +187,12 @@ def test_trainer_notebook_trains_kills_resumes_and_evaluates():
 @pytest.mark.slow
 @pytest.mark.extended
 def test_input_pipeline_notebook_shows_the_report_and_the_verdict():
-  _, code = _execute('input_pipeline.ipynb')
-  root = _pipeline_root(code)
-  _assert_complete(root, ['CsvExampleGen', 'StatisticsGen', 'SchemaGen',
-                          'Transform', 'Trainer'])
-  images = _images(code)
+  root, text, images = _run_component_notebook('input_pipeline.ipynb',
+                                               ['Trainer'])
   # candidates.png itself, inline, plus the notebook's reader chart.
   assert _read_bytes(os.path.join(root, 'Transform', 'tuned_input_pipeline',
                                   '*', 'candidates.png')) in images
   assert len(images) >= 2
-  text = _all_text(code)
   assert '# Tuned input pipeline' in text  # report.md, rendered
   assert 'stock TFX reader' in text and 'vs stock' in text
   assert re.search(r'\*\*(Not input-bound|Close to input-bound|'
@@ -204,15 +203,11 @@ def test_input_pipeline_notebook_shows_the_report_and_the_verdict():
 @pytest.mark.slow
 @pytest.mark.extended
 def test_pipeline_parallel_notebook_plans_and_matches_one_device():
-  _, code = _execute('pipeline_parallel.ipynb')
-  root = _pipeline_root(code)
-  _assert_complete(root, ['CsvExampleGen', 'StatisticsGen', 'SchemaGen',
-                          'Transform', 'GPipePartitioner', 'Trainer'])
-  images = _images(code)
+  root, text, images = _run_component_notebook(
+      'pipeline_parallel.ipynb', ['GPipePartitioner', 'Trainer'])
   for chart in ('stage_costs.png', 'schedule.png'):
     assert _read_bytes(os.path.join(root, 'GPipePartitioner',
                                     'partition_plan', '*', chart)) in images
-  text = _all_text(code)
   assert 'same initial weights: True' in text
   assert 'uniform' in text and 'vs optimum' in text
   # The notebook asserts the losses match; here, that the table is there.
