@@ -38,7 +38,7 @@ help:
 	@echo "make run        # full Chicago taxi pipeline with tfx-hpm components (LocalDagRunner)"
 	@echo "make run-stock  # the same pipeline with the stock Transform and Trainer"
 	@echo "make test       # the core test suite (at most 20 min on 2 cores)"
-	@echo "make test-all   # core, then the extended tests (what CI runs; at most 40 min)"
+	@echo "make test-all   # core and extended tests in one session (what CI runs; at most 40 min)"
 	@echo "make test-conformance  # TFX's own executor tests on ours (about an hour)"
 	@echo "make test-fast  # tests without end-to-end pipeline runs and clusters"
 	@echo "make bench      # side-by-side benchmarks -> benchmarks/results/"
