@@ -48,8 +48,8 @@ help:
 
 # setuptools and wheel first (the lock's sdists build with them), then the
 # rest of the lock in two pip processes at once (pip is single-threaded);
-# --no-deps, as the lock pins everything. Bytecode is compiled on first import.
-PIP_INSTALL := $(VPY) -m pip install --quiet --no-deps --disable-pip-version-check --no-compile
+# --no-deps, as the lock pins everything.
+PIP_INSTALL := $(VPY) -m pip install --quiet --no-deps --disable-pip-version-check
 
 $(VENV)/.installed: requirements.lock setup.py
 	@if [ -z "$(PYTHON)" ]; then \

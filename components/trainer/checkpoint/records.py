@@ -101,7 +101,12 @@ class ProgressMarker:
   def update(self, step: int,
              details: Optional[Dict[str, Any]] = None) -> None:
     """The step reached, with what `details` say about it (none: a save
-    records only the step; older details would not match it)."""
+    records only the step; older details would not match it, but those of
+    the same step do, and are kept: the last step's progress line then
+    survives the final save, whichever the writer gets to first)."""
+    if details is None and self._latest is not None and (
+        self._latest[0] == step):
+      details = self._latest[1]
     self._latest = (step, details)
     self._wake.set()
 
