@@ -57,7 +57,7 @@ $(VENV)/.installed: requirements.lock setup.py
 	       "or pass PYTHON=/path/to/python3.10." >&2; exit 1; fi
 	@"$(PYTHON)" -c 'import sys; assert sys.version_info[:2] == (3, 10), sys.version' || \
 	  { echo "error: $(PYTHON) is not Python 3.10; TFX 1.16 needs 3.10." >&2; exit 1; }
-	@echo "Creating $(VENV) with $(PYTHON) and installing requirements.lock (about 2 min)..."
+	@echo "Creating $(VENV) with $(PYTHON) and installing requirements.lock (about 3 min)..."
 	"$(PYTHON)" -m venv $(VENV)
 	$(PIP_INSTALL) $$(grep -E '^(setuptools|wheel)==' requirements.lock)
 	grep -vE '^(#|setuptools==|wheel==|$$)' requirements.lock > $(VENV)/lock.txt
