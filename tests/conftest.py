@@ -113,11 +113,11 @@ _STARTED = []
 
 # The set a test belongs to (`make test` runs the core set; `make test-all`
 # both, in one session).
-EXTENDED_MARKERS = ('extended', 'conformance')
+SET_MARKERS = ('extended', 'conformance')
 
 
-def suite_of(item) -> str:
-  for marker in EXTENDED_MARKERS:
+def set_of(item) -> str:
+  for marker in SET_MARKERS:
     if item.get_closest_marker(marker):
       return marker
   return 'core'
@@ -136,9 +136,9 @@ def pytest_collection_modifyitems(items):
   for item in items:
     modules.setdefault(item.nodeid.split('::')[0], []).append(item)
   items[:] = [item for module in modules.values()
-              for item in sorted(module, key=lambda i: suite_of(i) != 'core')]
+              for item in sorted(module, key=lambda i: set_of(i) != 'core')]
   for item in items:
-    item.user_properties.append(('set', suite_of(item)))
+    item.user_properties.append(('set', set_of(item)))
 
 
 # Files with the longest runs (measured serially: pipelines, notebooks,
