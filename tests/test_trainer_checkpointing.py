@@ -612,6 +612,7 @@ def test_checkpointer_events_say_what_storage_did(root):
                                      'write checkpoint': 1}
   assert CheckpointStore(root + '/fp', None).records.read_events() == events
 
+
 def test_progress_marker_writes_new_details_of_the_same_step(root):
   """A save records the step, then the loop the step with its details: the
   second write is not skipped for having the same step."""
@@ -624,3 +625,25 @@ def test_progress_marker_writes_new_details_of_the_same_step(root):
   marker.update(150, {'checkpoints': 3})
   marker.close()
   assert store.records.read_progress()['checkpoints'] == 3
+
+
+def test_progress_marker_close_during_a_slow_write_keeps_the_last_details(
+    root):
+  """The last call saves (a bare step), then records its details and closes
+  while the bare step is still being written (an object store): the marker
+  still ends with the details, which the supervisor's progress line needs."""
+  writing = threading.Event()
+
+  def slow_io(what, fn, *args):
+    writing.set()
+    time.sleep(0.3)
+    return fn(*args)
+
+  records = records_lib.RunRecords(root + '/fp', True, io=slow_io)
+  marker = records_lib.ProgressMarker(records, min_interval_seconds=0.01)
+  marker.update(600)
+  assert writing.wait(30)
+  marker.update(600, {'train_steps': 600})
+  marker.close()
+  recorded = records_lib.read_progress(root + '/fp')
+  assert (recorded['step'], recorded.get('train_steps')) == (600, 600)

@@ -114,6 +114,10 @@ class ProgressMarker:
     while True:
       self._wake.wait()
       self._wake.clear()
+      # Closing is read before the latest: every update made before close()
+      # is then in `latest`, even one that came during a slow write (the
+      # save's bare step, then the loop's details of that step).
+      closing = self._closing
       latest = self._latest
       if latest is not None and latest != self._written:
         step, details = latest
@@ -122,7 +126,7 @@ class ProgressMarker:
           self._written = latest
         except (OSError, tf.errors.OpError) as e:
           logging.warning('Could not record progress at step %d: %s', step, e)
-      if self._closing:
+      if closing:
         return
       time.sleep(self._min_interval_seconds)
 
