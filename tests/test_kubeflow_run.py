@@ -459,7 +459,11 @@ def test_compiled_pipeline_runs_through_pusher_on_gcs(
        '--pipeline-root', f'{prefix}/root', '--data-root', taxi_sample_dir,
        '--serving-model-dir', f'{prefix}/serving_model',
        '--train-steps', str(TRAIN_STEPS), '--eval-steps', str(EVAL_STEPS),
-       '--accuracy-threshold', str(ACCURACY_BOUND)],
+       '--accuracy-threshold', str(ACCURACY_BOUND),
+       # One in-process Beam worker per task: the default's worker processes
+       # (one per core, each importing TensorFlow) only slow a 2,000-row run.
+       '--beam-pipeline-arg=--direct_running_mode=in_memory',
+       '--beam-pipeline-arg=--direct_num_workers=1'],
       capture_output=True, text=True, timeout=600, check=False)
   assert compiled.returncode == 0, compiled.stderr[-5000:]
   backend = kfp_backend.KfpBackend(job_path, str(tmp_path / 'pods'))
