@@ -3,6 +3,8 @@ a local GCS server (`gcs_bucket`) for gs:// pipeline roots, and the trainer
 tests' id dataset (`data`) and child-process environment (`child_env`)."""
 
 import os
+import pathlib
+import shutil
 import sys
 import uuid
 
@@ -22,6 +24,7 @@ from tests.support import gcs_emulator  # pylint: disable=g-import-not-at-top
 GCS_EMULATOR_PORT = portpicker.pick_unused_port()
 os.environ.update(gcs_emulator.environment(GCS_EMULATOR_PORT))
 
+import filelock  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
 from pipelines import data  # pylint: disable=g-import-not-at-top
@@ -49,11 +52,25 @@ def run_seed() -> int:
 
 
 @pytest.fixture(scope='session')
-def taxi_sample_dir(tmp_path_factory) -> str:
-  """The first SAMPLE_ROWS rows of the taxi CSV shipped with tfx."""
-  return data.write_sample(data.default_data_root(),
-                           str(tmp_path_factory.mktemp('taxi_sample')),
-                           SAMPLE_ROWS)
+def run_dir(tmp_path_factory, worker_id) -> pathlib.Path:
+  """A folder of this whole run, shared by its xdist workers (use a
+  `filelock.FileLock` to make something there once)."""
+  base = tmp_path_factory.getbasetemp()
+  return base if worker_id == 'master' else base.parent
+
+
+@pytest.fixture(scope='session')
+def taxi_sample_dir(run_dir) -> str:
+  """The first SAMPLE_ROWS rows of the taxi CSV shipped with tfx, written
+  once a run (read only: every worker's pipelines read the same files, so
+  their ExampleGen executions have the same cache key)."""
+  sample = run_dir / 'taxi_sample'
+  with filelock.FileLock(f'{sample}.lock'):
+    if not sample.exists():
+      written = data.write_sample(data.default_data_root(), f'{sample}.tmp',
+                                  SAMPLE_ROWS)
+      os.rename(written, sample)
+  return str(sample)
 
 
 @pytest.fixture(scope='session', name='data')
@@ -76,16 +93,25 @@ def child_env(monkeypatch):
 
 
 @pytest.fixture(scope='session')
-def shared_taxi_root(tmp_path_factory) -> str:
+def shared_taxi_root(tmp_path_factory, run_dir, taxi_sample_dir) -> str:
   """One pipeline root (with its MLMD file) for the Trainer-level taxi
-  pipeline runs of the whole session.
+  pipeline runs of this worker.
 
   Every run there uses the pipeline name `tests.support.taxi_runs.NAME`, the
-  taxi sample, the stock Transform and caching on, so ExampleGen ..
-  Transform run once for all of them and each later run executes only its
-  Trainer, Evaluator and Pusher.
+  taxi sample, the stock Transform and caching on. ExampleGen .. Transform
+  run once a run, for every worker (`taxi_runs.run_upstream`); each worker's
+  root starts with a copy of that MLMD file, so each run there executes only
+  its Trainer, Evaluator and Pusher (reading the upstream artifacts where
+  they were written).
   """
-  return str(tmp_path_factory.mktemp('shared_taxi_root'))
+  from tests.support import taxi_runs  # pylint: disable=g-import-not-at-top
+  upstream = run_dir / 'taxi_upstream'
+  with filelock.FileLock(f'{upstream}.lock'):
+    if not (upstream / taxi_runs.METADATA).exists():
+      taxi_runs.run_upstream(str(upstream), taxi_sample_dir)
+  root = tmp_path_factory.mktemp('shared_taxi_root')
+  shutil.copy(upstream / taxi_runs.METADATA, root / taxi_runs.METADATA)
+  return str(root)
 
 
 @pytest.fixture(scope='session')
