@@ -4,7 +4,6 @@ tests' id dataset (`data`) and child-process environment (`child_env`)."""
 
 import os
 import pathlib
-import shutil
 import sys
 import uuid
 
@@ -93,25 +92,29 @@ def child_env(monkeypatch):
 
 
 @pytest.fixture(scope='session')
-def shared_taxi_root(tmp_path_factory, run_dir, taxi_sample_dir) -> str:
-  """One pipeline root (with its MLMD file) for the Trainer-level taxi
-  pipeline runs of this worker.
-
-  Every run there uses the pipeline name `tests.support.taxi_runs.NAME`, the
-  taxi sample, the stock Transform and caching on. ExampleGen .. Transform
-  run once a run, for every worker (`taxi_runs.run_upstream`); each worker's
-  root starts with a copy of that MLMD file, so each run there executes only
-  its Trainer, Evaluator and Pusher (reading the upstream artifacts where
-  they were written).
-  """
+def taxi_upstream(run_dir, taxi_sample_dir) -> str:
+  """The folder of `tests.support.taxi_runs.run_upstream`: ExampleGen ..
+  Transform (stock) on the taxi sample, run once a run for every worker.
+  `taxi_runs.start_from` copies its MLMD file into a root, where a pipeline
+  of the same name with caching on then reuses those executions."""
   from tests.support import taxi_runs  # pylint: disable=g-import-not-at-top
   upstream = run_dir / 'taxi_upstream'
   with filelock.FileLock(f'{upstream}.lock'):
     if not (upstream / taxi_runs.METADATA).exists():
       taxi_runs.run_upstream(str(upstream), taxi_sample_dir)
-  root = tmp_path_factory.mktemp('shared_taxi_root')
-  shutil.copy(upstream / taxi_runs.METADATA, root / taxi_runs.METADATA)
-  return str(root)
+  return str(upstream)
+
+
+@pytest.fixture(scope='session')
+def shared_taxi_root(tmp_path_factory, taxi_upstream) -> str:
+  """One pipeline root (with its MLMD file) for the Trainer-level taxi
+  pipeline runs of this worker (`tests.support.taxi_runs.run`): it starts
+  from `taxi_upstream`, so each run there executes only its Trainer,
+  Evaluator and Pusher (reading the upstream artifacts where they are)."""
+  from tests.support import taxi_runs  # pylint: disable=g-import-not-at-top
+  root = str(tmp_path_factory.mktemp('shared_taxi_root'))
+  taxi_runs.start_from(taxi_upstream, root)
+  return root
 
 
 @pytest.fixture(scope='session')

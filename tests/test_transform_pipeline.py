@@ -1,9 +1,11 @@
 """OptimizedTransform vs the stock Transform in real LocalDagRunner runs.
 
-One pipeline over a 2,000-row taxi sample runs the stock Transform, an
-OptimizedTransform and an OptimizedTransform without materialization side by
-side on the same ExampleGen and SchemaGen outputs; it runs twice in the same
-root, so the second run finds the first run's tunings.
+On the 2,000-row taxi sample, an OptimizedTransform and an OptimizedTransform
+without materialization run on the same ExampleGen and SchemaGen outputs as
+the stock Transform of the session's taxi upstream (`taxi_upstream`: this
+pipeline starts from its MLMD file with caching on, so it reuses those
+executions and compares with that stock Transform's outputs). It runs twice
+in the same root, so the second run finds the first run's tunings.
 """
 
 import collections
@@ -28,7 +30,9 @@ from components.transform.config import TuningConfig
 from components.types import TunedInputPipeline
 from pipelines import data
 from pipelines import taxi_module
+from pipelines import taxi_pipeline
 from tests.support import mlmd
+from tests.support import taxi_runs
 
 # Extended: the core set proves OptimizedTransform end to end in the gs://
 # GPipe pipeline (tests/test_gcs_pipeline.py); this module adds its identity
@@ -42,16 +46,13 @@ TUNING = {'time_budget_s': 4.0, 'num_output_shards': NUM_SHARDS,
 
 
 @pytest.fixture(scope='module')
-def run(tmp_path_factory, taxi_sample_dir):
+def run(tmp_path_factory, taxi_upstream, taxi_sample_dir):
   """Runs the pipeline twice; returns a function (node, output) -> uri."""
   root = str(tmp_path_factory.mktemp('transform_pipeline'))
+  taxi_runs.start_from(taxi_upstream, root)
 
   def components(first_run: bool):
-    example_gen = tfx.components.CsvExampleGen(input_base=taxi_sample_dir)
-    statistics = tfx.components.StatisticsGen(
-        examples=example_gen.outputs['examples'])
-    schema = tfx.components.SchemaGen(
-        statistics=statistics.outputs['statistics'], infer_feature_shape=True)
+    example_gen, statistics, schema = taxi_pipeline.upstream(taxi_sample_dir)
     common = dict(examples=example_gen.outputs['examples'],
                   schema=schema.outputs['schema'],
                   module_file=data.default_module_file())
@@ -63,26 +64,34 @@ def run(tmp_path_factory, taxi_sample_dir):
       return [example_gen, statistics, schema, on_the_fly]
     return [
         example_gen, statistics, schema,
-        tfx.components.Transform(**common).with_id('StockTransform'),
         OptimizedTransform(**common, tuning=TUNING).with_id(
             'OptimizedTransform'),
         on_the_fly,
     ]
 
-  metadata_path = os.path.join(root, 'metadata.db')
+  metadata_path = os.path.join(root, taxi_runs.METADATA)
+  # The first run reuses the upstream's ExampleGen .. SchemaGen; the second
+  # executes everything again (a cached OnTheFlyTransform would reuse
+  # nothing of its own).
   for first_run in (True, False):
     tfx.orchestration.LocalDagRunner().run(tfx.dsl.Pipeline(
-        pipeline_name='transform_test', pipeline_root=root,
-        components=components(first_run),
+        pipeline_name=taxi_runs.NAME, pipeline_root=root,
+        components=components(first_run), enable_cache=first_run,
         metadata_connection_config=(
             tfx.orchestration.metadata.sqlite_metadata_connection_config(
                 metadata_path)),
         beam_pipeline_args=['--direct_running_mode=in_memory',
                             '--direct_num_workers=1']))
 
+  # The first run's ExampleGen output and the stock Transform are the
+  # upstream's.
+  folders = {'CsvExampleGen': (taxi_upstream, 'CsvExampleGen'),
+             'StockTransform': (taxi_upstream, taxi_pipeline.TRANSFORM_ID)}
+
   def runs(node, output):
     """The node's output folders, first run first."""
-    paths = glob.glob(os.path.join(root, node, output, '*'))
+    base, folder = folders.get(node, (root, node))
+    paths = glob.glob(os.path.join(base, folder, output, '*'))
     return sorted(paths, key=lambda p: int(os.path.basename(p)))
 
   def uri(node, output):

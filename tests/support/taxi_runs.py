@@ -11,6 +11,7 @@ alone (runs on a tiny sample are not ordered by quality).
 """
 
 import os
+import shutil
 from typing import Optional
 
 from tfx import v1 as tfx
@@ -44,6 +45,13 @@ def run_upstream(root: str, data_root: str) -> None:
   tfx.orchestration.LocalDagRunner().run(
       pipeline, run_options=pipeline_lib.RunOptions(
           to_nodes=[taxi_pipeline.TRANSFORM_ID]))
+
+
+def start_from(upstream: str, root: str) -> None:
+  """Makes `root` (a new local folder) a pipeline root whose MLMD file has
+  `upstream`'s executions: a run of `NAME` there with caching on reuses them
+  (their artifacts stay in `upstream`)."""
+  shutil.copy(os.path.join(upstream, METADATA), os.path.join(root, METADATA))
 
 
 def _pipeline(root: str, data_root: str,
