@@ -39,7 +39,7 @@ help:
 	@echo "make run-stock  # the same pipeline with the stock Transform and Trainer"
 	@echo "make test       # the core test suite (at most 20 min on 2 cores)"
 	@echo "make test-all   # core and extended tests in one session (what CI runs; at most 40 min)"
-	@echo "make test-conformance  # TFX's own executor tests on ours (about an hour)"
+	@echo "make test-conformance  # TFX's own executor tests on ours (about 30 min, two workers)"
 	@echo "make test-fast  # tests without end-to-end pipeline runs and clusters"
 	@echo "make bench      # side-by-side benchmarks -> benchmarks/results/"
 	@echo "make kubeflow   # compile the pipeline for Kubeflow Pipelines (v2 JSON)"
@@ -98,9 +98,10 @@ test-all: venv
 	$(VPY) -m tests.support.timing_report $(TEST_RESULTS)/all.xml; \
 	exit $$status
 
-# TFX's own Trainer and Transform executor tests on ours (tests/test_tfx_conformance.py).
+# TFX's own Trainer and Transform executor tests on ours (tests/test_tfx_conformance.py):
+# one file, so its tests go to the workers one by one.
 test-conformance: venv
-	$(VPY) -m pytest tests -m conformance --junitxml=$(TEST_RESULTS)/conformance.xml $(PYTEST_ARGS)
+	$(VPY) -m pytest tests $(if $(XDIST),-n $(TEST_WORKERS) --dist load) -m conformance --junitxml=$(TEST_RESULTS)/conformance.xml $(PYTEST_ARGS)
 
 test-fast: venv
 	$(VPY) -m pytest tests -m "not slow and not extended and not conformance" $(PYTEST_ARGS)
