@@ -13,7 +13,7 @@ import json
 import os
 import threading
 import uuid
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 from absl import logging
 import tenacity
@@ -176,10 +176,18 @@ def check_writable(path: str, what: str,
 
 
 def newest_first(paths: List[str]) -> List[str]:
-  """`paths` by modification time, newest first (unreadable ones last)."""
-  def mtime(path: str) -> int:
+  """`paths` in TFX's `<...>/<execution id>/<file>` layout by modification
+  time, newest first (unreadable ones last).
+
+  tf.io.gfile reports local mtimes in whole seconds, so files written within
+  one second tie; the larger TFX execution id (MLMD gives out increasing ids)
+  is the newer one.
+  """
+  def age_key(path: str) -> Tuple[int, int]:
     try:
-      return tf.io.gfile.stat(path).mtime_nsec
+      mtime = tf.io.gfile.stat(path).mtime_nsec
     except tf.errors.OpError:
-      return -1
-  return sorted(paths, key=mtime, reverse=True)
+      mtime = -1
+    execution = os.path.basename(os.path.dirname(path.rstrip('/')))
+    return mtime, int(execution) if execution.isdigit() else -1
+  return sorted(paths, key=age_key, reverse=True)

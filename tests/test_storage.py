@@ -89,6 +89,20 @@ def test_is_local():
   assert not storage.is_local('ram://x')
 
 
+def test_newest_first_breaks_same_second_ties_by_execution_id(tmp_path):
+  # tf.io.gfile gives local mtimes in whole seconds: same mtime, any order.
+  paths = []
+  for execution in ('9', '10', '2'):
+    run = tmp_path / 'Trainer' / 'model_run' / execution
+    run.mkdir(parents=True)
+    (run / 'result.json').write_text('{}')
+    os.utime(run / 'result.json', (1_700_000_000, 1_700_000_000))
+    paths.append(str(run / 'result.json'))
+  expected = [paths[1], paths[0], paths[2]]
+  assert storage.newest_first(paths) == expected
+  assert storage.newest_first(list(reversed(paths))) == expected
+
+
 def test_unwritable_path_fails_naming_path_and_error(tmp_path):
   blocker = tmp_path / 'a_file'
   blocker.write_text('not a folder')
