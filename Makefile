@@ -32,14 +32,15 @@ CONTAINER_TOOL ?= $(shell \
   elif command -v docker >/dev/null 2>&1; then echo docker; fi)
 IMAGE_CONTEXT := build/image-context
 
-.PHONY: help venv run run-stock test test-all test-conformance test-fast test-slow bench kubeflow image notebook clean
+.PHONY: help venv run run-stock test test-all test-conformance ci test-fast test-slow bench kubeflow image notebook clean
 
 help:
 	@echo "make run        # full Chicago taxi pipeline with tfx-hpm components (LocalDagRunner)"
 	@echo "make run-stock  # the same pipeline with the stock Transform and Trainer"
 	@echo "make test       # the core test suite (at most 20 min on 2 cores)"
-	@echo "make test-all   # core and extended tests in one session (what CI runs; at most 40 min)"
+	@echo "make test-all   # core and extended tests in one session (at most 40 min)"
 	@echo "make test-conformance  # TFX's own executor tests on ours (about 30 min, two workers)"
+	@echo "make ci         # what CI runs: test-all, then test-conformance"
 	@echo "make test-fast  # tests without end-to-end pipeline runs and clusters"
 	@echo "make bench      # side-by-side benchmarks -> benchmarks/results/"
 	@echo "make kubeflow   # compile the pipeline for Kubeflow Pipelines (v2 JSON)"
@@ -98,10 +99,17 @@ test-all: venv
 	$(VPY) -m tests.support.timing_report $(TEST_RESULTS)/all.xml; \
 	exit $$status
 
-# TFX's own Trainer and Transform executor tests on ours (tests/test_tfx_conformance.py):
-# one file, so its tests go to the workers one by one.
+# TFX's own Trainer and Transform executor tests on ours (tests/test_tfx_conformance.py;
+# its quick ones are in the core set): one file, so its tests go to the
+# workers one by one.
 test-conformance: venv
-	$(VPY) -m pytest tests $(if $(XDIST),-n $(TEST_WORKERS) --dist load) -m conformance --junitxml=$(TEST_RESULTS)/conformance.xml $(PYTEST_ARGS)
+	@status=0; \
+	$(VPY) -m pytest tests $(if $(XDIST),-n $(TEST_WORKERS) --dist load) -m conformance --junitxml=$(TEST_RESULTS)/conformance.xml $(PYTEST_ARGS) || status=$$?; \
+	$(VPY) -m tests.support.timing_report $(TEST_RESULTS)/conformance.xml; \
+	exit $$status
+
+# What CI runs (.ci/run): the whole suite, then the conformance tests.
+ci: test-all test-conformance
 
 test-fast: venv
 	$(VPY) -m pytest tests -m "not slow and not extended and not conformance" $(PYTEST_ARGS)

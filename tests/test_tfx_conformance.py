@@ -100,27 +100,47 @@ _transform_executor_sequence_example_test = stock_test_module(
 # Tests that cannot apply to our classes: test name -> why.
 NOT_APPLICABLE = {}
 
-def _expectations(cls):
-  """Marks the class's tests listed in NOT_APPLICABLE.
+# Stock executor tests that fail before any Beam run (a bad module or
+# split): quick, so `make test` runs them too.
+QUICK = frozenset({'test_do_with_no_preprocessing_fn',
+                   'test_do_with_duplicate_preprocessing_fn',
+                   'test_do_with_empty_analyze_splits'})
 
-  Each listed test is wrapped in the class itself (the stock function stays
-  unmarked for the other classes that inherit it). Also hides
-  `tf.test.TestCase.test_session`: a deprecated helper named like a test,
-  which skips itself ("Not a test.") when collected.
+
+def _wrapped(test, *marks):
+  """`test` as a new function of the class with `marks` (the stock function
+  stays unmarked for the other classes that inherit it)."""
+  @functools.wraps(test)
+  def wrapped(self, _test=test):
+    return _test(self)
+  for mark in marks:
+    wrapped = mark(wrapped)
+  return wrapped
+
+
+def _expectations(cls=None, *, executor=False):
+  """Marks the class's tests: those listed in NOT_APPLICABLE as expected
+  failures; with `executor`, all but QUICK ones `slow` and `conformance`
+  (`make test-conformance`).
+
+  Also hides `tf.test.TestCase.test_session`: a deprecated helper named like
+  a test, which skips itself ("Not a test.") when collected.
   """
-  cls.test_session = None
-  for name in dir(cls):
-    key = f'{cls.__name__}.{name}'
-    for table, mark in ((NOT_APPLICABLE, 'xfail'),):
-      if key in table:
-        test = getattr(cls, name)
-
-        @functools.wraps(test)
-        def wrapped(self, _test=test):
-          return _test(self)
-        setattr(cls, name, getattr(pytest.mark, mark)(
-            reason=table[key], strict=True)(wrapped))
-  return cls
+  def mark(cls):
+    cls.test_session = None
+    for name in dir(cls):
+      if not name.startswith('test') or not callable(getattr(cls, name)):
+        continue
+      marks = []
+      reason = NOT_APPLICABLE.get(f'{cls.__name__}.{name}')
+      if reason:
+        marks.append(pytest.mark.xfail(reason=reason, strict=True))
+      if executor and name not in QUICK:
+        marks += [pytest.mark.slow, pytest.mark.conformance]
+      if marks:
+        setattr(cls, name, _wrapped(getattr(cls, name), *marks))
+    return cls
+  return mark(cls) if cls is not None else mark
 
 
 @_expectations
@@ -128,17 +148,13 @@ class TestTrainerComponent(_trainer_component_test.ComponentTest):
   """tfx/components/trainer/component_test.py on HighPerfTrainer."""
 
 
-@_expectations
-@pytest.mark.slow
-@pytest.mark.conformance
+@_expectations(executor=True)
 class TestTrainerExecutor(_trainer_executor_test.ExecutorTest):
   """tfx/components/trainer/executor_test.py on HighPerfTrainer's executor,
   with the stock exec properties only."""
 
 
-@_expectations
-@pytest.mark.slow
-@pytest.mark.conformance
+@_expectations(executor=True)
 class TestTrainerExecutorOnRam(_trainer_executor_test.ExecutorTest):
   """The same, every output (and so the checkpoints) on `ram://`."""
 
@@ -182,34 +198,26 @@ class _TransformExecutorSetUp:
         self.TUNING.to_json())
 
 
-@_expectations
-@pytest.mark.slow
-@pytest.mark.conformance
+@_expectations(executor=True)
 class TestTransformExecutor(_TransformExecutorSetUp,
                             _transform_executor_test.ExecutorTest):
   """tfx/components/transform/executor_test.py (tf.compat.v1 Transform)."""
 
 
-@_expectations
-@pytest.mark.slow
-@pytest.mark.conformance
+@_expectations(executor=True)
 class TestTransformExecutorV2(_TransformExecutorSetUp,
                               _transform_executor_v2_test.ExecutorV2Test):
   """tfx/components/transform/executor_v2_test.py (native TF2 Transform)."""
 
 
-@_expectations
-@pytest.mark.slow
-@pytest.mark.conformance
+@_expectations(executor=True)
 class TestTransformExecutorOnParquet(
     _TransformExecutorSetUp,
     _transform_executor_on_parquet_test.ExecutorOnParquetTest):
   """tfx/components/transform/executor_on_parquet_test.py."""
 
 
-@_expectations
-@pytest.mark.slow
-@pytest.mark.conformance
+@_expectations(executor=True)
 class TestTransformExecutorSequenceExample(
     _TransformExecutorSetUp,
     _transform_executor_sequence_example_test
