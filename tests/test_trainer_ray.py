@@ -2,18 +2,26 @@
 
 Fast: the Ray options' validation, the storage rule for clusters over
 several hosts, the `auto` rule for a Ray cluster, an unreachable address.
-Slow (a real two-node Ray cluster on localhost, tests/support/ray_cluster.py):
-MultiWorkerMirrored with 2 workers over the 2 nodes trains to the same
-weights, bit for bit, as the local launcher, also through Ray Client
-(ray://, as from a Kubeflow pod); in one training, SIGKILL of one worker's
-actor process and then of every Ray worker process of one node are each seen
-by Ray, the cluster is relaunched and resumes from the last checkpoint with
-every example trained once; SIGTERM to the driver (a
-preemption notice) reaches every worker through its actor, they checkpoint
-and stop, and a rerun resumes with no step lost; parameter_server (ps and
-workers on Ray, the coordinator here) trains the exact step count; the taxi
-pipeline with launcher='ray' and `auto` spreads over both nodes and is
-blessed.
+Slow, on real Ray clusters (tests/support/ray_cluster.py).
+
+On three test hosts (network namespaces with their own addresses,
+tests/support/netns_hosts.py; the head on the driver side): MultiWorkerMirrored
+with 2 workers on two hosts, two addresses, trains to the same weights, bit
+for bit, as the local launcher; in one training, SIGKILL of one worker's actor
+process and then the death of a worker's host (its raylet and every process
+in its namespace) are each seen by Ray, the cluster is relaunched at full size
+on the hosts left (the third is the spare) and resumes from the last
+checkpoint, bit for bit, with every example trained once. The hosts share
+this machine's disk, as hosts with a shared mount would: these tests call
+`run_on_ray` with no host-local outputs.
+
+On two nodes of localhost: the same through Ray Client (ray://, as from a
+Kubeflow pod); SIGTERM to the driver (a preemption notice) reaches every
+worker through its actor, they checkpoint and stop, and a rerun resumes with
+no step lost; parameter_server (ps and workers on Ray, the coordinator here)
+trains the exact step count; the taxi pipeline with launcher='ray' and `auto`
+spreads over both nodes and is blessed (its outputs are local paths, which
+the executor refuses across hosts).
 """
 
 import json
@@ -31,6 +39,7 @@ from components.trainer import strategy as strategy_lib
 from components.trainer import supervisor
 from components.trainer.config import DistributionConfig
 from tests.support import mlmd
+from tests.support import netns_hosts
 from tests.support import ray_cluster as ray_cluster_lib
 from tests.support import trainer_testing as tt
 
@@ -158,6 +167,19 @@ def ray_cluster(tmp_path_factory):
     yield cluster
 
 
+@pytest.fixture(scope='module')
+def ray_hosts_cluster(tmp_path_factory):
+  """A Ray node on each of three test hosts, the head on the driver side."""
+  reason = netns_hosts.unavailable_reason()
+  if reason:
+    pytest.skip(f'no test hosts here: {reason}')
+  with netns_hosts.netns_hosts(3) as hosts:
+    with ray_cluster_lib.local_ray_cluster(
+        str(tmp_path_factory.mktemp('ray-hosts-logs')), tt.child_env(),
+        hosts=hosts) as cluster:
+      yield cluster
+
+
 def _driver_env(monkeypatch, cluster):
   """The tasks' environment here; the nodes' addresses bypass the proxy."""
   for key, value in tt.child_env().items():
@@ -166,16 +188,26 @@ def _driver_env(monkeypatch, cluster):
     monkeypatch.setenv(key, cluster.no_proxy())
 
 
-@pytest.fixture
-def ray_driver(ray_cluster, monkeypatch):
-  """This process connected as the driver, with the tasks' environment."""
-  _driver_env(monkeypatch, ray_cluster)
+def _connected(cluster, monkeypatch):
+  """This process connected to `cluster` as the driver, with the tasks'
+  environment, for the test."""
+  _driver_env(monkeypatch, cluster)
   handler = signal.getsignal(signal.SIGTERM)
-  ray_launcher.connect(ray_cluster.address)
-  yield ray_cluster
+  ray_launcher.connect(cluster.address)
+  yield cluster
   ray_launcher.disconnect()
   # ray.init's SIGTERM handler (sys.exit) is gone with the connection.
   assert signal.getsignal(signal.SIGTERM) is handler
+
+
+@pytest.fixture
+def ray_driver(ray_cluster, monkeypatch):
+  yield from _connected(ray_cluster, monkeypatch)
+
+
+@pytest.fixture
+def ray_hosts_driver(ray_hosts_cluster, monkeypatch):
+  yield from _connected(ray_hosts_cluster, monkeypatch)
 
 
 def _run_on_ray(task, root, cpus=1):
@@ -230,20 +262,17 @@ def _assert_equal_tensors(actual, expected, ignore=()):
 
 
 @pytest.mark.slow
-def test_mwms_over_two_ray_nodes_matches_the_local_launcher(
-    tmp_path, data, ray_driver, local_baseline):
-  del ray_driver
+def test_mwms_over_two_ray_hosts_matches_the_local_launcher(
+    tmp_path, data, ray_hosts_driver, local_baseline):
   root = str(tmp_path / 'ray')
   task = tt.mwms_task(root, data)
   launch = _run_on_ray(task, root)
 
   assert launch.attempts == 1 and not launch.restarts
-  labels = ray_cluster_lib.node_labels()
-  nodes = {name: labels[where['node_id']]
-           for name, where in launch.placement.items()}
-  assert sorted(nodes) == ['worker-0', 'worker-1']
-  assert sorted(nodes.values()) == list(NODES), nodes
-  for name in nodes:
+  assert sorted(launch.placement) == ['worker-0', 'worker-1']
+  # Two hosts, two addresses: the recorded placement says so.
+  _assert_on_two_hosts(launch.placement, ray_hosts_driver)
+  for name in launch.placement:
     with open(os.path.join(root, 'logs', 'attempt-0', f'{name}.log')) as f:
       text = f.read()
     # The worker's own output (TensorFlow joining the cluster) came back
@@ -253,6 +282,38 @@ def test_mwms_over_two_ray_nodes_matches_the_local_launcher(
   result = tt.read_result(task)
   assert result['steps'] == 16 and result['num_replicas'] == 2
   _assert_equal_tensors(tt.final_tensors(task), local_baseline)
+
+
+def _assert_on_two_hosts(placement, cluster, dead=()):
+  """The tasks ran on two different live hosts (not the driver side)."""
+  labels = ray_cluster_lib.node_labels()
+  hosts = {labels[where['node_id']] for where in placement.values()}
+  ips = {where['node_ip'] for where in placement.values()}
+  assert len(hosts) == 2 and not hosts & set(dead), placement
+  assert ips == {cluster.hosts[label].address for label in hosts}, placement
+
+
+def _host_of(pid, cluster):
+  """The label of the test host whose namespace runs `pid`."""
+  for label, host in cluster.hosts.items():
+    if pid in host.pids():
+      return label
+  raise AssertionError(f'pid {pid} runs on no test host')
+
+
+def _training_processes(cluster):
+  """Pids of training processes (tests.support.trainer_testing) on the
+  cluster's hosts."""
+  found = []
+  for host in cluster.hosts.values():
+    for pid in host.pids():
+      try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+          if b'tests.support.trainer_testing' in f.read():
+            found.append(pid)
+      except OSError:
+        pass
+  return found
 
 
 def _proc_stat(pid):
@@ -266,24 +327,24 @@ def _proc_stat(pid):
 
 
 @pytest.mark.slow
-def test_killed_actor_then_lost_node_the_cluster_resumes_each_time(
-    tmp_path, data, ray_driver, local_baseline, run_seed):
+def test_killed_actor_then_dead_host_the_cluster_resumes_each_time(
+    tmp_path, data, ray_hosts_driver, local_baseline, run_seed):
   """One training, two faults in turn: SIGKILL of worker-1's actor process,
-  then, in the relaunched cluster, SIGKILL of every Ray worker process of
-  node B (not its raylet: both nodes share one IP here, and Ray's GCS then at
-  times takes the driver for a process of the dead node and ends it, which
-  cannot happen across real hosts). Ray sees each, the cluster is relaunched
-  and resumes; the result is the uninterrupted run's, bit for bit."""
+  then, in the relaunched cluster, the death of worker-1's host (SIGKILL of
+  its raylet and of every process in its namespace). Ray sees each, the
+  cluster is relaunched at full size (the spare host stands in for the dead
+  one) and resumes; the result is the uninterrupted run's, bit for bit."""
+  cluster = ray_hosts_driver
   root = str(tmp_path)
   task = tt.mwms_task(root, data, max_restarts=2)
   rng = random.Random(run_seed)
   actor_step = rng.randrange(5, 9)
-  node_step = rng.randrange(actor_step + 2, 14)
-  print(f'actor killed at step {actor_step}, node B at step {node_step} '
+  host_step = rng.randrange(actor_step + 2, 14)
+  print(f'actor killed at step {actor_step}, its host at step {host_step} '
         f'(TFX_HPM_TEST_SEED={run_seed})')
   killed = {}
 
-  def kill_actor_then_node(records):
+  def kill_actor_then_host(records):
     if 'actor' not in killed:
       mine = [r for r in records if r['replica'] == 1]
       if mine and mine[-1]['step'] >= actor_step:
@@ -293,28 +354,33 @@ def test_killed_actor_then_lost_node_the_cluster_resumes_each_time(
         killed['first_pids'] = {r['pid'] for r in records}
         os.kill(killed['actor'], signal.SIGKILL)
       return False
-    relaunched = [r for r in records if r['pid'] not in killed['first_pids']]
-    if not relaunched or relaunched[-1]['step'] < node_step:
+    relaunched = [r for r in records if r['pid'] not in killed['first_pids']
+                  and r['replica'] == 1]
+    if not relaunched or relaunched[-1]['step'] < host_step:
       return False
-    killed['node_workers'] = ray_driver.kill_workers(NODES[1])
+    killed['host'] = _host_of(relaunched[-1]['pid'], cluster)
+    killed['host_pids'] = cluster.kill_host(killed['host'])
     return True
 
-  launch = _run_on_ray_acting(task, root, kill_actor_then_node)
+  launch = _run_on_ray_acting(task, root, kill_actor_then_host)
 
-  assert killed['node_workers'] and launch.attempts == 3
-  actor_restart, node_restart = launch.restarts
+  assert killed['host_pids'] and launch.attempts == 3
+  actor_restart, host_restart = launch.restarts
   assert actor_restart.process == 'worker-1'
-  # Seen from Ray, both times: the actor died (with its node's processes).
-  for restart in (actor_restart, node_restart):
+  # Seen from Ray, both times: the actor died (the second with its host).
+  for restart in (actor_restart, host_restart):
     assert restart.exit_code is None and '[Ray]' in restart.log_tail
   assert 'Actor' in actor_restart.log_tail
+  # The last attempt ran on two hosts again, neither the dead one.
+  _assert_on_two_hosts(launch.placement, cluster, dead=[killed['host']])
+  assert not cluster.hosts[killed['host']].pids()
   result = tt.read_result(task)
   assert result['steps'] == 16 and result['num_replicas'] == 2
   events = result['resume_events']
   assert [e['event'] for e in events] == ['resumed', 'resumed'], events
   assert all(e['from_step'] % 4 == 0 for e in events), events
   assert 0 < events[0]['from_step'] <= actor_step + 1
-  assert events[0]['from_step'] <= events[1]['from_step'] <= node_step + 1
+  assert events[0]['from_step'] <= events[1]['from_step'] <= host_step + 1
   # Bit for bit what the uninterrupted cluster trained.
   _assert_equal_tensors(tt.final_tensors(task), local_baseline)
   tt.assert_each_id_once(task, 16, replicas=2)
@@ -326,8 +392,9 @@ def test_killed_actor_then_lost_node_the_cluster_resumes_each_time(
 @pytest.mark.slow
 @pytest.mark.extended
 def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
-    tmp_path, data, ray_driver, local_baseline):
-  del ray_driver
+    tmp_path, data, ray_hosts_driver, local_baseline):
+  """Across hosts: the notice reaches each host's worker, none is left."""
+  cluster = ray_hosts_driver
   root = str(tmp_path)
   task = tt.mwms_task(root, data)
 
@@ -340,11 +407,14 @@ def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
 
   with pytest.raises(supervisor.ClusterPreemptedError, match='SIGTERM'):
     _run_on_ray_acting(task, root, preempt_the_driver_at_step_5)
-  # Both workers checkpointed at the notice's step and exited "preempted".
+  # Both workers checkpointed at the notice's step and exited "preempted";
+  # no training process is left on any host.
   assert tt.read_result(task)['preempted'] is True
+  assert not _training_processes(cluster)
 
   launch = _run_on_ray(task, root)
   assert launch.attempts == 1
+  _assert_on_two_hosts(launch.placement, cluster)
   events = tt.read_result(task)['resume_events']
   assert [e['event'] for e in events] == ['preempted', 'resumed'], events
   assert events[1]['from_step'] == events[0]['at_step'] >= 5

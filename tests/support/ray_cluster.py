@@ -1,13 +1,22 @@
-"""A real two-node Ray cluster on localhost, for tests and benchmarks.
+"""A real two-node Ray cluster, for tests and benchmarks.
 
-`ray start --head` plus `ray start --address` as a second node, each in its
-own process with 1 CPU and its own custom resource (NODE_RESOURCES), ports
-picked free, a private temp dir; every process is ended by its pid on exit
-(the `ray start --block` processes, then whatever still names the temp dir).
+On localhost (default): `ray start --head` plus `ray start --address` as a
+second node, each in its own process with 1 CPU and its own custom resource
+(NODE_RESOURCES), ports picked free, a private temp dir; every process is
+ended by its pid on exit (the `ray start --block` processes, then whatever
+still names the temp dir).
+
+On test hosts (`hosts=`, tests/support/netns_hosts.py): the head runs on the
+driver side (the bridge's address, no CPUs: training never lands there, as
+on a cluster's head pod) and each HOST_RESOURCES node on its own host, with
+its own address and temp dir; a host's death (`Host.kill_all`) takes its
+raylet and every worker with it.
 """
 
+import collections
 import contextlib
 import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -16,24 +25,35 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Iterator, List
+from typing import Callable, Dict, Iterator, List, Optional
 
 import portpicker
 
+from tests.support import netns_hosts
+
 NODE_RESOURCES = ('node_a', 'node_b')
+# On test hosts: one label per host (the third a spare).
+HOST_RESOURCES = NODE_RESOURCES + ('node_c',)
 RAY = os.path.join(os.path.dirname(sys.executable), 'ray')
 START_TIMEOUT_S = 240
 
 
-def _ray_start(args, temp_dir, log_path, env) -> subprocess.Popen:
+def _ray_start(args, temp_dir, log_path, env, node_ip='127.0.0.1',
+               host=None, num_cpus=1) -> subprocess.Popen:
   ports = {flag: portpicker.pick_unused_port() for flag in (
       '--node-manager-port', '--object-manager-port', '--metrics-export-port',
       '--dashboard-agent-listen-port', '--dashboard-agent-grpc-port',
       '--runtime-env-agent-port')}
   argv = [RAY, 'start', '--block', '--disable-usage-stats',
-          f'--temp-dir={temp_dir}', '--node-ip-address=127.0.0.1',
-          '--num-cpus=1',
+          f'--temp-dir={temp_dir}', f'--node-ip-address={node_ip}',
+          f'--num-cpus={num_cpus}',
           *[f'{flag}={port}' for flag, port in ports.items()], *args]
+  if host is not None:
+    # The host's own temp dir where the head's is: Ray's session files (the
+    # node's address among them) are per machine.
+    own = f'{temp_dir}-{host.name}'
+    os.makedirs(own, exist_ok=True)
+    argv = host.argv(argv, own_dir=(own, temp_dir))
   with open(log_path, 'wb') as log:
     return subprocess.Popen(argv, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -52,6 +72,26 @@ def _session_pids(temp_dir: str):
     except OSError:
       pass
   return pids
+
+
+def _raylet_logs(temp_dir: str, max_lines: int = 15) -> str:
+  """The end of every raylet's log under `temp_dir` (why a node is not
+  up)."""
+  tails = []
+  for path in sorted(glob.glob(os.path.join(
+      temp_dir, '**', 'session_*', 'logs', 'raylet.out'), recursive=True)):
+    with open(path, errors='replace') as f:
+      lines = f.read().splitlines()[-max_lines:]
+    tails.append(f'--- {path}\n' + '\n'.join(lines))
+  return '\n'.join(tails)
+
+
+@contextlib.contextmanager
+def _raylet_logs_on_failure(temp_dir: str) -> Iterator[None]:
+  try:
+    yield
+  except RuntimeError as error:
+    raise RuntimeError(f'{error}\n{_raylet_logs(temp_dir)}') from error
 
 
 def _wait_for_nodes(address, count, processes, env):
@@ -81,6 +121,24 @@ def _wait_for_nodes(address, count, processes, env):
                      f'{START_TIMEOUT_S} s')
 
 
+def _wait_for_label(address, label, process, env):
+  """Waits until a node with resource `label` is alive."""
+  code = ('import ray, sys; ray.init(address=sys.argv[1], logging_level=40); '
+          'print(any(n["Alive"] and sys.argv[2] in n["Resources"] '
+          'for n in ray.nodes()))')
+  deadline = time.monotonic() + START_TIMEOUT_S
+  while time.monotonic() < deadline:
+    if process.poll() is not None:
+      raise RuntimeError(f'ray start exited: {process.args}')
+    out = subprocess.run([sys.executable, '-c', code, address, label],
+                         env=env, capture_output=True, text=True, check=False)
+    if out.stdout.strip().endswith('True'):
+      return
+    time.sleep(1)
+  raise RuntimeError(f'Ray node {label} not alive at {address} after '
+                     f'{START_TIMEOUT_S} s')
+
+
 @dataclasses.dataclass
 class LocalRayCluster:
   address: str
@@ -89,75 +147,85 @@ class LocalRayCluster:
   temp_dir: str
   # The nodes' addresses, which the tests' proxy settings must bypass.
   node_ips: List[str]
+  # On test hosts: each node's label -> its host.
+  hosts: Dict[str, netns_hosts.Host] = dataclasses.field(default_factory=dict)
+  # Starts the Ray node `label` again on its host.
+  _start_node: Optional[Callable[[str], None]] = dataclasses.field(
+      default=None, repr=False)
 
   def no_proxy(self) -> str:
     return ','.join([os.environ.get('no_proxy', '')] + self.node_ips)
 
-  def raylet_pid(self, label: str) -> int:
-    """The raylet of the node with resource `label`."""
-    import ray  # pylint: disable=g-import-not-at-top
-    [port] = [node['NodeManagerPort'] for node in ray.nodes()
-              if node['Alive'] and label in node['Resources']]
-    flag = f'--node_manager_port={port}'.encode()
-    for pid in _session_pids(self.temp_dir):
-      try:
-        with open(f'/proc/{pid}/cmdline', 'rb') as f:
-          argv = f.read().split(b'\0')
-      except OSError:
-        continue
-      if argv[0].endswith(b'raylet') and flag in argv:
-        return pid
-    raise RuntimeError(f'No raylet with {flag!r} under {self.temp_dir}')
+  def kill_host(self, label: str) -> List[int]:
+    """The host of node `label` dies: SIGKILL of its raylet, agents and
+    workers, every process in its namespace; their pids."""
+    return self.hosts[label].kill_all()
 
-  def kill_workers(self, label: str) -> List[int]:
-    """SIGKILLs every Ray worker process of the node with resource `label`
-    (the raylet's children titled `ray::...`: its actors, whose training
-    processes die with them; not its agents, with which the raylet would
-    die); their pids."""
-    raylet = self.raylet_pid(label)
-    killed = []
-    for entry in os.listdir('/proc'):
-      try:
-        with open(f'/proc/{entry}/stat') as f:
-          parent = int(f.read().rpartition(')')[2].split()[1])
-        with open(f'/proc/{entry}/cmdline', 'rb') as f:
-          title = f.read()
-      except (OSError, ValueError, IndexError):
-        continue
-      if parent == raylet and title.startswith(b'ray::'):
-        os.kill(int(entry), signal.SIGKILL)
-        killed.append(int(entry))
-    return killed
+  def restart_node(self, label: str) -> None:
+    """`ray start` again on the host of node `label` (once its old node is
+    gone, as after a reboot); returns when the node is alive."""
+    self._start_node(label)
 
 
 @contextlib.contextmanager
-def local_ray_cluster(log_dir: str,
-                      env: Dict[str, str]) -> Iterator[LocalRayCluster]:
-  """Yields the running cluster; the nodes' processes get `env`."""
+def local_ray_cluster(log_dir: str, env: Dict[str, str],
+                      hosts: Optional[netns_hosts.Hosts] = None
+                      ) -> Iterator[LocalRayCluster]:
+  """Yields the running cluster; the nodes' processes get `env`. With
+  `hosts`, the head on the driver side and each node on its own host."""
   # Short: Ray's sockets live under it (AF_UNIX paths are limited).
   temp_dir = tempfile.mkdtemp(prefix='ray-', dir='/tmp')
   # No proxy (the GCS emulator's) between the nodes' TF processes.
   env = {k: v for k, v in env.items()
          if k != 'RAY_ADDRESS' and k.lower() not in ('https_proxy',
                                                      'http_proxy')}
+  head_ip = hosts.driver_address if hosts else '127.0.0.1'
   port = portpicker.pick_unused_port()
-  address = f'127.0.0.1:{port}'
+  address = f'{head_ip}:{port}'
   client_port = portpicker.pick_unused_port()
+  head_args = ['--head', f'--port={port}', '--include-dashboard=false',
+               f'--ray-client-server-port={client_port}']
+  if hosts:
+    if len(hosts.hosts) > len(HOST_RESOURCES):
+      raise ValueError(f'at most {len(HOST_RESOURCES)} hosts')
+    nodes = list(zip(HOST_RESOURCES, hosts.hosts))
+    head_cpus = 0
+  else:
+    # The head is the first node.
+    head_args.append(f'--resources={json.dumps({NODE_RESOURCES[0]: 1})}')
+    nodes = [(NODE_RESOURCES[1], None)]
+    head_cpus = 1
   processes = []
   try:
     processes.append(_ray_start(
-        ['--head', f'--port={port}', '--include-dashboard=false',
-         f'--ray-client-server-port={client_port}',
-         f'--resources={json.dumps({NODE_RESOURCES[0]: 1})}'],
-        temp_dir, os.path.join(log_dir, 'ray-head.log'), env))
-    _wait_for_nodes(address, 1, processes, env)
-    processes.append(_ray_start(
-        [f'--address={address}',
-         f'--resources={json.dumps({NODE_RESOURCES[1]: 1})}'],
-        temp_dir, os.path.join(log_dir, 'ray-node.log'), env))
-    node_ips = _wait_for_nodes(address, 2, processes, env)
-    yield LocalRayCluster(address, f'ray://127.0.0.1:{client_port}',
-                          temp_dir, node_ips)
+        head_args, temp_dir, os.path.join(log_dir, 'ray-head.log'), env,
+        node_ip=head_ip, num_cpus=head_cpus))
+    with _raylet_logs_on_failure(temp_dir):
+      _wait_for_nodes(address, 1, processes, env)
+    def start_node(label, host, start=0):
+      processes.append(_ray_start(
+          [f'--address={address}', f'--resources={json.dumps({label: 1})}'],
+          temp_dir,
+          os.path.join(log_dir, f'ray-{label}-{start}.log'), env,
+          node_ip=host.address if host else head_ip, host=host))
+
+    # One at a time: nodes that start together in one session folder can
+    # pick the same socket names and fail to register.
+    for count, (label, host) in enumerate(nodes, start=2):
+      start_node(label, host)
+      with _raylet_logs_on_failure(temp_dir):
+        node_ips = _wait_for_nodes(address, count, processes, env)
+    by_label = {label: host for label, host in nodes if host}
+    restarts = collections.Counter()
+
+    def restart(label):
+      restarts[label] += 1
+      start_node(label, by_label[label], restarts[label])
+      with _raylet_logs_on_failure(temp_dir):
+        _wait_for_label(address, label, processes[-1], env)
+
+    yield LocalRayCluster(address, f'ray://{head_ip}:{client_port}',
+                          temp_dir, node_ips, by_label, restart)
   finally:
     for process in reversed(processes):
       if process.poll() is None:
@@ -172,11 +240,12 @@ def local_ray_cluster(log_dir: str,
         os.kill(pid, signal.SIGKILL)
       except ProcessLookupError:
         pass
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    for folder in [temp_dir, *glob.glob(f'{temp_dir}-*')]:
+      shutil.rmtree(folder, ignore_errors=True)
 
 
 def node_labels() -> Dict[str, str]:
-  """Ray node id -> its NODE_RESOURCES label (needs a connected driver)."""
+  """Ray node id -> its label (needs a connected driver)."""
   import ray  # pylint: disable=g-import-not-at-top
   return {node['NodeID']: label for node in ray.nodes() if node['Alive']
-          for label in NODE_RESOURCES if label in node['Resources']}
+          for label in HOST_RESOURCES if label in node['Resources']}
