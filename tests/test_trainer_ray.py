@@ -29,6 +29,7 @@ import os
 import random
 import signal
 import threading
+import time
 
 import numpy as np
 import portpicker
@@ -327,65 +328,108 @@ def _proc_stat(pid):
 
 
 @pytest.mark.slow
-def test_killed_actor_then_dead_host_the_cluster_resumes_each_time(
+def test_killed_actor_dead_host_and_partition_the_cluster_resumes_each_time(
     tmp_path, data, ray_hosts_driver, local_baseline, run_seed):
-  """One training, two faults in turn: SIGKILL of worker-1's actor process,
-  then, in the relaunched cluster, the death of worker-1's host (SIGKILL of
-  its raylet and of every process in its namespace). Ray sees each, the
-  cluster is relaunched at full size (the spare host stands in for the dead
-  one) and resumes; the result is the uninterrupted run's, bit for bit."""
+  """One training, three faults in turn, each in the attempt the one before
+  it relaunched, each on worker-1: SIGKILL of its actor process; the death
+  of its host (SIGKILL of the raylet and every process in the namespace: the
+  spare host stands in); its host's link taken down (a partition: its peer
+  hangs in a collective). Each is seen, by Ray (a lost actor, a dead node)
+  or by the peer's aborted collective, whichever first; the cluster is
+  relaunched and resumes. With one host dead and one cut off, the last
+  relaunch waits for room: the link comes back, the cut-off host's old Ray
+  processes end by themselves (Ray declared its node dead), a node starts
+  there again and the training finishes on it. The result is the
+  uninterrupted run's, bit for bit, every example trained once."""
   cluster = ray_hosts_driver
   root = str(tmp_path)
-  task = tt.mwms_task(root, data, max_restarts=2)
+  task = tt.mwms_task(root, data, max_restarts=3)
   rng = random.Random(run_seed)
-  actor_step = rng.randrange(5, 9)
-  host_step = rng.randrange(actor_step + 2, 14)
-  print(f'actor killed at step {actor_step}, its host at step {host_step} '
-        f'(TFX_HPM_TEST_SEED={run_seed})')
-  killed = {}
+  # Each after a checkpoint (every 4 steps) of its attempt.
+  steps = {'actor': rng.randrange(5, 7)}
+  steps['host'] = rng.randrange(steps['actor'] + 2, 11)
+  steps['partition'] = rng.randrange(steps['host'] + 2, 15)
+  print(f'faults at steps {steps} (TFX_HPM_TEST_SEED={run_seed})')
+  faults = []  # (fault, pids of the attempt it hit, the host it hit)
+  restored = {}
 
-  def kill_actor_then_host(records):
-    if 'actor' not in killed:
-      mine = [r for r in records if r['replica'] == 1]
-      if mine and mine[-1]['step'] >= actor_step:
-        # The worker process's parent is its Ray actor: SIGKILL it.
-        killed['worker'] = mine[-1]['pid']
-        killed['actor'] = _proc_stat(killed['worker'])[1]
-        killed['first_pids'] = {r['pid'] for r in records}
-        os.kill(killed['actor'], signal.SIGKILL)
+  def fault(kind, records):
+    """Applies `kind` to worker-1 of the attempt after the last fault."""
+    seen = {pid for _, pids, _ in faults for pid in pids}
+    mine = [r for r in records if r['pid'] not in seen and r['replica'] == 1]
+    if not mine or mine[-1]['step'] < steps[kind]:
       return False
-    relaunched = [r for r in records if r['pid'] not in killed['first_pids']
-                  and r['replica'] == 1]
-    if not relaunched or relaunched[-1]['step'] < host_step:
-      return False
-    killed['host'] = _host_of(relaunched[-1]['pid'], cluster)
-    killed['host_pids'] = cluster.kill_host(killed['host'])
+    pid = mine[-1]['pid']
+    host = _host_of(pid, cluster)
+    faults.append((kind, {r['pid'] for r in records} - seen, host))
+    if kind == 'actor':
+      # The worker process's parent is its Ray actor.
+      restored['worker'] = pid
+      os.kill(_proc_stat(pid)[1], signal.SIGKILL)
+    elif kind == 'host':
+      restored['host_pids'] = cluster.kill_host(host)
+    else:
+      cluster.hosts[host].disconnect()
     return True
 
-  launch = _run_on_ray_acting(task, root, kill_actor_then_host)
+  def restore(host):
+    """Link back once Ray declared the host's node dead; its old processes
+    end by themselves; a new node starts there."""
+    start = time.monotonic()
+    while ray_cluster_lib.host_resources_alive().count(host):
+      time.sleep(0.5)
+    restored['detected_s'] = time.monotonic() - start
+    cluster.hosts[host].reconnect()
+    deadline = time.monotonic() + 60
+    while cluster.hosts[host].pids() and time.monotonic() < deadline:
+      time.sleep(0.5)
+    restored['left_behind'] = cluster.hosts[host].pids()
+    cluster.restart_node(host)
 
-  assert killed['host_pids'] and launch.attempts == 3
-  actor_restart, host_restart = launch.restarts
+  def act(records):
+    for kind in ('actor', 'host', 'partition'):
+      if len(faults) == list(steps).index(kind):
+        if fault(kind, records) and kind == 'partition':
+          restore(faults[-1][2])
+          return True
+        return False
+    return True
+
+  launch = _run_on_ray_acting(task, root, act)
+
+  print(f'partition seen by Ray after {restored["detected_s"]:.1f} s')
+  assert [kind for kind, _, _ in faults] == list(steps)
+  assert restored['host_pids'] and launch.attempts == 4
+  assert not restored['left_behind']
+  actor_restart, host_restart, partition_restart = launch.restarts
+  # Seen from Ray: the actor died.
   assert actor_restart.process == 'worker-1'
-  # Seen from Ray, both times: the actor died (the second with its host).
-  for restart in (actor_restart, host_restart):
-    assert restart.exit_code is None and '[Ray]' in restart.log_tail
+  assert actor_restart.exit_code is None and '[Ray]' in actor_restart.log_tail
   assert 'Actor' in actor_restart.log_tail
-  # The last attempt ran on two hosts again, neither the dead one.
-  _assert_on_two_hosts(launch.placement, cluster, dead=[killed['host']])
-  assert not cluster.hosts[killed['host']].pids()
+  # The host's death and the partition: seen by whichever came first, Ray
+  # (the actor lost with its host; the cut-off node's health checks failing)
+  # or the peer, whose collective TensorFlow aborts (connection reset; the
+  # cut-off task's missed coordination heartbeats).
+  for restart in (host_restart, partition_restart):
+    assert (restart.exit_code is None and '[Ray]' in restart.log_tail) or (
+        'Collective ops is aborted' in restart.log_tail), restart
+  dead = faults[1][2]
+  # The last attempt ran on two hosts again: the cut-off one, back, among
+  # them; the dead one not.
+  _assert_on_two_hosts(launch.placement, cluster, dead=[dead])
+  assert not cluster.hosts[dead].pids() and not _training_processes(cluster)
   result = tt.read_result(task)
   assert result['steps'] == 16 and result['num_replicas'] == 2
   events = result['resume_events']
-  assert [e['event'] for e in events] == ['resumed', 'resumed'], events
+  assert [e['event'] for e in events] == ['resumed'] * 3, events
   assert all(e['from_step'] % 4 == 0 for e in events), events
-  assert 0 < events[0]['from_step'] <= actor_step + 1
-  assert events[0]['from_step'] <= events[1]['from_step'] <= host_step + 1
+  for event, step in zip(events, steps.values()):
+    assert event['from_step'] <= step + 1, (events, steps)
   # Bit for bit what the uninterrupted cluster trained.
   _assert_equal_tensors(tt.final_tensors(task), local_baseline)
   tt.assert_each_id_once(task, 16, replicas=2)
   # The actor's worker process died with it (PR_SET_PDEATHSIG).
-  stat = _proc_stat(killed['worker'])
+  stat = _proc_stat(restored['worker'])
   assert stat is None or stat[0] in 'ZX', stat
 
 

@@ -34,6 +34,12 @@ from tests.support import netns_hosts
 NODE_RESOURCES = ('node_a', 'node_b')
 # On test hosts: one label per host (the third a spare).
 HOST_RESOURCES = NODE_RESOURCES + ('node_c',)
+# On test hosts, the head's GCS declares a node dead after 5 failed health
+# checks, one a second with 2 s to answer: a cut-off host in about 15 s.
+# Ray's defaults (every 3 s, 10 s to answer) took 64 s here.
+HOST_HEALTH_CHECKS = {'RAY_health_check_period_ms': '1000',
+                      'RAY_health_check_timeout_ms': '2000',
+                      'RAY_health_check_failure_threshold': '5'}
 RAY = os.path.join(os.path.dirname(sys.executable), 'ray')
 START_TIMEOUT_S = 240
 
@@ -198,7 +204,8 @@ def local_ray_cluster(log_dir: str, env: Dict[str, str],
   processes = []
   try:
     processes.append(_ray_start(
-        head_args, temp_dir, os.path.join(log_dir, 'ray-head.log'), env,
+        head_args, temp_dir, os.path.join(log_dir, 'ray-head.log'),
+        {**env, **HOST_HEALTH_CHECKS} if hosts else env,
         node_ip=head_ip, num_cpus=head_cpus))
     with _raylet_logs_on_failure(temp_dir):
       _wait_for_nodes(address, 1, processes, env)
@@ -242,6 +249,13 @@ def local_ray_cluster(log_dir: str, env: Dict[str, str],
         pass
     for folder in [temp_dir, *glob.glob(f'{temp_dir}-*')]:
       shutil.rmtree(folder, ignore_errors=True)
+
+
+def host_resources_alive() -> List[str]:
+  """The labels of the live nodes (needs a connected driver)."""
+  import ray  # pylint: disable=g-import-not-at-top
+  return [label for node in ray.nodes() if node['Alive']
+          for label in HOST_RESOURCES if label in node['Resources']]
 
 
 def node_labels() -> Dict[str, str]:
