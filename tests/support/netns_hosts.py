@@ -85,6 +85,26 @@ def _free_subnet() -> ipaddress.IPv4Network:
   raise NetnsError('no free private /24 for the test hosts')
 
 
+def _namespace_pids(name: str) -> List[int]:
+  return [int(p) for p in _ip('netns', 'pids', name).stdout.split()]
+
+
+def _kill_namespace(name: str) -> List[int]:
+  """SIGKILLs every process in namespace `name`; their pids. Repeats until
+  none is left (a dying parent may still fork)."""
+  killed = []
+  for _ in range(50):
+    pids = _namespace_pids(name)
+    if not pids:
+      return killed
+    for pid in pids:
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    killed += pids
+    time.sleep(0.1)
+  raise NetnsError(f'processes left in {name}: {_namespace_pids(name)}')
+
+
 @dataclasses.dataclass
 class Host:
   """One test host: a network namespace and its link to the bridge."""
@@ -114,22 +134,12 @@ class Host:
 
   def pids(self) -> List[int]:
     """Every process in the namespace."""
-    return [int(p) for p in _ip('netns', 'pids', self.name).stdout.split()]
+    return _namespace_pids(self.name)
 
   def kill_all(self) -> List[int]:
     """SIGKILLs every process in the namespace (the host dies); their
-    pids. Repeats until none is left (a dying parent may still fork)."""
-    killed = []
-    for _ in range(50):
-      pids = self.pids()
-      if not pids:
-        return killed
-      for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-          os.kill(pid, signal.SIGKILL)
-      killed += pids
-      time.sleep(0.1)
-    raise NetnsError(f'processes left in {self.name}: {self.pids()}')
+    pids."""
+    return _kill_namespace(self.name)
 
   def disconnect(self) -> None:
     """Takes the host's link down: a partition (its packets are dropped)."""
@@ -152,7 +162,7 @@ def _remove(names: Sequence[str], bridge: str) -> None:
   """Kills every process in the namespaces, deletes them and the bridge."""
   for name in names:
     with contextlib.suppress(NetnsError):
-      Host(name, '', '').kill_all()
+      _kill_namespace(name)
     _ip('netns', 'del', name, check=False)
   _ip('link', 'del', bridge, check=False)
 

@@ -81,11 +81,11 @@ def _session_pids(temp_dir: str):
 
 
 def _raylet_logs(temp_dir: str, max_lines: int = 15) -> str:
-  """The end of every raylet's log under `temp_dir` (why a node is not
-  up)."""
+  """The end of every raylet's log under `temp_dir` and the hosts' own
+  temp dirs beside it (why a node is not up)."""
   tails = []
   for path in sorted(glob.glob(os.path.join(
-      temp_dir, '**', 'session_*', 'logs', 'raylet.out'), recursive=True)):
+      f'{temp_dir}*', 'session_*', 'logs', 'raylet.out'))):
     with open(path, errors='replace') as f:
       lines = f.read().splitlines()[-max_lines:]
     tails.append(f'--- {path}\n' + '\n'.join(lines))
@@ -100,11 +100,17 @@ def _raylet_logs_on_failure(temp_dir: str) -> Iterator[None]:
     raise RuntimeError(f'{error}\n{_raylet_logs(temp_dir)}') from error
 
 
-def _wait_for_nodes(address, count, processes, env):
-  """Waits until `count` nodes are alive (asked from a fresh process)."""
-  code = ('import ray, sys; ray.init(address=sys.argv[1], logging_level=40); '
-          'print(",".join(n["NodeManagerAddress"] for n in ray.nodes() '
-          'if n["Alive"]))')
+# Prints the live nodes as JSON: [[address, [resource names]], ...].
+_LIVE_NODES = ('import json, ray, sys; '
+               'ray.init(address=sys.argv[1], logging_level=40); '
+               'print(json.dumps([[n["NodeManagerAddress"], '
+               'sorted(n["Resources"])] for n in ray.nodes() if n["Alive"]]))')
+
+
+def _wait_for(address, processes, env, what, ready):
+  """Asks a fresh process for the live nodes until `ready(nodes)` returns
+  something other than None, and returns that; fails if one of `processes`
+  (the `ray start`s) exits or `what` is not up in time."""
   deadline = time.monotonic() + START_TIMEOUT_S
   while time.monotonic() < deadline:
     for process in processes:
@@ -114,35 +120,34 @@ def _wait_for_nodes(address, count, processes, env):
       # A loaded machine can take a minute to import Ray and connect: a
       # probe that runs out of time counts as "not yet", within the deadline.
       out = subprocess.run(
-          [sys.executable, '-c', code, address], env=env,
+          [sys.executable, '-c', _LIVE_NODES, address], env=env,
           capture_output=True, text=True, check=False,
           timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
       continue
-    ips = out.stdout.split()[-1:]
-    if out.returncode == 0 and ips and len(ips[0].split(',')) == count:
-      return sorted(set(ips[0].split(',')))
+    lines = out.stdout.splitlines()
+    if out.returncode == 0 and lines:
+      result = ready(json.loads(lines[-1]))
+      if result is not None:
+        return result
     time.sleep(1)
-  raise RuntimeError(f'{count} Ray nodes not alive at {address} after '
+  raise RuntimeError(f'{what} not alive at {address} after '
                      f'{START_TIMEOUT_S} s')
+
+
+def _wait_for_nodes(address, count, processes, env):
+  """Waits until `count` nodes are alive; their addresses."""
+  return _wait_for(
+      address, processes, env, f'{count} Ray nodes',
+      lambda nodes: sorted({ip for ip, _ in nodes}) if len(nodes) == count
+      else None)
 
 
 def _wait_for_label(address, label, process, env):
   """Waits until a node with resource `label` is alive."""
-  code = ('import ray, sys; ray.init(address=sys.argv[1], logging_level=40); '
-          'print(any(n["Alive"] and sys.argv[2] in n["Resources"] '
-          'for n in ray.nodes()))')
-  deadline = time.monotonic() + START_TIMEOUT_S
-  while time.monotonic() < deadline:
-    if process.poll() is not None:
-      raise RuntimeError(f'ray start exited: {process.args}')
-    out = subprocess.run([sys.executable, '-c', code, address, label],
-                         env=env, capture_output=True, text=True, check=False)
-    if out.stdout.strip().endswith('True'):
-      return
-    time.sleep(1)
-  raise RuntimeError(f'Ray node {label} not alive at {address} after '
-                     f'{START_TIMEOUT_S} s')
+  _wait_for(address, [process], env, f'Ray node {label}',
+            lambda nodes: True if any(label in names for _, names in nodes)
+            else None)
 
 
 @dataclasses.dataclass
@@ -249,13 +254,6 @@ def local_ray_cluster(log_dir: str, env: Dict[str, str],
         pass
     for folder in [temp_dir, *glob.glob(f'{temp_dir}-*')]:
       shutil.rmtree(folder, ignore_errors=True)
-
-
-def host_resources_alive() -> List[str]:
-  """The labels of the live nodes (needs a connected driver)."""
-  import ray  # pylint: disable=g-import-not-at-top
-  return [label for node in ray.nodes() if node['Alive']
-          for label in HOST_RESOURCES if label in node['Resources']]
 
 
 def node_labels() -> Dict[str, str]:
