@@ -106,6 +106,16 @@ QUICK = frozenset({'test_do_with_no_preprocessing_fn',
                    'test_do_with_duplicate_preprocessing_fn',
                    'test_do_with_empty_analyze_splits'})
 
+# On Parquet and SequenceExample input, the stock tests whose path depends on
+# the input format: reading and materializing it, several input artifacts,
+# the per-format counters. The other 15 per format repeat, on another input
+# format, a test the TF.Example classes (v1 and v2) already run; they are
+# marked `format_repeat`: `make test-conformance` runs them, CI does not
+# (the 90-minute limit; see the README's test table).
+FORMAT_CHECKS = frozenset({'test_do_with_module_file',
+                           'test_do_with_multiple_artifacts',
+                           'test_counters'})
+
 
 def _wrapped(test, *marks):
   """`test` as a new function of the class with `marks` (the stock function
@@ -118,10 +128,12 @@ def _wrapped(test, *marks):
   return wrapped
 
 
-def _expectations(cls=None, *, executor=False):
+def _expectations(cls=None, *, executor=False, input_format=False):
   """Marks the class's tests: those listed in NOT_APPLICABLE as expected
   failures; with `executor`, all but QUICK ones `slow` and `conformance`
-  (`make test-conformance`).
+  (`make test-conformance`); with `input_format` (a class that reruns the
+  TF.Example tests on another input format), those not in FORMAT_CHECKS
+  also `format_repeat`.
 
   Also hides `tf.test.TestCase.test_session`: a deprecated helper named like
   a test, which skips itself ("Not a test.") when collected.
@@ -137,6 +149,8 @@ def _expectations(cls=None, *, executor=False):
         marks.append(pytest.mark.xfail(reason=reason, strict=True))
       if executor and name not in QUICK:
         marks += [pytest.mark.slow, pytest.mark.conformance]
+        if input_format and name not in FORMAT_CHECKS:
+          marks.append(pytest.mark.format_repeat)
       if marks:
         setattr(cls, name, _wrapped(getattr(cls, name), *marks))
     return cls
@@ -210,14 +224,14 @@ class TestTransformExecutorV2(_TransformExecutorSetUp,
   """tfx/components/transform/executor_v2_test.py (native TF2 Transform)."""
 
 
-@_expectations(executor=True)
+@_expectations(executor=True, input_format=True)
 class TestTransformExecutorOnParquet(
     _TransformExecutorSetUp,
     _transform_executor_on_parquet_test.ExecutorOnParquetTest):
   """tfx/components/transform/executor_on_parquet_test.py."""
 
 
-@_expectations(executor=True)
+@_expectations(executor=True, input_format=True)
 class TestTransformExecutorSequenceExample(
     _TransformExecutorSetUp,
     _transform_executor_sequence_example_test

@@ -70,6 +70,10 @@ def test_default_config_is_valid_and_round_trips():
     ({'lease_heartbeat_seconds': float('-inf')},
      'lease_heartbeat_seconds=-inf'),
     ({'max_restarts': float('nan')}, 'max_restarts=nan'),
+    ({'hang_timeout_s': -1}, 'hang_timeout_s=-1'),
+    ({'hang_timeout_s': float('nan')}, 'hang_timeout_s=nan'),
+    ({'hang_timeout_s': float('inf')}, 'hang_timeout_s=inf'),
+    ({'hang_timeout_s': '30'}, "hang_timeout_s='30'"),
 ])
 def test_bad_config_names_value_and_allowed(values, message):
   with pytest.raises(ValueError) as error:

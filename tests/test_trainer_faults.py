@@ -105,39 +105,60 @@ def _signal_when(task, pick_pid, sig):
   return sent
 
 
-def _worker_1_at_step(step):
+def _worker_1_at_step(step, not_pid=None):
+  """Worker 1's pid once it reached `step`; with `not_pid` (what another
+  `_signal_when` sent), only after that one was signalled, and another pid."""
   def pick(records):
-    mine = [r for r in records if r['replica'] == 1]
+    if not_pid is not None and 'pid' not in not_pid:
+      return None
+    mine = [r for r in records if r['replica'] == 1 and
+            r['pid'] != (not_pid or {}).get('pid')]
     return mine[-1]['pid'] if mine and mine[-1]['step'] >= step else None
   return pick
 
 
-def test_mwms_worker_killed_cluster_relaunches_and_resumes(
+def test_mwms_worker_killed_then_stopped_cluster_relaunches_each_time(
     tmp_path, data, child_env, run_seed):
+  """SIGKILL of worker 1 at a seeded step: its exit is seen, the cluster is
+  relaunched and resumes. Then SIGSTOP of the relaunched worker 1 two steps
+  later: the chief's next all-reduce waits for it without failing (what a
+  cut-off host does); the supervisor sees no new step for hang_timeout_s,
+  kills the attempt and relaunches it. Every example trains once."""
   del child_env
   root = str(tmp_path)
-  task = tt.mwms_task(root, data)
+  task = tt.mwms_task(root, data, max_restarts=2)
   kill_step = random.Random(run_seed).randrange(5, 11)
-  print(f'kill step {kill_step} (TFX_HPM_TEST_SEED={run_seed})')
-  sent = _signal_when(task, _worker_1_at_step(kill_step), signal.SIGKILL)
-  launch = tt.run_cluster(task, root)
+  stop_step = kill_step + 2
+  print(f'kill step {kill_step}, stop step {stop_step} '
+        f'(TFX_HPM_TEST_SEED={run_seed})')
+  killed = _signal_when(task, _worker_1_at_step(kill_step), signal.SIGKILL)
+  stopped = _signal_when(task, _worker_1_at_step(stop_step, not_pid=killed),
+                         signal.SIGSTOP)
+  # Well under TF's own 10 s heartbeat timeout, so that the hang is ours to
+  # see; far over a step (0.1 s) and a save here.
+  launch = tt.run_cluster(task, root, hang_timeout_s=4)
 
-  assert launch.attempts == 2
-  assert launch.restarts[0].exit_code == -signal.SIGKILL
-  assert launch.restarts[0].process == 'worker-1'
+  assert launch.attempts == 3
+  lost, hung = launch.restarts
+  assert (lost.process, lost.exit_code) == ('worker-1', -signal.SIGKILL)
+  assert (hung.process, hung.exit_code) == ('worker-0', None)
+  assert 'No new training step' in hung.log_tail
+  assert stopped['pid'] != killed['pid']
   result = tt.read_result(task)
   assert result['steps'] == 16 and result['num_replicas'] == 2
-  [event] = result['resume_events']
-  assert event['event'] == 'resumed' and event['from_step'] % 4 == 0
-  assert 0 < event['from_step'] <= kill_step + 1
+  events = result['resume_events']
+  assert [e['event'] for e in events] == ['resumed', 'resumed']
+  assert all(e['from_step'] % 4 == 0 for e in events)
+  assert 0 < events[0]['from_step'] <= kill_step + 1
+  assert events[0]['from_step'] <= events[1]['from_step'] <= stop_step + 1
   tensors = tt.final_tensors(task)
   assert tensors[STEP] == 16 and tensors[ITERATIONS] == 16
   tt.assert_each_id_once(task, 16, replicas=2)
-  # The killed worker's redone steps replayed the same examples.
+  # The signalled workers' redone steps replayed the same examples.
   records = tt.read_id_log(task.hparams['id_log'])
   surviving = tt.ids_by_step(records)
   for record in records:
-    if record['pid'] == sent['pid']:
+    if record['pid'] in (killed['pid'], stopped['pid']):
       assert record['ids'] == surviving[(record['step'], 1)]
 
 

@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -361,6 +362,94 @@ def test_progress_is_logged_through_the_component_logger(tmp_path, caplog):
       'Training step 4/4 (100%), loss 0.1250, 64 examples/s, elapsed 2 s, '
       'ETA 0 s, checkpoints 2 (last at step 4), restarts 1',
   ], caplog.text
+
+
+def _chief_with_pauses(progress_file: str, unreadable: str, script):
+  """A chief that records progress.json as the real one does, following
+  `script`: ('step', n) records step n of 8, ('saving', n) a save of step n,
+  ('pause', s) sleeps, ('unreadable', s) makes the record unreadable for s
+  seconds, ('hang',) sleeps for good, ('exit',) exits 0."""
+  return _python(f"""
+      import json, os, sys, time
+      from components.trainer import progress
+      def write(step, **extra):
+        record = dict(progress.details(
+            step=step, train_steps=8, loss=0.5, steps_per_sec=2.0, steady=True,
+            examples_per_step=32, elapsed_s=1.0, checkpoints=0,
+            last_checkpoint_step=None), step=step, time=time.time(), **extra)
+        with open({progress_file!r} + '.tmp', 'w') as f:
+          json.dump(record, f)
+        os.replace({progress_file!r} + '.tmp', {progress_file!r})
+      for what, *value in {script!r}:
+        if what == 'step':
+          write(value[0])
+        elif what == 'saving':
+          write(value[0], **{{progress.SAVING: True}})
+        elif what == 'pause':
+          time.sleep(value[0])
+        elif what == 'unreadable':
+          open({unreadable!r}, 'w').close()
+          time.sleep(value[0])
+          os.remove({unreadable!r})
+        elif what == 'hang':
+          time.sleep(600)
+        elif what == 'exit':
+          sys.exit(0)
+      """)
+
+
+def test_a_chief_recording_no_new_step_is_hung_killed_and_relaunched(
+    tmp_path):
+  """No new step for hang_timeout_s: the attempt is killed at once and
+  relaunched, as a restart. The clock does not run before the first step,
+  during a save, while the record cannot be read, or after the last step
+  (evaluation and export record none): each of those pauses here is more
+  than twice hang_timeout_s."""
+  progress_file, unreadable = tmp_path / 'progress.json', tmp_path / 'gone'
+  pid_file = str(tmp_path / 'hung.pid')
+  hang_s, pause_s = 1.0, 2.5
+
+  def make(attempt):
+    if attempt == 0:
+      script = [('pause', pause_s), ('step', 1), ('step', 2),
+                ('saving', 2), ('pause', pause_s), ('step', 3),
+                ('unreadable', pause_s), ('step', 4), ('hang',)]
+      argv = _python(f"""
+          import os, subprocess, sys
+          with open({pid_file!r}, 'w') as f:
+            f.write(str(os.getpid()))
+          sys.exit(subprocess.call({_chief_with_pauses(
+              str(progress_file), str(unreadable), script)!r}))
+          """)
+    else:
+      argv = _chief_with_pauses(
+          str(progress_file), str(unreadable),
+          [('step', 5), ('step', 8), ('pause', pause_s), ('exit',)])
+    return [ProcessSpec('chief', argv)]
+
+  def read():
+    if unreadable.exists() or not progress_file.exists():
+      return None
+    return json.loads(progress_file.read_text())
+
+  result = launcher.run_supervised(
+      make, str(tmp_path / 'logs'), max_restarts=1, hang_timeout_s=hang_s,
+      read_progress=read, progress_every_s=0.1)
+  assert result.attempts == 2
+  [hung] = result.restarts
+  assert (hung.process, hung.exit_code, hung.attempt) == ('chief', None, 0)
+  assert re.search(r'No new training step for \d+ s \(hang_timeout_s=1\)',
+                   hung.log_tail), hung.log_tail
+  _assert_killed(pid_file)
+
+  with pytest.raises(supervisor.ClusterFailedError,
+                     match=r"'chief' recorded no progress \(hung\) and was "
+                     r'killed \(attempt 0\)'):
+    launcher.run_supervised(
+        lambda attempt: [ProcessSpec('chief', _chief_with_pauses(
+            str(progress_file), str(unreadable), [('step', 1), ('hang',)]))],
+        str(tmp_path / 'logs-2'), hang_timeout_s=hang_s, read_progress=read,
+        progress_every_s=0.1)
 
 
 def test_error_tail_drops_tensorflow_startup_noise(tmp_path):

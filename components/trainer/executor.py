@@ -301,6 +301,7 @@ class Executor(base_executor.BaseExecutor):
             local_logs,
             timeout_s=config.timeout_s,
             max_restarts=fault_tolerance.max_restarts,
+            hang_timeout_s=fault_tolerance.hang_timeout_s,
             read_progress=read_progress)
     except supervisor.ClusterFailedError as e:
       # The same error, naming the uploaded logs instead of the local ones.
@@ -339,6 +340,7 @@ class Executor(base_executor.BaseExecutor):
         local_paths={k: v for k, v in shared.items() if storage.is_local(v)},
         timeout_s=config.timeout_s,
         max_restarts=fault_tolerance.max_restarts,
+        hang_timeout_s=fault_tolerance.hang_timeout_s,
         read_progress=read_progress)
 
   def _pipeline_name(self) -> str:

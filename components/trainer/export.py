@@ -12,6 +12,8 @@ from typing import Dict, Optional
 import tensorflow as tf
 import tensorflow_transform as tft
 
+from components import patches
+
 
 def serving_signatures(model: tf.keras.Model,
                        tf_transform_output: tft.TFTransformOutput,
@@ -59,7 +61,16 @@ def export_saved_model(model: tf.keras.Model,
   """Saves `model` with transform-aware signatures to `export_dir`."""
   if signatures is None:
     signatures = serving_signatures(model, tf_transform_output, raw_label_key)
-  tf.saved_model.save(model, export_dir, signatures=signatures)
+  save_with_signatures(model, export_dir, signatures)
+
+
+def save_with_signatures(model: tf.keras.Model, export_dir: str,
+                         signatures: Dict[str, object]) -> None:
+  """A SavedModel that serves through `signatures`, without the Keras layer
+  traces (no Keras loader can read them: `tf.saved_model.save` writes no
+  Keras metadata), which take over half of the export's time."""
+  with patches.saving_without_layer_traces():
+    tf.saved_model.save(model, export_dir, signatures=signatures)
 
 
 def export_trained_model(model: tf.keras.Model, module, tf_transform_output,
@@ -74,9 +85,9 @@ def export_trained_model(model: tf.keras.Model, module, tf_transform_output,
     export_dir = tempfile.mkdtemp(prefix='hpm-nonchief-export-')
   try:
     if hasattr(module, 'serving_signatures'):
-      tf.saved_model.save(
+      save_with_signatures(
           model, export_dir,
-          signatures=module.serving_signatures(model, tf_transform_output))
+          module.serving_signatures(model, tf_transform_output))
     elif tf_transform_output is not None:
       export_saved_model(model, tf_transform_output, raw_label_key,
                          export_dir)

@@ -145,7 +145,8 @@ def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
     make_processes: Builds the cluster for attempt 0, 1, ... (fresh ports).
     log_dir: Gets `attempt-<k>/<process>.log` per process.
     **supervision: supervisor.supervise's options (timeout_s, max_restarts,
-      poll_interval_s, grace_s, read_progress, progress_every_s).
+      hang_timeout_s, poll_interval_s, grace_s, read_progress,
+      progress_every_s).
   """
   return supervisor.supervise(
       lambda attempt, attempt_dir: LocalAttempt(

@@ -19,6 +19,8 @@ LOGGER = logging.getLogger('tfx_hpm.trainer')
 # Training processes log a progress line this often (and after the first
 # and the last call); the supervisor relays the chief's record as often.
 LINE_EVERY_SECONDS = 5.0
+# Key of a progress record written while a checkpoint is being saved.
+SAVING = 'saving'
 
 
 class Every:

@@ -311,7 +311,7 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
     poll_interval_s: How often logs are pulled while waiting.
     grace_s: Time between SIGTERM and SIGKILL when stopping processes.
     **supervision: supervisor.supervise's other options (timeout_s,
-      max_restarts, read_progress).
+      max_restarts, hang_timeout_s, read_progress).
 
   Raises:
     What supervisor.supervise raises, and

@@ -11,7 +11,10 @@ supervisor (a preemption notice) is passed on to every task, which
 checkpoints and stops; the run then fails as preempted, so that the
 orchestrator's retry resumes. While an attempt runs, the chief's progress
 record is logged every few seconds (`progress`), so that the component's log
-shows training. No TFX, TensorFlow or Ray import.
+shows training, and watched for stalls: a collective whose peer hangs or was
+cut off blocks without failing, so an attempt whose chief records no new
+step for `hang_timeout_s` is judged hung, killed and relaunched like a
+failed one. No TFX, TensorFlow or Ray import.
 """
 
 import collections
@@ -55,6 +58,7 @@ class Outcome(enum.Enum):
   FAILED = 'failed'
   TIMEOUT = 'timeout'
   PREEMPTED = 'preempted'
+  HUNG = 'hung'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +211,8 @@ class SigtermForwarder:
 
 
 class ProgressRelay:
-  """Logs the chief's progress record (progress.json) every few seconds.
+  """Logs the chief's progress record (progress.json) every few seconds,
+  and says for how long it has not moved.
 
   The training processes log to their own files; this puts their progress
   into the supervisor's log, the component's own. A record from before this
@@ -223,6 +228,11 @@ class ProgressRelay:
     self._restarts = restarts
     self._since = time.time()
     self._shown = None
+    # (step, time) of this attempt's newest record, when it was first read,
+    # when it was last read unchanged, and whether its clock runs.
+    self._newest = None
+    self._changed_at = self._confirmed_at = 0.0
+    self._clock_runs = False
     self._stopping = threading.Event()
     self._thread = None
     if read is not None:
@@ -237,12 +247,33 @@ class ProgressRelay:
 
   def _relay(self) -> None:
     record = self._read()
-    if (not record or 'train_steps' not in record or
-        record.get('time', 0) < self._since or
-        record['step'] == self._shown):
+    if not record or record.get('time', 0) < self._since:
+      return  # None after a record: unreadable now, which is no evidence.
+    self._watch(record)
+    if 'train_steps' not in record or record['step'] == self._shown:
       return
     self._shown = record['step']
     progress.LOGGER.info('%s', progress.format_line(record, self._restarts))
+
+  def _watch(self, record: Dict[str, Any]) -> None:
+    now = time.monotonic()
+    newest = (record['step'], record.get('time'))
+    if newest != self._newest:
+      self._newest, self._changed_at = newest, now
+    self._confirmed_at = now
+    # The clock stops during a checkpoint save (a large one to an object
+    # store may take minutes) and once the last step is reached (evaluation
+    # and export record no steps).
+    self._clock_runs = not record.get(progress.SAVING) and (
+        record['step'] < record.get('train_steps', float('inf')))
+
+  def stalled_s(self) -> Optional[float]:
+    """How long this attempt's chief has recorded no new step, as last
+    confirmed by a successful read; None before its first record, during a
+    save and after its last step."""
+    if self._newest is None or not self._clock_runs:
+      return None
+    return self._confirmed_at - self._changed_at
 
   def stop(self) -> None:
     """Relays the last record; waits for that read at most one period."""
@@ -274,10 +305,12 @@ def judge(tasks: List[TaskStatus], notified: bool
 
 
 def _watch(attempt: Attempt, start: float, timeout_s: float,
-           poll_interval_s: float, forwarder: SigtermForwarder
+           poll_interval_s: float, forwarder: SigtermForwarder,
+           relay: ProgressRelay, hang_timeout_s: float
           ) -> Tuple[Outcome, TaskStatus, List[TaskStatus]]:
-  """Polls until the attempt is done, fails, times out or was preempted;
-  returns the outcome, the task it is about and every task's last state."""
+  """Polls until the attempt is done, fails, times out, hangs or was
+  preempted; returns the outcome, the task it is about and every task's last
+  state."""
   notified = False
   while True:
     if forwarder.received and not notified:
@@ -290,15 +323,25 @@ def _watch(attempt: Attempt, start: float, timeout_s: float,
     if timeout_s and time.monotonic() - start > timeout_s:
       stuck = next(t for t in tasks if t.running and not t.server)
       return Outcome.TIMEOUT, stuck, tasks
+    stalled = relay.stalled_s()
+    if (hang_timeout_s and not notified and stalled is not None and
+        stalled > hang_timeout_s):
+      chief = next(t for t in tasks if not t.server)
+      return Outcome.HUNG, dataclasses.replace(chief, note=(
+          f'\nNo new training step for {stalled:.0f} s '
+          f'(hang_timeout_s={hang_timeout_s:g}): a process of the attempt '
+          'hangs, or its host was cut off.')), tasks
 
 
-def _describe(failure: ProcessExit, tasks: List[TaskStatus]) -> str:
+def _describe(failure: ProcessExit, tasks: List[TaskStatus],
+              hung: bool) -> str:
   others = ', '.join(
       f'{t.name}: ' + ('running' if t.running else
                        'lost' if t.exit_code is None else f'exit {t.exit_code}')
       for t in tasks if t.name != failure.process)
   code = failure.exit_code
-  how = ('was lost with its host or actor' if code is None else
+  how = ('recorded no progress (hung) and was killed' if hung else
+         'was lost with its host or actor' if code is None else
          f'was killed by signal {-code}' if code < 0 else
          f'exited with code {code}')
   return (f'Training process {failure.process!r} {how} (attempt '
@@ -308,6 +351,7 @@ def _describe(failure: ProcessExit, tasks: List[TaskStatus]) -> str:
 
 def supervise(start_attempt: StartAttempt, log_dir: str, *,
               timeout_s: float = 0, max_restarts: int = 0,
+              hang_timeout_s: float = 0,
               poll_interval_s: float = 0.2,
               grace_s: float = DEFAULT_GRACE_S,
               read_progress: Optional[
@@ -323,11 +367,17 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
     timeout_s: Limit for all attempts together; 0 = none.
     max_restarts: Relaunches allowed after failures; relaunches after a
       task exited PREEMPTED_EXIT_CODE are not counted.
+    hang_timeout_s: An attempt whose chief's progress record (read every
+      `progress_every_s`) shows no new step for this long, after its first
+      record and outside checkpoint saves, is killed and relaunched like a
+      failed one (a restart); 0 = never. It must exceed the longest call
+      and the longest pause between calls.
     poll_interval_s: How often the tasks are polled.
     grace_s: Time between SIGTERM and SIGKILL when stopping processes.
     read_progress: Returns the chief's progress record (progress.json; None
-      while there is none); it is logged every `progress_every_s` through
-      `progress.LOGGER` while the cluster runs, and once more at the end.
+      while there is none or it cannot be read); it is logged every
+      `progress_every_s` through `progress.LOGGER` while the cluster runs,
+      and once more at the end. Without it, hangs are not detected.
     progress_every_s: How often the progress record is read.
 
   Returns:
@@ -347,16 +397,19 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
       attempt_dir = os.path.join(log_dir, f'attempt-{index}')
       os.makedirs(attempt_dir, exist_ok=True)
       attempt = start_attempt(index, attempt_dir)
+      outcome = None
       try:
         forwarder.tasks = attempt.names
         relay = ProgressRelay(read_progress, progress_every_s, len(restarts))
         try:
           outcome, task, tasks = _watch(attempt, start, timeout_s,
-                                        poll_interval_s, forwarder)
+                                        poll_interval_s, forwarder, relay,
+                                        hang_timeout_s)
         finally:
           relay.stop()
       finally:
-        attempt.stop(grace_s)
+        # Hung processes would not checkpoint in any grace period.
+        attempt.stop(0 if outcome is Outcome.HUNG else grace_s)
       if outcome is Outcome.DONE:
         return LaunchResult(index + 1, restarts, time.monotonic() - start,
                             log_dir, attempt.placement)
@@ -364,8 +417,10 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
       path = attempt.log_path(task.name)
       failure = ProcessExit(task.name, task.exit_code, path,
                             read_tail(path) + task.note, index, time.time())
-      _raise_or_log_relaunch(outcome, failure, _describe(failure, tasks),
-                             restarts, max_restarts, timeout_s)
+      _raise_or_log_relaunch(
+          outcome, failure,
+          _describe(failure, tasks, outcome is Outcome.HUNG),
+          restarts, max_restarts, timeout_s)
       restarts.append(failure)
       index += 1
 

@@ -21,7 +21,7 @@ import logging as std_logging
 import os
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 # The suite uses tf-keras; set before anything imports TensorFlow.
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')

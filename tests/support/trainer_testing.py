@@ -20,6 +20,7 @@ import tensorflow as tf
 from components.trainer import launcher
 from components.trainer import supervisor
 from components.trainer import tf_cluster
+from components.trainer.checkpoint import records as run_records
 from components.trainer.task import TrainingTask
 from tests.support import faulty_storage
 from tests.support import id_recording_module
@@ -175,10 +176,12 @@ def run_cluster(task: TrainingTask, root: str, *,
                 strategy: str = 'multi_worker_mirrored', num_workers: int = 2,
                 num_ps: int = 0, production: bool = False,
                 max_restarts: Optional[int] = None,
+                hang_timeout_s: float = 0,
                 timeout_s: float = CLUSTER_TIMEOUT_S) -> supervisor.LaunchResult:
   """`task` as a local cluster under the launcher's supervisor (logs under
-  `root`/logs). `max_restarts`: by default the task's (0 if unset). The
-  processes get this process's environment (see the `child_env` fixture)."""
+  `root`/logs), which reads the chief's progress as the executor's does.
+  `max_restarts`: by default the task's (0 if unset). The processes get this
+  process's environment (see the `child_env` fixture)."""
   if max_restarts is None:
     max_restarts = task.fault_tolerance.get('max_restarts', 0)
   argv = cluster_argv(task, root, production)
@@ -186,7 +189,9 @@ def run_cluster(task: TrainingTask, root: str, *,
       lambda attempt: tf_cluster.cluster_processes(strategy, num_workers,
                                                    num_ps, argv),
       os.path.join(root, 'logs'), timeout_s=timeout_s,
-      max_restarts=max_restarts)
+      max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
+      read_progress=lambda: run_records.read_progress(task.checkpoint_dir),
+      progress_every_s=0.5)
 
 
 def child_log(root: str) -> str:

@@ -92,15 +92,26 @@ class FaultToleranceConfig(CheckpointConfig):
   Attributes:
     max_restarts: Relaunches of a failed cluster the supervisor allows (a
       relaunch after a task was preempted is not counted).
+    hang_timeout_s: Seconds without a new training step, as the chief's
+      progress record shows (after the attempt's first step, outside
+      checkpoint saves), after which the supervisor judges the attempt hung
+      (a collective waiting on a stopped or cut-off peer blocks without
+      failing), kills it and relaunches it, as one restart. It must exceed
+      the longest call (`steps_per_execution` steps) and the longest pause
+      between calls; 0 = no hang detection.
   """
   OPTIONS_NAME = 'fault_tolerance'
   max_restarts: int = 2
+  hang_timeout_s: float = 30.0
 
   def validate(self) -> 'FaultToleranceConfig':
     super().validate()
     if not is_int(self.max_restarts, minimum=0):
       raise ValueError(f'max_restarts={self.max_restarts!r} must be an integer '
                        '>= 0.')
+    if not is_number(self.hang_timeout_s) or self.hang_timeout_s < 0:
+      raise ValueError(f'hang_timeout_s={self.hang_timeout_s!r} must be a '
+                       'finite number of seconds >= 0 (0: no hang detection).')
     return self
 
   def checkpoint(self) -> CheckpointConfig:

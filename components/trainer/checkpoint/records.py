@@ -15,6 +15,7 @@ from absl import logging
 import tensorflow as tf
 
 from components import storage
+from components.trainer import progress
 from components.trainer.checkpoint import location
 
 EVENTS_NAME = 'events.json'
@@ -106,8 +107,18 @@ class ProgressMarker:
     survives the final save, whichever the writer gets to first)."""
     if details is None and self._latest is not None and (
         self._latest[0] == step):
-      details = self._latest[1]
+      details = {k: v for k, v in (self._latest[1] or {}).items()
+                 if k != progress.SAVING}
     self._latest = (step, details)
+    self._wake.set()
+
+  def saving(self, step: int) -> None:
+    """A save of `step` begins; the record says so until the next update
+    (the supervisor's hang clock stops meanwhile: a large save to an object
+    store may take minutes)."""
+    latest = self._latest
+    details = dict(latest[1] or {}) if latest and latest[0] == step else {}
+    self._latest = (step, {**details, progress.SAVING: True})
     self._wake.set()
 
   def _run(self) -> None:
