@@ -3,6 +3,7 @@
 import pytest
 
 from components.trainer import config as config_lib
+from components.trainer import membership
 from components.trainer.config import DistributionConfig
 
 
@@ -105,6 +106,44 @@ def test_batch_sizes_exclusive_and_positive():
     ('steps_per_execution', True)])
 def test_negative_or_zero_counts(field, value):
   assert f'{field}={value!r}' in _error(**{field: value})
+
+
+_ELASTIC = {'strategy': 'multi_worker_mirrored', 'launcher': 'ray',
+            'num_workers': 2}
+
+
+@pytest.mark.parametrize('values,expected', [
+    ({'min_workers': 0}, 'min_workers=0 must be an integer in [1, '
+     'num_workers=2]'),
+    ({'min_workers': 3}, 'min_workers=3 must be an integer in [1, '
+     'num_workers=2]'),
+    ({'min_workers': 1.0}, 'min_workers=1.0 must be an integer'),
+    ({'min_workers': 1, 'launcher': 'local'},
+     "needs launcher='ray' (a Ray cluster can lose nodes), not "
+     "launcher='local'"),
+    ({'min_workers': 1, 'strategy': 'parameter_server', 'num_ps': 1},
+     "needs strategy in ('auto', 'multi_worker_mirrored') without parameter "
+     "servers, not strategy='parameter_server', num_ps=1"),
+    ({'min_workers': 2, 'num_workers': 3},
+     'min_workers=2: with 2 of num_workers=3 workers the update batch cannot '
+     'be kept: its 3 x gradient_accumulation_steps=1 per-replica batches do '
+     'not divide among 2 workers'),
+])
+def test_an_elastic_config_that_cannot_keep_its_update_batch_fails(
+    values, expected):
+  assert expected in _error(**{**_ELASTIC, **values})
+
+
+def test_elastic_configs_that_keep_the_update_batch():
+  for values in ({'min_workers': 1}, {'min_workers': 2},
+                 {'min_workers': 2, 'num_workers': 3,
+                  'gradient_accumulation_steps': 2},
+                 {'min_workers': 1, 'num_workers': 4,
+                  'gradient_accumulation_steps': 3}):
+    config = DistributionConfig.from_dict({**_ELASTIC, **values})
+    assert config.elastic == (config.min_workers < config.num_workers)
+  assert not DistributionConfig(num_workers=2,
+                                strategy='multi_worker_mirrored').elastic
 
 
 @pytest.mark.parametrize('value', [
@@ -219,3 +258,15 @@ def test_auto_launcher_trains_in_process_only_for_process_local_paths():
   # Asked for: kept, also on ram:// (the launcher then refuses it).
   local = DistributionConfig.from_dict({'launcher': 'local'})
   assert resolve(local, {'model': 'ram://m'}) == (local, 'requested')
+
+
+def test_workers_of_a_tf_config_and_the_accumulation_that_keeps_the_update():
+  workers_in = membership.workers_in
+  assert workers_in({}) == 1
+  assert workers_in({'cluster': {'worker': ['a:1', 'b:1']}}) == 2
+  assert workers_in({'cluster': {'chief': ['c:1'], 'worker': ['a:1']}}) == 2
+  # A parameter-server cluster's chief is its coordinator, not a worker.
+  assert workers_in({'cluster': {'chief': ['c:1'], 'worker': ['a:1', 'b:1'],
+                                 'ps': ['p:1']}}) == 2
+  assert [membership.accumulation_for(4, 3, w) for w in (4, 3, 2, 1)] == [
+      3, 4, 6, 12]

@@ -12,6 +12,8 @@
   coordinator: the launcher relaunches and training resumes.
 """
 
+import collections
+import dataclasses
 import os
 import random
 import signal
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
 ITERATIONS = 'optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE'
+PREEMPTION_COUNTER = 'checkpointed_runs/'
 CLUSTER_TIMEOUT_S = tt.CLUSTER_TIMEOUT_S
 
 
@@ -87,14 +90,17 @@ def test_two_replica_strategy_splits_batches_and_resumes_exactly_after_sigkill(
 
 
 def _signal_when(task, pick_pid, sig):
-  """Background: signals the pid `pick_pid(records)` returns (once)."""
+  """Background: signals the pid `pick_pid(records)` returns (once); what
+  it sent to, and every pid seen by then (`seen`), go into the dict."""
   sent = {}
 
   def watch():
     deadline = time.monotonic() + CLUSTER_TIMEOUT_S
     while time.monotonic() < deadline:
-      pid = pick_pid(tt.read_id_log(task.hparams['id_log']))
+      records = tt.read_id_log(task.hparams['id_log'])
+      pid = pick_pid(records)
       if pid:
+        sent['seen'] = {r['pid'] for r in records}
         sent['pid'] = pid
         os.kill(pid, sig)
         return
@@ -105,14 +111,15 @@ def _signal_when(task, pick_pid, sig):
   return sent
 
 
-def _worker_1_at_step(step, not_pid=None):
-  """Worker 1's pid once it reached `step`; with `not_pid` (what another
-  `_signal_when` sent), only after that one was signalled, and another pid."""
+def _worker_at_step(step, replica=1, after=None):
+  """The pid of the worker training `replica` once it reached `step`; with
+  `after` (what another `_signal_when` sent), only once that one was sent,
+  and a process started since."""
   def pick(records):
-    if not_pid is not None and 'pid' not in not_pid:
+    if after is not None and 'pid' not in after:
       return None
-    mine = [r for r in records if r['replica'] == 1 and
-            r['pid'] != (not_pid or {}).get('pid')]
+    mine = [r for r in records if r['replica'] == replica and
+            r['pid'] not in (after or {}).get('seen', ())]
     return mine[-1]['pid'] if mine and mine[-1]['step'] >= step else None
   return pick
 
@@ -131,8 +138,8 @@ def test_mwms_worker_killed_then_stopped_cluster_relaunches_each_time(
   stop_step = kill_step + 2
   print(f'kill step {kill_step}, stop step {stop_step} '
         f'(TFX_HPM_TEST_SEED={run_seed})')
-  killed = _signal_when(task, _worker_1_at_step(kill_step), signal.SIGKILL)
-  stopped = _signal_when(task, _worker_1_at_step(stop_step, not_pid=killed),
+  killed = _signal_when(task, _worker_at_step(kill_step), signal.SIGKILL)
+  stopped = _signal_when(task, _worker_at_step(stop_step, after=killed),
                          signal.SIGSTOP)
   # Well under TF's own 10 s heartbeat timeout, so that the hang is ours to
   # see; far over a step (0.1 s) and a save here.
@@ -162,6 +169,72 @@ def test_mwms_worker_killed_then_stopped_cluster_relaunches_each_time(
       assert record['ids'] == surviving[(record['step'], 1)]
 
 
+def test_elastic_cluster_of_2_runs_on_1_and_back_with_the_same_updates(
+    tmp_path, data, child_env, run_seed):
+  """An elastic MultiWorkerMirrored cluster (min_workers=1 of 2) whose
+  membership changes as its Ray launcher's would: SIGKILL of worker 1 at a
+  seeded step, a relaunch with 1 worker (accumulating 2 micro-batches: the
+  same update batch), SIGTERM to it a few steps later (it checkpoints), a
+  relaunch with 2. Every update trains the same examples as an
+  uninterrupted 2-worker run, and the final weights equal that run's: each
+  update sums the same two per-replica gradients, in one all-reduce or in
+  the accumulation (a + b == b + a in floating point; from 3 addends on the
+  association could change the last bits)."""
+  del child_env
+
+  def elastic_task(name):
+    task = tt.mwms_task(str(tmp_path / name), data, max_restarts=1)
+    return dataclasses.replace(task, distribution={
+        **task.distribution, 'launcher': 'ray', 'min_workers': 1})
+
+  baseline = elastic_task('baseline')
+  assert tt.run_cluster(baseline, str(tmp_path / 'baseline')).attempts == 1
+  task = elastic_task('elastic')
+  kill_step = random.Random(run_seed).randrange(5, 9)
+  term_step = kill_step + 3
+  print(f'kill step {kill_step}, SIGTERM step {term_step} '
+        f'(TFX_HPM_TEST_SEED={run_seed})')
+  killed = _signal_when(task, _worker_at_step(kill_step), signal.SIGKILL)
+  preempted = _signal_when(
+      task, _worker_at_step(term_step, replica=0, after=killed),
+      signal.SIGTERM)
+  launch = tt.run_cluster(task, str(tmp_path / 'elastic'),
+                          num_workers=[2, 1, 2])
+
+  assert launch.attempts == 3
+  assert [r.exit_code for r in launch.restarts] == [
+      -signal.SIGKILL, preemption.PREEMPTED_EXIT_CODE]
+  result = tt.read_result(task)
+  assert (result['num_workers'], result['gradient_accumulation_steps'],
+          result['examples_per_step']) == (2, 1, 4)
+  assert [e['event'] for e in result['resume_events']] == [
+      'resumed', 'preempted', 'resumed']
+
+  def attempt_of(pid):
+    return (0 if pid in killed['seen'] else
+            1 if pid in preempted['seen'] else 2)
+  records = tt.read_id_log(task.hparams['id_log'])
+  assert {attempt_of(r['pid']) for r in records} == {0, 1, 2}
+  # The one worker ran each step as 2 micro-batches of the per-replica 2.
+  single = [r for r in records if attempt_of(r['pid']) == 1]
+  assert {r['replica'] for r in single} == {0}
+  assert all(len(r['ids']) == 2 for r in single)
+  assert sorted(collections.Counter(r['step'] for r in single).values()) == (
+      [2] * len({r['step'] for r in single}))
+  updates = tt.ids_by_update(records, attempt_of)
+  assert updates == tt.ids_by_update(
+      tt.read_id_log(baseline.hparams['id_log']), lambda pid: 0)
+  assert sorted(i for ids in updates.values() for i in ids) == list(
+      range(tt.NUM_EXAMPLES))
+  expected, actual = tt.final_tensors(baseline), tt.final_tensors(task)
+  assert actual[STEP] == 16 and actual[ITERATIONS] == 16
+  # The preemption handler counts the runs it checkpointed (SIGTERM: 1 run).
+  assert sorted(actual) == sorted(expected)
+  for name, value in expected.items():
+    if not name.startswith(PREEMPTION_COUNTER):
+      np.testing.assert_array_equal(actual[name], value, err_msg=name)
+
+
 @pytest.mark.extended
 def test_mwms_sigterm_checkpoints_on_every_worker_and_loses_nothing(
     tmp_path, data, child_env):
@@ -169,7 +242,7 @@ def test_mwms_sigterm_checkpoints_on_every_worker_and_loses_nothing(
   root = str(tmp_path)
   # Time-based saves too: the workers agree on them with a collective.
   task = tt.mwms_task(root, data, save_every_seconds=0.5)
-  _signal_when(task, _worker_1_at_step(5), signal.SIGTERM)
+  _signal_when(task, _worker_at_step(5), signal.SIGTERM)
   launch = tt.run_cluster(task, root)
 
   # Both workers saved at the agreed step and exited "preempted".

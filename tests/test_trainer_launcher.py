@@ -384,7 +384,7 @@ def _chief_with_pauses(progress_file: str, unreadable: str, script):
         if what == 'step':
           write(value[0])
         elif what == 'saving':
-          write(value[0], **{{progress.SAVING: True}})
+          write(value[0], **{{progress.PAUSED: 'saving'}})
         elif what == 'pause':
           time.sleep(value[0])
         elif what == 'unreadable':
@@ -450,6 +450,72 @@ def test_a_chief_recording_no_new_step_is_hung_killed_and_relaunched(
             str(progress_file), str(unreadable), [('step', 1), ('hang',)]))],
         str(tmp_path / 'logs-2'), hang_timeout_s=hang_s, read_progress=read,
         progress_every_s=0.1)
+
+
+class _ElasticAttempt(launcher.LocalAttempt):
+  """A local attempt that says it runs `workers` of `full_workers` and
+  finds room to grow at its second check."""
+
+  def __init__(self, specs, attempt, attempt_dir, workers, full_workers):
+    super().__init__(specs, attempt, attempt_dir)
+    self.workers, self.full_workers = workers, full_workers
+    if workers < full_workers:
+      self.membership_reason = f'only {workers} of {full_workers} fit'
+    self.checks = 0
+
+  def can_grow(self):
+    self.checks += 1
+    return self.checks >= 2
+
+
+def test_a_smaller_attempt_grows_back_at_a_checkpoint(tmp_path, caplog):
+  """An elastic cluster below full size: every rescale_check_s the attempt
+  is asked for room; once there is, its tasks get the notice (they
+  checkpoint and exit 75) and the cluster is relaunched at full size, not
+  as a restart. Both membership changes are recorded; the progress line
+  says `workers 1/2` while the cluster is smaller."""
+  progress_file = tmp_path / 'progress.json'
+  stopped = str(tmp_path / 'stopped')
+  attempts = []
+
+  def start(index, attempt_dir):
+    if index == 0:
+      specs = [ProcessSpec('worker-0', _python(f"""
+          import json, os, signal, sys, time
+          def stop(*_):
+            open({stopped!r}, 'w').close()
+            sys.exit({exit_codes.PREEMPTED_EXIT_CODE})
+          signal.signal(signal.SIGTERM, stop)
+          with open({str(progress_file)!r}, 'w') as f:
+            json.dump(dict(step=1, train_steps=4, time=time.time(),
+                           examples_per_sec=1.0, elapsed_s=1.0), f)
+          time.sleep(600)
+          """))]
+      attempt = _ElasticAttempt(specs, index, attempt_dir, 1, 2)
+    else:
+      specs = [ProcessSpec(f'worker-{i}', _python('print("ok")'))
+               for i in range(2)]
+      attempt = _ElasticAttempt(specs, index, attempt_dir, 2, 2)
+    attempts.append(attempt)
+    return attempt
+
+  caplog.set_level(logging.INFO, logger='tfx_hpm')
+  result = supervisor.supervise(
+      start, str(tmp_path / 'logs'), max_restarts=0, rescale_check_s=0.5,
+      read_progress=lambda: (json.loads(progress_file.read_text())
+                             if progress_file.exists() else None),
+      progress_every_s=0.1)
+  assert result.attempts == 2 and attempts[0].checks == 2
+  assert os.path.exists(stopped)  # It got the notice.
+  [rescaled] = result.restarts
+  assert rescaled.exit_code == exit_codes.PREEMPTED_EXIT_CODE
+  assert [(e.attempt, e.from_workers, e.to_workers, e.full_workers,
+           e.reason) for e in result.membership] == [
+               (0, 2, 1, 2, 'only 1 of 2 fit'),
+               (1, 1, 2, 2, 'room for all 2 workers again')]
+  lines = [r.getMessage() for r in caplog.records
+           if r.name == progress.LOGGER.name]
+  assert lines and lines[0].endswith('restarts 0, workers 1/2'), lines
 
 
 def test_error_tail_drops_tensorflow_startup_noise(tmp_path):

@@ -24,6 +24,7 @@ spreads over both nodes and is blessed (its outputs are local paths, which
 the executor refuses across hosts).
 """
 
+import dataclasses
 import json
 import os
 import random
@@ -211,7 +212,7 @@ def ray_hosts_driver(ray_hosts_cluster, monkeypatch):
   yield from _connected(ray_hosts_cluster, monkeypatch)
 
 
-def _run_on_ray(task, root, cpus=1):
+def _run_on_ray(task, root, cpus=1, **options):
   argv = [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
           ray_launcher.TASK_FILE]
   return ray_launcher.run_on_ray(
@@ -219,10 +220,10 @@ def _run_on_ray(task, root, cpus=1):
       os.path.join(root, 'logs'), placement_strategy='SPREAD',
       resources={'cpus': cpus, 'gpus': 0, 'memory_mb': 0}, local_paths={},
       timeout_s=CLUSTER_TIMEOUT_S,
-      max_restarts=task.fault_tolerance['max_restarts'])
+      max_restarts=task.fault_tolerance['max_restarts'], **options)
 
 
-def _run_on_ray_acting(task, root, act):
+def _run_on_ray_acting(task, root, act, **options):
   """_run_on_ray while a thread calls `act(id log records)` until it
   returns True (it acted: a kill, a signal)."""
 
@@ -236,7 +237,7 @@ def _run_on_ray_acting(task, root, act):
   thread = threading.Thread(target=watch, daemon=True)
   thread.start()
   try:
-    return _run_on_ray(task, root)
+    return _run_on_ray(task, root, **options)
   finally:
     finished.set()
     thread.join()
@@ -431,6 +432,101 @@ def test_killed_actor_dead_host_and_partition_the_cluster_resumes_each_time(
   # The actor's worker process died with it (PR_SET_PDEATHSIG).
   stat = _proc_stat(restored['worker'])
   assert stat is None or stat[0] in 'ZX', stat
+
+
+def _elastic_task(root, data, **hparams):
+  """tt.mwms_task as an elastic cluster: min_workers=1 of 2."""
+  task = tt.mwms_task(root, data, max_restarts=1)
+  return dataclasses.replace(
+      task, hparams={**task.hparams, **hparams}, distribution={
+          **task.distribution, 'launcher': 'ray', 'min_workers': 1})
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
+    tmp_path, data, ray_hosts_driver, run_seed):
+  """min_workers=1 of 2, no spare host (any third host's CPU is held): the
+  host of worker-1 dies at a seeded step; the relaunch cannot place 2
+  workers and continues with 1 (accumulating 2 micro-batches); the host
+  comes back, the supervisor's check finds room, the worker checkpoints and
+  stops, and the cluster is relaunched with 2. Every update trains the
+  examples of an uninterrupted 2-worker run, and the final weights are that
+  run's, bit for bit (each update sums the same two per-replica gradients;
+  see test_trainer_faults' elastic test)."""
+  import ray  # pylint: disable=g-import-not-at-top
+  cluster = ray_hosts_driver
+  baseline = _elastic_task(str(tmp_path / 'baseline'), data)
+  tt.run_cluster(baseline, str(tmp_path / 'baseline'), max_restarts=0)
+  # Slower steps: the one-worker attempt must outlast a node's restart.
+  task = _elastic_task(str(tmp_path / 'elastic'), data,
+                       step_sleep_seconds=1.5)
+  kill_step = random.Random(run_seed).randrange(5, 7)
+  print(f'host death at step {kill_step} (TFX_HPM_TEST_SEED={run_seed})')
+  live = sorted(set(ray_cluster_lib.node_labels().values()))
+  assert len(live) >= 2, live
+  holders = [ray.remote(num_cpus=1, resources={label: 1})(_CpuHolder).remote()
+             for label in live[2:]]
+  ray.get([holder.ready.remote() for holder in holders])
+  done = {}
+
+  def act(records):
+    if 'host' not in done:
+      mine = [r for r in records if r['replica'] == 1]
+      if not mine or mine[-1]['step'] < kill_step:
+        return False
+      done['host'] = _host_of(mine[-1]['pid'], cluster)
+      done['seen'] = {r['pid'] for r in records}
+      cluster.kill_host(done['host'])
+      return False
+    if not any(r['pid'] not in done['seen'] for r in records):
+      return False
+    # The one-worker attempt trains: the host comes back.
+    while done['host'] in ray_cluster_lib.node_labels().values():
+      time.sleep(0.5)
+    cluster.restart_node(done['host'])
+    return True
+
+  try:
+    launch = _run_on_ray_acting(
+        task, str(tmp_path / 'elastic'), act, min_workers=1,
+        rescale_check_s=2)
+  finally:
+    for holder in holders:
+      ray.kill(holder)
+
+  assert launch.attempts == 3
+  lost, rescaled = launch.restarts
+  assert (lost.exit_code is None and '[Ray]' in lost.log_tail) or (
+      'Collective ops is aborted' in lost.log_tail), lost
+  assert rescaled.exit_code == 75, rescaled
+  shrink, grow = launch.membership
+  assert (shrink.attempt, shrink.from_workers, shrink.to_workers) == (1, 2, 1)
+  assert 'places only 1 of 2 workers' in shrink.reason
+  assert (grow.attempt, grow.from_workers, grow.to_workers) == (2, 1, 2)
+  assert 'room for all 2 workers again' in grow.reason
+  _assert_on_two_hosts(launch.placement, cluster)
+  assert not _training_processes(cluster)
+
+  records = tt.read_id_log(task.hparams['id_log'])
+  # The one-worker attempt's process wrote the first records after the
+  # host died; it trained replica 0 only.
+  single = next(r['pid'] for r in records if r['pid'] not in done['seen'])
+  assert {r['replica'] for r in records if r['pid'] == single} == {0}
+
+  def attempt_of(pid):
+    return 0 if pid in done['seen'] else 1 if pid == single else 2
+  assert tt.ids_by_update(records, attempt_of) == tt.ids_by_update(
+      tt.read_id_log(baseline.hparams['id_log']), lambda pid: 0)
+  _assert_equal_tensors(tt.final_tensors(task), tt.final_tensors(baseline),
+                        ignore=(PREEMPTION_SAVED_AT,))
+
+
+class _CpuHolder:
+  """Holds its node's CPU (a host with no room for a worker)."""
+
+  def ready(self):
+    return True
 
 
 @pytest.mark.slow

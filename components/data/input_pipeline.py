@@ -225,7 +225,8 @@ def build_dataset(file_patterns: List[str],
                   input_context: Optional[tf.distribute.InputContext] = None,
                   skip_batches: int = 0,
                   drop_remainder: bool = True,
-                  split: Optional[str] = None) -> tf.data.Dataset:
+                  split: Optional[str] = None,
+                  global_order: bool = False) -> tf.data.Dataset:
   """Batched `(features, label)` (or `features` if no label_key) dataset.
 
   Args:
@@ -255,6 +256,13 @@ def build_dataset(file_patterns: List[str],
     drop_remainder: Keep batch shapes static (needed for sync replicas).
     split: Split name for an on-the-fly config; by default taken from the
       `Split-<name>` folder of `file_patterns`.
+    global_order: The data order of an elastic cluster: every input
+      pipeline reads every file, in one seeded row order made in batches of
+      all pipelines' batches together, and pipeline i of n takes every n-th
+      batch of it (i, n + i, ...). The n pipelines' j-th batches are then
+      the same rows, in pipeline order, for any n with the same global
+      batch (n times the reading). Otherwise each pipeline reads its share
+      of the files.
   """
   config = (config or InputPipelineConfig()).validate()
   compression_type = config.compression_type
@@ -274,10 +282,14 @@ def build_dataset(file_patterns: List[str],
 
   names = tf.data.Dataset.from_tensor_slices(files)
   # With fewer files than pipelines, the read batches are sharded instead.
-  shard_batches = num_pipelines > 1 and len(files) < num_pipelines
-  if num_pipelines > 1 and not shard_batches:
+  shard_batches = (num_pipelines > 1 and not global_order and
+                   len(files) < num_pipelines)
+  if num_pipelines > 1 and not shard_batches and not global_order:
     names = names.shard(num_pipelines, pipeline_id)
-  reading_batch = read_batch_size(config, batch_size)
+  # The batch the row order is made in: in the global order, all pipelines'
+  # batches together, the same for any pipeline count.
+  order_batch = batch_size * num_pipelines if global_order else batch_size
+  reading_batch = read_batch_size(config, order_batch)
   parser = make_parser(feature_spec, label_key, config)
 
   def serialized(file_names):
@@ -314,7 +326,7 @@ def build_dataset(file_patterns: List[str],
     if shuffle and config.shuffle_buffer_batches:
       rows = rows.shuffle(config.shuffle_buffer_batches, seed=epoch_seed)
     if shuffle and config.shuffle_window_batches:
-      rows = shuffle_windows(rows, config.shuffle_window_batches * batch_size,
+      rows = shuffle_windows(rows, config.shuffle_window_batches * order_batch,
                              epoch_seed)
     return rows
 
@@ -330,12 +342,16 @@ def build_dataset(file_patterns: List[str],
     if not rows_per_epoch:
       raise ValueError(f'No examples in {file_patterns} for input pipeline '
                        f'{pipeline_id} of {num_pipelines}.')
-    first_epoch, first_row = divmod(skip_batches * batch_size, rows_per_epoch)
+    # In the global order, every pipeline's batches were skipped too.
+    first_epoch, first_row = divmod(skip_batches * order_batch,
+                                    rows_per_epoch)
   last_epoch = num_epochs if num_epochs is not None else _FOREVER
   dataset = tf.data.Dataset.range(first_epoch, last_epoch)
   dataset = drop_rows(dataset.take(1).flat_map(epoch_rows), first_row)
   dataset = dataset.concatenate(
       tf.data.Dataset.range(first_epoch + 1, last_epoch).flat_map(epoch_rows))
   dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
+  if global_order and num_pipelines > 1:
+    dataset = dataset.shard(num_pipelines, pipeline_id)
   dataset = dataset.prefetch(config.prefetch_batches)
   return dataset.with_options(_options(config))

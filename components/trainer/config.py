@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Dict, Optional, Tuple, Union
 
 from components.json_config import JsonConfig, check_int, is_int, is_number
+from components.trainer import membership
 
 STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
               'parameter_server', 'central_storage', 'tpu')
@@ -63,6 +64,9 @@ class DistributionConfig(JsonConfig):
       `local` or `ray`).
     num_ps: Parameter-server processes of a cluster the launcher starts
       (launcher `local` or `ray`, strategy `parameter_server` or `auto`).
+    min_workers: Below num_workers, an elastic MultiWorkerMirrored cluster
+      (launcher `ray`) that may run with fewer workers, the same update batch
+      and data order (`membership`); None: num_workers.
     ray_address: The Ray cluster (launcher `ray`): `auto`, `host:port` of
       its head, or `ray://host:port`; empty: the RAY_ADDRESS environment
       variable, else `auto`.
@@ -109,6 +113,7 @@ class DistributionConfig(JsonConfig):
   launcher: str = AUTO
   num_workers: int = 1
   num_ps: int = 0
+  min_workers: Optional[int] = None
   ray_address: str = ''
   ray_placement: str = 'SPREAD'
   ray_resources: Dict[str, float] = dataclasses.field(default_factory=dict)
@@ -146,7 +151,15 @@ class DistributionConfig(JsonConfig):
     self._validate_seed()
     self._validate_cluster()
     self._validate_batch()
+    membership.check(
+        num_workers=self.num_workers, min_workers=self.min_workers,
+        num_ps=self.num_ps, accumulation=self.gradient_accumulation_steps,
+        strategy=self.strategy, launcher=self.launcher)
     return self
+
+  @property
+  def elastic(self) -> bool:
+    return membership.is_elastic(self.num_workers, self.min_workers)
 
   def _validate_ray(self) -> None:
     if not isinstance(self.ray_address, str):
@@ -367,17 +380,6 @@ def resolve_mode(mode: str, *, has_build_model: bool, has_run_fn: bool,
 def _check_choice(name: str, value: Any, allowed) -> None:
   if value not in allowed:
     raise ValueError(f'{name}={value!r} is not one of {allowed}.')
-
-
-def describe_module(module_file: Optional[str] = None,
-                    module_path: Optional[str] = None,
-                    run_fn: Optional[str] = None) -> str:
-  """How errors name the user module (the stock Trainer's parameters)."""
-  for name, value in (('module_file', module_file),
-                      ('module_path', module_path), ('run_fn', run_fn)):
-    if value:
-      return f'{name} {value!r}'
-  return 'the user module'
 
 
 def check_train_length(mode: str, train_steps: int, train_epochs: int) -> None:

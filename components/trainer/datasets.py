@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from components.data import input_pipeline
 from components.trainer import fn_args
+from components.trainer.config import DistributionConfig
 from components.trainer.task import TrainingTask
 
 # Seed of the data order without distribution.seed; fixed so that every
@@ -83,6 +84,9 @@ def train_dataset_fn(task: TrainingTask, data: TrainingData,
 
   `seed`: an int, or PER_WORKER_SEED for a new seed per dataset.
   """
+  # An elastic cluster's data order is the same at every worker count.
+  global_order = DistributionConfig.from_dict(task.distribution).elastic
+
   def dataset_fn(input_context: tf.distribute.InputContext):
     # Each step takes one batch per replica from its input pipeline.
     batches_per_step = (input_context.num_replicas_in_sync //
@@ -92,7 +96,8 @@ def train_dataset_fn(task: TrainingTask, data: TrainingData,
         batch_size=examples_per_step, config=config,
         seed=_clock_seed() if seed is PER_WORKER_SEED else seed,
         input_context=input_context,
-        skip_batches=start_step * batches_per_step)
+        skip_batches=start_step * batches_per_step,
+        global_order=global_order)
   return dataset_fn
 
 

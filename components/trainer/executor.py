@@ -109,7 +109,7 @@ def check_module_contract(module_file: Optional[str],
       has_build_model=callable(getattr(module, 'build_model', None)),
       has_run_fn=callable(getattr(module, run_fn_name, None)),
       run_fn_given=bool(run_fn),
-      module=config_lib.describe_module(module_file, module_path, run_fn))
+      module=user_module.describe_module(module_file, module_path, run_fn))
 
 
 class Executor(base_executor.BaseExecutor):
@@ -338,9 +338,11 @@ class Executor(base_executor.BaseExecutor):
         placement_strategy=config.ray_placement,
         resources=config.ray_task_resources(),
         local_paths={k: v for k, v in shared.items() if storage.is_local(v)},
+        min_workers=config.min_workers,
         timeout_s=config.timeout_s,
         max_restarts=fault_tolerance.max_restarts,
         hang_timeout_s=fault_tolerance.hang_timeout_s,
+        rescale_check_s=fault_tolerance.rescale_check_seconds,
         read_progress=read_progress)
 
   def _pipeline_name(self) -> str:

@@ -106,6 +106,9 @@ def stop_all(running: List[RunningProcess], grace_s: float) -> None:
 
 class LocalAttempt:
   """One launch of the cluster as child processes (a supervisor.Attempt)."""
+  # This machine's cluster always runs at full size.
+  workers = full_workers = 0
+  membership_reason = ''
 
   def __init__(self, specs: List[ProcessSpec], attempt: int,
                attempt_dir: str):
@@ -135,6 +138,9 @@ class LocalAttempt:
 
   def stop(self, grace_s: float) -> None:
     stop_all(self.running, grace_s)
+
+  def can_grow(self) -> bool:
+    return False
 
 
 def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],

@@ -74,6 +74,11 @@ def record_result(model_run, result: Dict[str, Any]) -> None:
         json.dumps(result['steps_per_execution_auto']))
   restarts = len(result.get('launch', {}).get('restarts', []))
   model_run.set_int_custom_property('restarts', restarts)
+  # An elastic cluster's worker-count changes: when, why, from and to.
+  membership = result.get('launch', {}).get('membership') or []
+  model_run.set_string_custom_property('membership', json.dumps(membership))
+  if isinstance(result.get('num_workers'), int):
+    model_run.set_int_custom_property('num_workers', result['num_workers'])
   # Where training resumed from, and what each crash cost (issue: resume
   # events live on the artifact, not only in training_result.json).
   events = result.get('resume_events') or []

@@ -13,14 +13,16 @@ TFX and Beam INFO to a file). No TensorFlow import: the supervisor uses it.
 import logging
 import math
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 LOGGER = logging.getLogger('tfx_hpm.trainer')
 # Training processes log a progress line this often (and after the first
 # and the last call); the supervisor relays the chief's record as often.
 LINE_EVERY_SECONDS = 5.0
-# Key of a progress record written while a checkpoint is being saved.
-SAVING = 'saving'
+# Key of a progress record written while the chief does what records no
+# step for a while: saving a checkpoint ('saving'), tracing a step function
+# ('tracing'). The supervisor's hang clock stops meanwhile.
+PAUSED = 'paused'
 
 
 class Every:
@@ -77,8 +79,11 @@ def duration(seconds: Optional[float]) -> str:
 
 
 def format_line(record: Dict[str, Any],
-                restarts: Optional[int] = None) -> str:
-  """`step 300/1000 (30%), loss 0.4567, 23,800 examples/s, ...`."""
+                restarts: Optional[int] = None,
+                workers: Optional[Tuple[int, int]] = None) -> str:
+  """`step 300/1000 (30%), loss 0.4567, 23,800 examples/s, ...`; with
+  `workers` (running, full size: an elastic cluster below full size),
+  `workers 1/2` too."""
   step, total = record['step'], record['train_steps']
   loss = record.get('loss')
   parts = [
@@ -94,4 +99,6 @@ def format_line(record: Dict[str, Any],
                (f' (last at step {last})' if last is not None else ''))
   if restarts is not None:
     parts.append(f'restarts {restarts}')
+  if workers is not None:
+    parts.append(f'workers {workers[0]}/{workers[1]}')
   return 'Training ' + ', '.join(parts)

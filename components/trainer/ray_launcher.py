@@ -12,7 +12,10 @@ it: a child process of the driver (the executor). The attempt's tasks are
 watched through ray.wait on the actors' `run` calls; an actor or node that
 dies (RayActorError) is a lost task. What follows an attempt (relaunch on
 the nodes that remain, resuming from the last checkpoint, or an error) is
-the supervisor's decision, the same as for the local launcher. The
+the supervisor's decision, the same as for the local launcher. An elastic
+cluster (`min_workers`, `membership`) that cannot be placed at full size is
+placed with as many workers as fit, down to min_workers, and reports
+whether the full size fits again when the supervisor asks. The
 actors echo their process's output (Ray forwards it to the driver's log,
 prefixed with the task) and the driver pulls it into
 `log_dir/attempt-<k>/<task>.log` while they run.
@@ -37,6 +40,7 @@ import ray.util.client
 from ray.util import scheduling_strategies
 
 from components.trainer import launcher
+from components.trainer import ray_placement
 from components.trainer import supervisor
 from components.trainer import tf_cluster
 from components.trainer.ray_actor import PYTHON
@@ -47,8 +51,6 @@ from components.trainer.ray_actor import TASK_FILE
 # node's): the import path of the suite and of the user module.
 FORWARDED_ENV = ('PYTHONPATH', 'TF_USE_LEGACY_KERAS', 'TF_CPP_MIN_LOG_LEVEL')
 CONNECT_TIMEOUT_S = 10.0
-# How long a placement group may wait for its resources.
-PLACEMENT_TIMEOUT_S = 120.0
 # How long the driver waits for an actor to answer a log pull.
 LOG_PULL_TIMEOUT_S = 10.0
 
@@ -155,20 +157,19 @@ def check_shared_storage(placement: Dict[str, Dict[str, Any]],
         "ray_placement='PACK' on a node large enough for all tasks.")
 
 
-def _bundle(resources: Dict[str, float]) -> Dict[str, float]:
-  bundle = {'CPU': resources['cpus'], 'GPU': resources['gpus'],
-            'memory': int(resources['memory_mb'] * 2**20)}
-  return {key: value for key, value in bundle.items() if value}
-
-
 class _RayAttempt:
   """One launch of the cluster: placement group, actors, processes (a
   supervisor.Attempt)."""
 
+  # Set for an elastic cluster (supervisor.Attempt's membership).
+  workers = full_workers = 0
+  membership_reason = ''
+
   def __init__(self, actor_names: List[str], resources: Dict[str, float],
-               placement_strategy: str, attempt_dir: str):
+               placement_strategy: str, attempt_dir: str, group=None):
     self.names = list(actor_names)
     self.placement: Dict[str, Dict[str, Any]] = {}
+    self._placement_strategy = placement_strategy
     self._actor_names = actor_names
     self._dir = attempt_dir
     self._servers = set()
@@ -176,16 +177,15 @@ class _RayAttempt:
     self._errors: Dict[str, str] = {}
     self._offsets = {name: 0 for name in actor_names}
     self._dead = set()
-    bundle = _bundle(resources)
-    self.group = ray.util.placement_group([bundle] * len(actor_names),
-                                          strategy=placement_strategy)
-    ready, _ = ray.wait([self.group.ready()], timeout=PLACEMENT_TIMEOUT_S)
-    if not ready:
-      ray.util.remove_placement_group(self.group)
+    self._bundle = bundle = ray_placement.bundle(resources)
+    self.group = group or ray_placement.reserve(
+        bundle, len(actor_names), placement_strategy,
+        ray_placement.PLACEMENT_TIMEOUT_S)
+    if self.group is None:
       raise PlacementError(
           f'The Ray cluster cannot place {len(actor_names)} tasks of {bundle} '
           f'each (ray_resources, strategy {placement_strategy}) within '
-          f'{PLACEMENT_TIMEOUT_S:g} s; available: '
+          f'{ray_placement.PLACEMENT_TIMEOUT_S:g} s; available: '
           f'{ray.available_resources()}. Lower num_workers / num_ps or '
           'ray_resources, or add nodes.')
     self.actors = {
@@ -278,6 +278,17 @@ class _RayAttempt:
     for process in self.local.values():
       process.terminate()
 
+  def can_grow(self) -> bool:
+    """Whether the workers this attempt lacks fit beside it now (a trial
+    reservation, released at once)."""
+    trial = ray_placement.reserve(
+        self._bundle, self.full_workers - self.workers,
+        self._placement_strategy, ray_placement.GROW_CHECK_WAIT_S)
+    if trial is None:
+      return False
+    ray.util.remove_placement_group(trial)
+    return True
+
   def stop(self, grace_s: float) -> None:
     """Stops every process, keeps the last of its log, frees the nodes."""
     launcher.stop_all(list(self.local.values()), grace_s)
@@ -295,6 +306,7 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
                log_dir: str, *, placement_strategy: str,
                resources: Dict[str, float],
                local_paths: Dict[str, str],
+               min_workers: Optional[int] = None,
                poll_interval_s: float = 0.5,
                grace_s: float = supervisor.DEFAULT_GRACE_S,
                **supervision) -> supervisor.LaunchResult:
@@ -308,24 +320,36 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
     placement_strategy: 'SPREAD' or 'PACK'.
     resources: Per task: cpus, gpus, memory_mb.
     local_paths: Outputs on local paths (what must not span hosts).
+    min_workers: Below num_workers: an elastic cluster, placed with as many
+      workers as fit down to this many (`membership`).
     poll_interval_s: How often logs are pulled while waiting.
     grace_s: Time between SIGTERM and SIGKILL when stopping processes.
     **supervision: supervisor.supervise's other options (timeout_s,
-      max_restarts, hang_timeout_s, read_progress).
+      max_restarts, hang_timeout_s, rescale_check_s, read_progress).
 
   Raises:
     What supervisor.supervise raises, and
     PlacementError: The cluster's resources cannot hold the tasks.
     StorageNotSharedError: Local outputs with tasks on several hosts.
   """
-  shape = tf_cluster.cluster_shape(strategy, num_workers, num_ps)
-  # Every task but the parameter-server coordinator (chief) runs on Ray.
-  actor_names = [n for n in tf_cluster.task_names(shape) if n != 'chief']
   forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+  elastic = min_workers is not None and min_workers < num_workers
 
   def start(index: int, attempt_dir: str) -> _RayAttempt:
+    group, workers, reason = None, num_workers, ''
+    if elastic:
+      group, workers, reason = ray_placement.elastic_size(
+          ray_placement.bundle(resources), num_workers, min_workers,
+          placement_strategy)
+      workers = workers or min_workers  # None fit: the error names it.
+    shape = tf_cluster.cluster_shape(strategy, workers, num_ps)
+    # Every task but the parameter-server coordinator (chief) runs on Ray.
+    actor_names = [n for n in tf_cluster.task_names(shape) if n != 'chief']
     attempt = _RayAttempt(actor_names, resources, placement_strategy,
-                          attempt_dir)
+                          attempt_dir, group)
+    if elastic:
+      attempt.workers, attempt.full_workers = workers, num_workers
+      attempt.membership_reason = reason
     try:
       placement = attempt.locate()
       if 'chief' in shape:
@@ -339,7 +363,7 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
                  f"{placement[tf_cluster.process_name(task, i)]['port']}"
                  for i in range(count)] for task, count in shape.items()}
       specs = tf_cluster.cluster_processes(
-          strategy, num_workers, num_ps, argv_for_role, addresses=addresses)
+          strategy, workers, num_ps, argv_for_role, addresses=addresses)
       for spec in specs:
         spec.env = {**forwarded, **spec.env}
       attempt.start(specs, task_json, local_task_path)

@@ -96,6 +96,7 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
   # The previous call, timed from its start to this one's: (steps, start,
   # whether it ran at the asked length without a time-based save).
   timed = None
+  traced = set()
   try:
     while current < train_steps:
       began, previous = time.monotonic(), current
@@ -106,6 +107,11 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
       asked = sizer.size()
       k = min(asked, train_steps - current,
               (next_save or train_steps) - current)
+      # A runner traces one function for single steps and one for k > 1:
+      # the first call of each records no step for a while.
+      if min(k, 2) not in traced:
+        traced.add(min(k, 2))
+        checkpointer.progress.pausing(current, 'tracing')
       current, call_loss = watcher.run(runner, current, k)
       stats.steps_done(current - previous)
       last = current >= train_steps

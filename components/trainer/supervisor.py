@@ -14,42 +14,34 @@ record is logged every few seconds (`progress`), so that the component's log
 shows training, and watched for stalls: a collective whose peer hangs or was
 cut off blocks without failing, so an attempt whose chief records no new
 step for `hang_timeout_s` is judged hung, killed and relaunched like a
-failed one. No TFX, TensorFlow or Ray import.
+failed one. An elastic attempt (Ray, `membership`) may run with fewer workers
+than the cluster's full size; every `rescale_check_s` the supervisor asks it
+whether the full size fits again, and if so has its tasks checkpoint and
+stop (the preemption notice) and relaunches at full size, not counted as a
+restart. Every change of the worker count is a recorded membership event.
+No TFX, TensorFlow or Ray import.
 """
 
-import collections
 import dataclasses
 import enum
 import os
-import re
 import signal
 import threading
 import time
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional,
-                    Protocol, Tuple)
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 from absl import logging
 
+from components.trainer import log_tail
+from components.trainer import membership as membership_lib
 from components.trainer import progress
+from components.trainer import progress_relay
 from components.trainer.exit_codes import NOT_RETRYABLE_EXIT_CODE
 from components.trainer.exit_codes import PREEMPTED_EXIT_CODE
 
 # A killed cluster's processes get this long to exit after SIGTERM before
 # SIGKILL.
 DEFAULT_GRACE_S = 10.0
-TAIL_LINES = 40
-# What every TensorFlow process prints as it starts, whatever went wrong
-# later: kept out of the log tail of a failure.
-_TF_STARTUP = re.compile('|'.join([
-    r'Unable to register cu(FFT|DNN|BLAS) factory',
-    r'oneDNN custom operations are on',
-    r'This TensorFlow binary is optimized to use available CPU instructions',
-    r'rebuild TensorFlow with the appropriate compiler flags',
-    r'TF-TRT Warning: Could not find TensorRT',
-    r'Could not find cuda drivers on your machine',
-    r'All log messages before absl::InitializeLog\(\) is called',
-]))
-_PYTHON_WARNING = re.compile(r':\d+: (FutureWarning|DeprecationWarning): ')
 
 
 class Outcome(enum.Enum):
@@ -59,6 +51,8 @@ class Outcome(enum.Enum):
   TIMEOUT = 'timeout'
   PREEMPTED = 'preempted'
   HUNG = 'hung'
+  # Stopped at a checkpoint to relaunch at full size.
+  RESCALED = 'rescaled'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +73,15 @@ class Attempt(Protocol):
   names: List[str]
   # Where each task runs (Ray: node id, IP); {} where all run here.
   placement: Dict[str, Dict[str, Any]]
+  # Workers of this attempt and of the full-size cluster, and why they
+  # differ (an elastic attempt); 0 and 0 for a backend whose attempts always
+  # run the full cluster.
+  workers: int
+  full_workers: int
+  membership_reason: str
+
+  def can_grow(self) -> bool:
+    """Whether the full-size cluster fits now (only asked while smaller)."""
 
   def poll(self, wait_s: float) -> List[TaskStatus]:
     """Every task's state, after waiting up to `wait_s` for a change."""
@@ -118,6 +121,9 @@ class LaunchResult:
   # Launcher 'ray': where each task of the last attempt ran (node id, IP).
   placement: Dict[str, Dict[str, Any]] = dataclasses.field(
       default_factory=dict)
+  # An elastic cluster's worker-count changes.
+  membership: List[membership_lib.MembershipEvent] = dataclasses.field(
+      default_factory=list)
 
   def to_dict(self):
     return dataclasses.asdict(self)
@@ -149,33 +155,6 @@ class ClusterTimeoutError(ClusterFailedError):
 
 class ClusterPreemptedError(ClusterFailedError):
   """A preemption notice (SIGTERM) stopped training at a checkpoint."""
-
-
-def without_startup_noise(lines: Iterable[str]) -> Iterator[str]:
-  """`lines` less TensorFlow's start-up messages and Python's Future- and
-  DeprecationWarnings (each with the source line printed under it)."""
-  warning_source = False
-  for line in lines:
-    if warning_source and line.startswith((' ', '\t')):
-      warning_source = False
-      continue
-    warning_source = bool(_PYTHON_WARNING.search(line))
-    if not warning_source and not _TF_STARTUP.search(line):
-      yield line
-
-
-def read_tail(path: str, lines: int = TAIL_LINES) -> str:
-  """The last `lines` lines of a (possibly large) log file, without the
-  start-up noise that would fill them (the file keeps everything)."""
-  try:
-    with open(path, 'rb') as f:
-      f.seek(0, os.SEEK_END)
-      f.seek(max(0, f.tell() - 256 * 1024))
-      text = f.read().decode('utf-8', errors='replace')
-  except FileNotFoundError:
-    return ''
-  return '\n'.join(collections.deque(
-      without_startup_noise(text.splitlines()), maxlen=lines))
 
 
 class SigtermForwarder:
@@ -210,78 +189,6 @@ class SigtermForwarder:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-class ProgressRelay:
-  """Logs the chief's progress record (progress.json) every few seconds,
-  and says for how long it has not moved.
-
-  The training processes log to their own files; this puts their progress
-  into the supervisor's log, the component's own. A record from before this
-  attempt started (a previous run's) or one already shown is skipped. It
-  reads in a thread of its own, so that a slow read from an object store
-  never holds up the supervision.
-  """
-
-  def __init__(self, read: Optional[Callable[[], Optional[Dict[str, Any]]]],
-               every_s: float, restarts: int):
-    self._read = read
-    self._every_s = every_s
-    self._restarts = restarts
-    self._since = time.time()
-    self._shown = None
-    # (step, time) of this attempt's newest record, when it was first read,
-    # when it was last read unchanged, and whether its clock runs.
-    self._newest = None
-    self._changed_at = self._confirmed_at = 0.0
-    self._clock_runs = False
-    self._stopping = threading.Event()
-    self._thread = None
-    if read is not None:
-      self._thread = threading.Thread(target=self._run, daemon=True,
-                                      name='hpm-progress-relay')
-      self._thread.start()
-
-  def _run(self) -> None:
-    while not self._stopping.wait(self._every_s):
-      self._relay()
-    self._relay()  # Where the attempt ended.
-
-  def _relay(self) -> None:
-    record = self._read()
-    if not record or record.get('time', 0) < self._since:
-      return  # None after a record: unreadable now, which is no evidence.
-    self._watch(record)
-    if 'train_steps' not in record or record['step'] == self._shown:
-      return
-    self._shown = record['step']
-    progress.LOGGER.info('%s', progress.format_line(record, self._restarts))
-
-  def _watch(self, record: Dict[str, Any]) -> None:
-    now = time.monotonic()
-    newest = (record['step'], record.get('time'))
-    if newest != self._newest:
-      self._newest, self._changed_at = newest, now
-    self._confirmed_at = now
-    # The clock stops during a checkpoint save (a large one to an object
-    # store may take minutes) and once the last step is reached (evaluation
-    # and export record no steps).
-    self._clock_runs = not record.get(progress.SAVING) and (
-        record['step'] < record.get('train_steps', float('inf')))
-
-  def stalled_s(self) -> Optional[float]:
-    """How long this attempt's chief has recorded no new step, as last
-    confirmed by a successful read; None before its first record, during a
-    save and after its last step."""
-    if self._newest is None or not self._clock_runs:
-      return None
-    return self._confirmed_at - self._changed_at
-
-  def stop(self) -> None:
-    """Relays the last record; waits for that read at most one period."""
-    if self._thread is not None:
-      self._stopping.set()
-      self._thread.join(timeout=self._every_s)
-
-
 def judge(tasks: List[TaskStatus], notified: bool
          ) -> Optional[Tuple[Outcome, TaskStatus]]:
   """The attempt's outcome from its tasks' states, None while it runs on.
@@ -306,19 +213,36 @@ def judge(tasks: List[TaskStatus], notified: bool
 
 def _watch(attempt: Attempt, start: float, timeout_s: float,
            poll_interval_s: float, forwarder: SigtermForwarder,
-           relay: ProgressRelay, hang_timeout_s: float
+           relay: progress_relay.ProgressRelay, hang_timeout_s: float,
+           rescale_check_s: float
           ) -> Tuple[Outcome, TaskStatus, List[TaskStatus]]:
-  """Polls until the attempt is done, fails, times out, hangs or was
-  preempted; returns the outcome, the task it is about and every task's last
-  state."""
-  notified = False
+  """Polls until the attempt is done, fails, times out, hangs, was
+  preempted or stopped to grow; returns the outcome, the task it is about
+  and every task's last state."""
+  notified = rescaling = False
+  smaller = 0 < attempt.workers < attempt.full_workers
+  next_check = time.monotonic() + rescale_check_s
   while True:
     if forwarder.received and not notified:
       attempt.pass_on_notice()
       notified = True
+    if (smaller and not notified and rescale_check_s and
+        time.monotonic() >= next_check):
+      next_check = time.monotonic() + rescale_check_s
+      if attempt.can_grow():
+        logging.warning('Room for all %d workers again: the %d running '
+                        'checkpoint and stop, the cluster is relaunched at '
+                        'full size.', attempt.full_workers, attempt.workers)
+        attempt.pass_on_notice()
+        notified = rescaling = True
     tasks = attempt.poll(poll_interval_s)
     end = judge(tasks, notified)
     if end:
+      if rescaling and all(t.exit_code == PREEMPTED_EXIT_CODE
+                           for t in tasks if not t.server):
+        return (Outcome.RESCALED,) + end[1:] + (tasks,)
+      if rescaling:  # A task failed on its way out: judge it as such.
+        end = judge(tasks, False) or end
       return end + (tasks,)
     if timeout_s and time.monotonic() - start > timeout_s:
       stuck = next(t for t in tasks if t.running and not t.server)
@@ -352,6 +276,7 @@ def _describe(failure: ProcessExit, tasks: List[TaskStatus],
 def supervise(start_attempt: StartAttempt, log_dir: str, *,
               timeout_s: float = 0, max_restarts: int = 0,
               hang_timeout_s: float = 0,
+              rescale_check_s: float = 0,
               poll_interval_s: float = 0.2,
               grace_s: float = DEFAULT_GRACE_S,
               read_progress: Optional[
@@ -372,6 +297,8 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
       record and outside checkpoint saves, is killed and relaunched like a
       failed one (a restart); 0 = never. It must exceed the longest call
       and the longest pause between calls.
+    rescale_check_s: How often an attempt running below its full worker
+      count is asked whether the full size fits again; 0 = never.
     poll_interval_s: How often the tasks are polled.
     grace_s: Time between SIGTERM and SIGKILL when stopping processes.
     read_progress: Returns the chief's progress record (progress.json; None
@@ -391,20 +318,27 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
   """
   start = time.monotonic()
   restarts: List[ProcessExit] = []
+  membership: List[membership_lib.MembershipEvent] = []
   index = 0
+  workers = 0
   with SigtermForwarder() as forwarder:
     while True:
       attempt_dir = os.path.join(log_dir, f'attempt-{index}')
       os.makedirs(attempt_dir, exist_ok=True)
       attempt = start_attempt(index, attempt_dir)
+      workers = membership_lib.record_change(attempt, index, workers,
+                                             membership)
       outcome = None
       try:
         forwarder.tasks = attempt.names
-        relay = ProgressRelay(read_progress, progress_every_s, len(restarts))
+        relay = progress_relay.ProgressRelay(
+            read_progress, progress_every_s, len(restarts),
+            (attempt.workers, attempt.full_workers)
+            if attempt.workers != attempt.full_workers else None)
         try:
           outcome, task, tasks = _watch(attempt, start, timeout_s,
                                         poll_interval_s, forwarder, relay,
-                                        hang_timeout_s)
+                                        hang_timeout_s, rescale_check_s)
         finally:
           relay.stop()
       finally:
@@ -412,11 +346,11 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
         attempt.stop(0 if outcome is Outcome.HUNG else grace_s)
       if outcome is Outcome.DONE:
         return LaunchResult(index + 1, restarts, time.monotonic() - start,
-                            log_dir, attempt.placement)
+                            log_dir, attempt.placement, membership)
       # Read after stop: a remote task's last lines arrive with it.
       path = attempt.log_path(task.name)
       failure = ProcessExit(task.name, task.exit_code, path,
-                            read_tail(path) + task.note, index, time.time())
+                            log_tail.read_tail(path) + task.note, index, time.time())
       _raise_or_log_relaunch(
           outcome, failure,
           _describe(failure, tasks, outcome is Outcome.HUNG),
@@ -434,6 +368,11 @@ def _raise_or_log_relaunch(outcome: Outcome, failure: ProcessExit,
         f'Training exceeded timeout_s={timeout_s} and was killed. Last '
         f'lines of {failure.process} ({failure.log_path}):\n'
         f'{failure.log_tail}', failure, restarts)
+  if outcome is Outcome.RESCALED:
+    logging.warning('Relaunching at full size; it resumes from its '
+                    'checkpoint (not counted against max_restarts=%d).',
+                    max_restarts)
+    return
   if outcome is Outcome.PREEMPTED:
     raise ClusterPreemptedError(
         'Preempted (SIGTERM): the training processes were told to '

@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from components.data import input_pipeline
 from components.records import training_result
+from components.trainer import membership
 from components.trainer import preemption
 from components.trainer import strategy as strategy_lib
 from components.trainer import tf_cluster
@@ -56,18 +57,28 @@ def run_server() -> None:
   server.join()
 
 
-def resolve_lengths(task: TrainingTask, num_replicas: int) -> TrainingTask:
-  """The task with concrete batch sizes and step counts for `num_replicas`.
+def resolve_lengths(task: TrainingTask, num_replicas: int,
+                    workers: int = 1) -> TrainingTask:
+  """The task with concrete batch sizes and step counts for `num_replicas`
+  replicas over `workers` workers.
 
   The distribution config then holds `per_replica_batch_size` (global batch =
   per-replica batch x replicas); `train_epochs` becomes `train_steps`
   (optimizer updates, each consuming gradient_accumulation_steps global
   batches); in managed mode eval_steps=0 becomes one pass over the eval split.
+  An elastic cluster running with fewer than num_workers workers keeps the
+  full size's per-replica batch and update batch: its accumulation grows
+  (`membership`).
   """
   config = DistributionConfig.from_dict(task.distribution)
-  per_replica = config.per_replica_batch(num_replicas)
-  examples_per_update = (per_replica * num_replicas *
-                         config.gradient_accumulation_steps)
+  accumulation = config.gradient_accumulation_steps
+  full_replicas = num_replicas
+  if config.elastic and workers != config.num_workers:
+    full_replicas = num_replicas * config.num_workers // workers
+    accumulation = membership.accumulation_for(config.num_workers,
+                                               accumulation, workers)
+  per_replica = config.per_replica_batch(full_replicas)
+  examples_per_update = per_replica * num_replicas * accumulation
   compression = input_pipeline.InputPipelineConfig.from_dict(
       task.input_pipeline).compression_type
   train_steps, eval_steps = task.train_steps, task.eval_steps
@@ -81,7 +92,7 @@ def resolve_lengths(task: TrainingTask, num_replicas: int) -> TrainingTask:
     eval_steps = max(1, examples // (per_replica * num_replicas))
   distribution = dataclasses.replace(
       config, per_replica_batch_size=per_replica, global_batch_size=None,
-      train_epochs=0).to_dict()
+      gradient_accumulation_steps=accumulation, train_epochs=0).to_dict()
   return dataclasses.replace(task, distribution=distribution,
                              train_steps=train_steps, eval_steps=eval_steps)
 
@@ -112,8 +123,10 @@ def train(task: TrainingTask) -> Dict[str, Any]:
   strategy_lib.configure_logical_cpus(logical_cpus)
   seed_process(config)
   strategy = strategy_lib.make_strategy(config.strategy, config)
-  task = resolve_lengths(task, strategy.num_replicas_in_sync)
-  is_chief = strategy_lib.is_chief(strategy_lib.tf_config_from_env())
+  tf_config = strategy_lib.tf_config_from_env()
+  workers = membership.workers_in(tf_config)
+  task = resolve_lengths(task, strategy.num_replicas_in_sync, workers)
+  is_chief = strategy_lib.is_chief(tf_config)
   setup_s = time.monotonic() - began
   start = time.time()
   if task.mode == 'managed':
@@ -128,6 +141,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
       'strategy': config.strategy,
       'mode': task.mode,
       'num_replicas': strategy.num_replicas_in_sync,
+      'num_workers': workers,
       'per_replica_batch_size': resolved.per_replica_batch_size,
       'global_batch_size': resolved.global_batch(
           strategy.num_replicas_in_sync),

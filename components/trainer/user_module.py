@@ -35,3 +35,14 @@ def load(module_file: Optional[str], module_path: Optional[str] = None,
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def describe_module(module_file: Optional[str] = None,
+                    module_path: Optional[str] = None,
+                    run_fn: Optional[str] = None) -> str:
+  """How errors name the user module (the stock Trainer's parameters)."""
+  for name, value in (('module_file', module_file),
+                      ('module_path', module_path), ('run_fn', run_fn)):
+    if value:
+      return f'{name} {value!r}'
+  return 'the user module'

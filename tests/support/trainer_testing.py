@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -173,21 +173,24 @@ def cluster_argv(task: TrainingTask, root: str, production: bool = False
 
 
 def run_cluster(task: TrainingTask, root: str, *,
-                strategy: str = 'multi_worker_mirrored', num_workers: int = 2,
+                strategy: str = 'multi_worker_mirrored',
+                num_workers: Union[int, Sequence[int]] = 2,
                 num_ps: int = 0, production: bool = False,
                 max_restarts: Optional[int] = None,
                 hang_timeout_s: float = 0,
                 timeout_s: float = CLUSTER_TIMEOUT_S) -> supervisor.LaunchResult:
   """`task` as a local cluster under the launcher's supervisor (logs under
   `root`/logs), which reads the chief's progress as the executor's does.
-  `max_restarts`: by default the task's (0 if unset). The processes get this
-  process's environment (see the `child_env` fixture)."""
+  `num_workers`: a count, or one per attempt (an elastic cluster's
+  membership). `max_restarts`: by default the task's (0 if unset). The
+  processes get this process's environment (see the `child_env` fixture)."""
   if max_restarts is None:
     max_restarts = task.fault_tolerance.get('max_restarts', 0)
   argv = cluster_argv(task, root, production)
+  sizes = [num_workers] if isinstance(num_workers, int) else num_workers
   return launcher.run_supervised(
-      lambda attempt: tf_cluster.cluster_processes(strategy, num_workers,
-                                                   num_ps, argv),
+      lambda attempt: tf_cluster.cluster_processes(
+          strategy, sizes[min(attempt, len(sizes) - 1)], num_ps, argv),
       os.path.join(root, 'logs'), timeout_s=timeout_s,
       max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
       read_progress=lambda: run_records.read_progress(task.checkpoint_dir),
@@ -257,6 +260,21 @@ def ids_by_step(records: Sequence[dict]) -> Dict[Tuple[int, int], List[int]]:
     if record['pid'] == last_pid[key]:
       result.setdefault(key, []).extend(record['ids'])
   return result
+
+
+def ids_by_update(records: Sequence[dict],
+                  attempt_of: Callable[[int], int]) -> Dict[int, List[int]]:
+  """step -> the ids its surviving update trained on, over every replica:
+  the records of the last attempt (`attempt_of(pid)`) that trained it."""
+  last = {}
+  for record in records:
+    last[record['step']] = max(last.get(record['step'], -1),
+                               attempt_of(record['pid']))
+  result = {}
+  for record in records:
+    if attempt_of(record['pid']) == last[record['step']]:
+      result.setdefault(record['step'], []).extend(record['ids'])
+  return {step: sorted(ids) for step, ids in result.items()}
 
 
 def assert_each_id_once(task: TrainingTask, train_steps: int,

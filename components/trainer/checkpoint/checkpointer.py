@@ -99,7 +99,7 @@ class Checkpointer:
 
   def save(self, step: int) -> str:
     began = time.monotonic()
-    self.progress.saving(step)
+    self.progress.pausing(step, 'saving')
     path = self.store.save(step, extra=self._manifest_extra)
     self.progress.update(step)
     self.saves += 1

@@ -99,10 +99,15 @@ class FaultToleranceConfig(CheckpointConfig):
       failing), kills it and relaunches it, as one restart. It must exceed
       the longest call (`steps_per_execution` steps) and the longest pause
       between calls; 0 = no hang detection.
+    rescale_check_seconds: While an elastic cluster (distribution
+      min_workers) runs below num_workers, how often the supervisor checks
+      whether the full size fits again; when it does, the workers checkpoint
+      and stop and the cluster is relaunched at full size (not a restart).
   """
   OPTIONS_NAME = 'fault_tolerance'
   max_restarts: int = 2
   hang_timeout_s: float = 30.0
+  rescale_check_seconds: float = 60.0
 
   def validate(self) -> 'FaultToleranceConfig':
     super().validate()
@@ -112,6 +117,11 @@ class FaultToleranceConfig(CheckpointConfig):
     if not is_number(self.hang_timeout_s) or self.hang_timeout_s < 0:
       raise ValueError(f'hang_timeout_s={self.hang_timeout_s!r} must be a '
                        'finite number of seconds >= 0 (0: no hang detection).')
+    if (not is_number(self.rescale_check_seconds) or
+        self.rescale_check_seconds <= 0):
+      raise ValueError(
+          f'rescale_check_seconds={self.rescale_check_seconds!r} must be a '
+          'finite number of seconds > 0.')
     return self
 
   def checkpoint(self) -> CheckpointConfig:

@@ -108,17 +108,18 @@ class ProgressMarker:
     if details is None and self._latest is not None and (
         self._latest[0] == step):
       details = {k: v for k, v in (self._latest[1] or {}).items()
-                 if k != progress.SAVING}
+                 if k != progress.PAUSED}
     self._latest = (step, details)
     self._wake.set()
 
-  def saving(self, step: int) -> None:
-    """A save of `step` begins; the record says so until the next update
-    (the supervisor's hang clock stops meanwhile: a large save to an object
-    store may take minutes)."""
+  def pausing(self, step: int, why: str) -> None:
+    """At `step`, work that records no step begins (`why`: 'saving',
+    'tracing'); the record says so until the next update, and the
+    supervisor's hang clock stops meanwhile (a large save to an object store
+    may take minutes)."""
     latest = self._latest
     details = dict(latest[1] or {}) if latest and latest[0] == step else {}
-    self._latest = (step, {**details, progress.SAVING: True})
+    self._latest = (step, {**details, progress.PAUSED: why})
     self._wake.set()
 
   def _run(self) -> None:

@@ -1,0 +1,107 @@
+"""Elastic membership: a MultiWorkerMirrored cluster that runs on with fewer
+workers, with its mathematics unchanged.
+
+`distribution.min_workers` below `num_workers` makes the cluster elastic: an
+attempt may run with any worker count W in [min_workers, num_workers]. Every
+optimizer update then trains the same examples at every W: the per-replica
+batch stays what it is at full size, gradient accumulation grows by
+num_workers / W (so the update batch, per-replica batch x replicas x
+accumulation, stays equal), and the data order is defined by the update
+batch, not by the worker count: every worker reads the whole example stream
+and takes every W-th step batch of it (`input_pipeline.build_dataset`'s
+`global_order`). Only the summation order of an update's gradients changes
+with W. Every change of the worker count between attempts is a
+`MembershipEvent` in the supervisor's result. Pure Python.
+"""
+
+import dataclasses
+import time
+from typing import List, Optional
+
+from absl import logging
+
+# Strategies whose workers can come and go between attempts ('auto' picks
+# MultiWorkerMirrored for several workers without parameter servers).
+ELASTIC_STRATEGIES = ('auto', 'multi_worker_mirrored')
+
+
+def is_elastic(num_workers: int, min_workers: Optional[int]) -> bool:
+  return min_workers is not None and min_workers < num_workers
+
+
+def check(*, num_workers: int, min_workers: Optional[int], num_ps: int,
+          accumulation: int, strategy: str, launcher: str) -> None:
+  """Raises ValueError unless an elastic config can keep its update batch
+  at every worker count it allows (the config's own values, no I/O)."""
+  if min_workers is None:
+    return
+  if (not isinstance(min_workers, int) or isinstance(min_workers, bool) or
+      not 1 <= min_workers <= num_workers):
+    raise ValueError(f'min_workers={min_workers!r} must be an integer in '
+                     f'[1, num_workers={num_workers}].')
+  if not is_elastic(num_workers, min_workers):
+    return
+  if strategy not in ELASTIC_STRATEGIES or num_ps:
+    raise ValueError(
+        f'min_workers={min_workers} < num_workers={num_workers} needs '
+        f'strategy in {ELASTIC_STRATEGIES} without parameter servers, not '
+        f'strategy={strategy!r}, num_ps={num_ps}.')
+  if launcher != 'ray':
+    raise ValueError(
+        f'min_workers={min_workers} < num_workers={num_workers} needs '
+        f"launcher='ray' (a Ray cluster can lose nodes), not "
+        f'launcher={launcher!r}; or set min_workers={num_workers}.')
+  micro_batches = num_workers * accumulation
+  for workers in range(min_workers, num_workers):
+    if micro_batches % workers:
+      raise ValueError(
+          f'min_workers={min_workers}: with {workers} of num_workers='
+          f'{num_workers} workers the update batch cannot be kept: its '
+          f'{num_workers} x gradient_accumulation_steps={accumulation} '
+          f'per-replica batches do not divide among {workers} workers. Use '
+          'a gradient_accumulation_steps that every worker count from '
+          'min_workers to num_workers divides, or a larger min_workers.')
+
+
+def accumulation_for(num_workers: int, accumulation: int, workers: int
+                    ) -> int:
+  """Gradient accumulation steps that keep the full-size update batch with
+  `workers` of `num_workers` workers."""
+  return num_workers * accumulation // workers
+
+
+def workers_in(tf_config: dict) -> int:
+  """The worker count of a TF_CONFIG cluster: its workers, and its chief
+  unless that is a parameter-server coordinator; 1 without a cluster."""
+  cluster = tf_config.get('cluster') or {}
+  chief = 0 if cluster.get('ps') else len(cluster.get('chief', []))
+  return max(1, len(cluster.get('worker', [])) + chief)
+
+
+@dataclasses.dataclass
+class MembershipEvent:
+  """The cluster's worker count changed between two attempts."""
+  attempt: int
+  from_workers: int
+  to_workers: int
+  full_workers: int
+  reason: str
+  time: float
+
+
+def record_change(attempt, index: int, previous: int,
+                  events: List[MembershipEvent]) -> int:
+  """Records a change of the worker count of `attempt` (a
+  supervisor.Attempt, number `index`) from `previous` (0: the first attempt,
+  a change if it is below full size); returns the new count."""
+  if not attempt.workers:
+    return previous
+  if attempt.workers != (previous or attempt.full_workers):
+    reason = attempt.membership_reason or (
+        f'room for all {attempt.full_workers} workers again')
+    events.append(MembershipEvent(index, previous or attempt.full_workers,
+                                  attempt.workers, attempt.full_workers,
+                                  reason, time.time()))
+    logging.warning('Attempt %d runs with %d of %d workers: %s', index,
+                    attempt.workers, attempt.full_workers, reason)
+  return attempt.workers
