@@ -234,3 +234,24 @@ def test_lengths_and_batch_resolved_for_the_replicas(tmp_path):
   assert (resolved.train_steps, resolved.eval_steps) == (7, 0)
   with pytest.raises(ValueError, match='3 replicas'):
     task_process.resolve_lengths(task, num_replicas=3)
+
+
+def test_an_elastic_cluster_below_full_size_keeps_its_update_batch(tmp_path):
+  """3 workers x 2 accumulated batches of 4 at full size; on 2 workers the
+  same 24 examples per update: 3 accumulated batches of 4 each."""
+  from components.trainer import membership  # pylint: disable=g-import-not-at-top
+  from components.trainer import task_process  # pylint: disable=g-import-not-at-top
+  task = _task(tmp_path, {
+      'strategy': 'multi_worker_mirrored', 'launcher': 'ray',
+      'num_workers': 3, 'min_workers': 2, 'per_replica_batch_size': 4,
+      'gradient_accumulation_steps': 2, 'train_epochs': 3})
+  full = task_process.resolve_lengths(task, num_replicas=3, workers=3)
+  smaller = task_process.resolve_lengths(task, num_replicas=2, workers=2)
+  # The same updates: 3 epochs x 640 examples / 24 per update.
+  assert full.train_steps == smaller.train_steps == 80
+  for resolved in (full, smaller):
+    # Still a valid elastic config (its full size's accumulation).
+    config = DistributionConfig.from_dict(resolved.distribution)
+    assert (config.per_replica_batch_size,
+            config.gradient_accumulation_steps) == (4, 2)
+  assert [membership.accumulation_at(config, w) for w in (3, 2)] == [2, 3]

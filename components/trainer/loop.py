@@ -43,11 +43,13 @@ from components.trainer.config import AUTO
 from components.trainer.config import DistributionConfig
 from components.trainer import datasets
 from components.trainer import evaluation
+from components.trainer import membership
 from components.trainer import export
 from components.trainer import preemption
 from components.trainer import progress
 from components.trainer import step_loop
 from components.trainer import step_runners
+from components.trainer import strategy as strategy_lib
 from components.trainer.task import TrainingTask
 from components.trainer import user_module
 
@@ -97,7 +99,10 @@ class ManagedTraining:
     self.distribution = DistributionConfig.from_dict(task.distribution)
     self.fault_tolerance = FaultToleranceConfig.from_dict(
         task.fault_tolerance).checkpoint()
-    self.accumulation = self.distribution.gradient_accumulation_steps
+    # An elastic cluster below full size accumulates more (`membership`).
+    self.accumulation = membership.accumulation_at(
+        self.distribution, membership.workers_in(
+            strategy_lib.tf_config_from_env()))
     self.replicas = strategy.num_replicas_in_sync
     self.global_batch = self.distribution.global_batch(self.replicas)
     self.plan = (partition_plan.read(task.partition_plan_uri)

@@ -70,6 +70,16 @@ def accumulation_for(num_workers: int, accumulation: int, workers: int
   return num_workers * accumulation // workers
 
 
+def accumulation_at(config, workers: int) -> int:
+  """Gradient accumulation steps of a DistributionConfig `config` running
+  with `workers` workers: the configured ones at full size (or when not
+  elastic), more below it."""
+  if not is_elastic(config.num_workers, config.min_workers):
+    return config.gradient_accumulation_steps
+  return accumulation_for(config.num_workers,
+                          config.gradient_accumulation_steps, workers)
+
+
 def workers_in(tf_config: dict) -> int:
   """The worker count of a TF_CONFIG cluster: its workers, and its chief
   unless that is a parameter-server coordinator; 1 without a cluster."""

@@ -71,12 +71,12 @@ def resolve_lengths(task: TrainingTask, num_replicas: int,
   (`membership`).
   """
   config = DistributionConfig.from_dict(task.distribution)
-  accumulation = config.gradient_accumulation_steps
+  # The config keeps the full size's accumulation (what it was validated
+  # with); the loop derives this attempt's from the worker count too.
+  accumulation = membership.accumulation_at(config, workers)
   full_replicas = num_replicas
-  if config.elastic and workers != config.num_workers:
+  if config.elastic:
     full_replicas = num_replicas * config.num_workers // workers
-    accumulation = membership.accumulation_for(config.num_workers,
-                                               accumulation, workers)
   per_replica = config.per_replica_batch(full_replicas)
   examples_per_update = per_replica * num_replicas * accumulation
   compression = input_pipeline.InputPipelineConfig.from_dict(
@@ -92,7 +92,7 @@ def resolve_lengths(task: TrainingTask, num_replicas: int,
     eval_steps = max(1, examples // (per_replica * num_replicas))
   distribution = dataclasses.replace(
       config, per_replica_batch_size=per_replica, global_batch_size=None,
-      gradient_accumulation_steps=accumulation, train_epochs=0).to_dict()
+      train_epochs=0).to_dict()
   return dataclasses.replace(task, distribution=distribution,
                              train_steps=train_steps, eval_steps=eval_steps)
 
