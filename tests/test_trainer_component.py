@@ -206,6 +206,19 @@ def test_module_without_entry_points_fails_when_the_executor_starts(
   assert os.listdir(tmp_path / 'model_run') == []
 
 
+def test_an_elastic_run_fn_fails_when_the_executor_starts(tmp_path):
+  only_run_fn = _module(tmp_path, """
+      def run_fn(fn_args):
+        pass
+      """)
+  with pytest.raises(ValueError, match=r'min_workers=1 < num_workers=2 needs '
+                     'managed mode.*allowed in run_fn mode: min_workers=2'):
+    _start_executor(_trainer(module_file=only_run_fn, distribution={
+        'strategy': 'multi_worker_mirrored', 'launcher': 'ray',
+        'num_workers': 2, 'min_workers': 1}), tmp_path)
+  assert os.listdir(tmp_path / 'model_run') == []
+
+
 def test_missing_module_fails_when_the_executor_starts(tmp_path):
   missing = str(tmp_path / 'nowhere.py')
   trainer = _trainer(module_file=missing)

@@ -169,6 +169,13 @@ class Executor(base_executor.BaseExecutor):
       stock_args = patches.stock_fn_args(input_dict, output_dict, props)
       config_lib.check_train_length(mode, stock_args.train_steps or 0,
                                     config.train_epochs)
+      if config.elastic and mode != 'managed':
+        raise ValueError(
+            f'min_workers={config.min_workers} < num_workers='
+            f'{config.num_workers} needs managed mode: a run_fn reads and '
+            'steps on its own, so its update batch and data order cannot be '
+            'kept with fewer workers; allowed in run_fn mode: min_workers='
+            f'{config.num_workers}.')
       config, launcher_reason = config_lib.resolve_launcher(config, {
           role: path for role, path in (
               ('model', stock_args.serving_model_dir),
