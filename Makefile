@@ -40,7 +40,7 @@ help:
 	@echo "make test       # the core test suite (at most 20 min on 2 cores)"
 	@echo "make test-all   # core and extended tests in one session (at most 40 min)"
 	@echo "make test-conformance  # TFX's own executor tests on ours (about 21 min, two workers)"
-	@echo "make ci         # what CI runs: test-all, then test-conformance without format_repeat"
+	@echo "make ci         # what CI runs: test-all, then test-conformance without conformance_repeat"
 	@echo "make test-fast  # tests without end-to-end pipeline runs and clusters"
 	@echo "make bench      # side-by-side benchmarks -> benchmarks/results/"
 	@echo "make kubeflow   # compile the pipeline for Kubeflow Pipelines (v2 JSON)"
@@ -110,9 +110,9 @@ test-conformance: venv
 	exit $$status
 
 # What CI runs (.ci/run): the whole suite, then the conformance tests but
-# the `format_repeat` ones (the 90-minute limit).
+# the `conformance_repeat` ones (the 90-minute limit).
 ci: test-all
-	$(MAKE) test-conformance CONFORMANCE="conformance and not format_repeat"
+	$(MAKE) test-conformance CONFORMANCE="conformance and not conformance_repeat"
 
 test-fast: venv
 	$(VPY) -m pytest tests -m "not slow and not extended and not conformance" $(PYTEST_ARGS)

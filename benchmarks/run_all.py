@@ -14,7 +14,7 @@ import time
 from benchmarks import report
 
 BENCHMARKS = ['transform', 'trainer', 'throughput', 'ceiling', 'resume',
-              'resume_position', 'partitioner', 'pipeline', 'ray']
+              'resume_position', 'partitioner', 'pipeline', 'ray', 'elastic']
 
 
 def main() -> None:

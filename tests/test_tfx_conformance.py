@@ -106,13 +106,16 @@ QUICK = frozenset({'test_do_with_no_preprocessing_fn',
                    'test_do_with_duplicate_preprocessing_fn',
                    'test_do_with_empty_analyze_splits'})
 
-# On Parquet and SequenceExample input, the stock tests whose path depends on
-# the input format: reading and materializing it, several input artifacts,
-# the per-format counters. The other 15 per format repeat, on another input
-# format, a test the TF.Example classes (v1 and v2) already run; they are
-# marked `format_repeat`: `make test-conformance` runs them, CI does not
-# (the 90-minute limit; see the README's test table).
-FORMAT_CHECKS = frozenset({'test_do_with_module_file',
+# The TF2 class (TestTransformExecutorV2: the stock component's default,
+# force_tf_compat_v1=False) runs every stock executor test in CI. The classes
+# that rerun those tests in another mode (tf.compat.v1) or on another input
+# format (Parquet, SequenceExample) keep in CI only the tests whose path
+# depends on it: reading and materializing the input, several input
+# artifacts, the counters. Their other tests (15 per class) repeat a test
+# the TF2 class runs and are marked `conformance_repeat`: `make
+# test-conformance` runs them, CI does not (the 90-minute limit; see the
+# README's test table).
+REPEAT_CHECKS = frozenset({'test_do_with_module_file',
                            'test_do_with_multiple_artifacts',
                            'test_counters'})
 
@@ -128,12 +131,12 @@ def _wrapped(test, *marks):
   return wrapped
 
 
-def _expectations(cls=None, *, executor=False, input_format=False):
+def _expectations(cls=None, *, executor=False, repeats=False):
   """Marks the class's tests: those listed in NOT_APPLICABLE as expected
   failures; with `executor`, all but QUICK ones `slow` and `conformance`
-  (`make test-conformance`); with `input_format` (a class that reruns the
-  TF.Example tests on another input format), those not in FORMAT_CHECKS
-  also `format_repeat`.
+  (`make test-conformance`); with `repeats` (a class that reruns the TF2
+  class's tests in another mode or on another input format), those not in
+  REPEAT_CHECKS also `conformance_repeat`.
 
   Also hides `tf.test.TestCase.test_session`: a deprecated helper named like
   a test, which skips itself ("Not a test.") when collected.
@@ -149,8 +152,8 @@ def _expectations(cls=None, *, executor=False, input_format=False):
         marks.append(pytest.mark.xfail(reason=reason, strict=True))
       if executor and name not in QUICK:
         marks += [pytest.mark.slow, pytest.mark.conformance]
-        if input_format and name not in FORMAT_CHECKS:
-          marks.append(pytest.mark.format_repeat)
+        if repeats and name not in REPEAT_CHECKS:
+          marks.append(pytest.mark.conformance_repeat)
       if marks:
         setattr(cls, name, _wrapped(getattr(cls, name), *marks))
     return cls
@@ -212,7 +215,7 @@ class _TransformExecutorSetUp:
         self.TUNING.to_json())
 
 
-@_expectations(executor=True)
+@_expectations(executor=True, repeats=True)
 class TestTransformExecutor(_TransformExecutorSetUp,
                             _transform_executor_test.ExecutorTest):
   """tfx/components/transform/executor_test.py (tf.compat.v1 Transform)."""
@@ -224,14 +227,14 @@ class TestTransformExecutorV2(_TransformExecutorSetUp,
   """tfx/components/transform/executor_v2_test.py (native TF2 Transform)."""
 
 
-@_expectations(executor=True, input_format=True)
+@_expectations(executor=True, repeats=True)
 class TestTransformExecutorOnParquet(
     _TransformExecutorSetUp,
     _transform_executor_on_parquet_test.ExecutorOnParquetTest):
   """tfx/components/transform/executor_on_parquet_test.py."""
 
 
-@_expectations(executor=True, input_format=True)
+@_expectations(executor=True, repeats=True)
 class TestTransformExecutorSequenceExample(
     _TransformExecutorSetUp,
     _transform_executor_sequence_example_test

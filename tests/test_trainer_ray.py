@@ -295,14 +295,6 @@ def _assert_on_two_hosts(placement, cluster, dead=()):
   assert ips == {cluster.hosts[label].address for label in hosts}, placement
 
 
-def _host_of(pid, cluster):
-  """The label of the test host whose namespace runs `pid`."""
-  for label, host in cluster.hosts.items():
-    if pid in host.pids():
-      return label
-  raise AssertionError(f'pid {pid} runs on no test host')
-
-
 def _training_processes(cluster):
   """Pids of training processes (tests.support.trainer_testing) on the
   cluster's hosts."""
@@ -361,7 +353,7 @@ def test_killed_actor_dead_host_and_partition_the_cluster_resumes_each_time(
     if not mine or mine[-1]['step'] < steps[kind]:
       return False
     pid = mine[-1]['pid']
-    host = _host_of(pid, cluster)
+    host = cluster.host_of(pid)
     faults.append((kind, {r['pid'] for r in records} - seen, host))
     if kind == 'actor':
       # The worker process's parent is its Ray actor.
@@ -448,9 +440,10 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
     tmp_path, data, ray_hosts_driver, run_seed):
   """min_workers=1 of 2, no spare host (any third host's CPU is held): the
   host of worker-1 dies at a seeded step; the relaunch cannot place 2
-  workers and continues with 1 (accumulating 2 micro-batches); the host
-  comes back, the supervisor's check finds room, the worker checkpoints and
-  stops, and the cluster is relaunched with 2. Every update trains the
+  workers and continues with 1 (accumulating 2 micro-batches), held in its
+  first step until the host is back (so it cannot finish first); the
+  supervisor's check finds room, the worker checkpoints and stops, and the
+  cluster is relaunched with 2. Every update trains the
   examples of an uninterrupted 2-worker run, and the final weights are that
   run's, bit for bit (each update sums the same two per-replica gradients;
   see test_trainer_faults' elastic test)."""
@@ -458,9 +451,9 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
   cluster = ray_hosts_driver
   baseline = _elastic_task(str(tmp_path / 'baseline'), data)
   tt.run_cluster(baseline, str(tmp_path / 'baseline'), max_restarts=0)
-  # Slower steps: the one-worker attempt must outlast a node's restart.
+  hold = tmp_path / 'hold'
   task = _elastic_task(str(tmp_path / 'elastic'), data,
-                       step_sleep_seconds=1.5)
+                       step_sleep_seconds=0.75, hold_file=str(hold))
   kill_step = random.Random(run_seed).randrange(5, 7)
   print(f'host death at step {kill_step} (TFX_HPM_TEST_SEED={run_seed})')
   live = sorted(set(ray_cluster_lib.node_labels().values()))
@@ -475,16 +468,18 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
       mine = [r for r in records if r['replica'] == 1]
       if not mine or mine[-1]['step'] < kill_step:
         return False
-      done['host'] = _host_of(mine[-1]['pid'], cluster)
+      done['host'] = cluster.host_of(mine[-1]['pid'])
       done['seen'] = {r['pid'] for r in records}
+      hold.touch()
       cluster.kill_host(done['host'])
       return False
     if not any(r['pid'] not in done['seen'] for r in records):
       return False
-    # The one-worker attempt trains: the host comes back.
+    # The one-worker attempt trains (held): the host comes back.
     while done['host'] in ray_cluster_lib.node_labels().values():
       time.sleep(0.5)
     cluster.restart_node(done['host'])
+    hold.unlink()
     return True
 
   try:
@@ -492,6 +487,7 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
         task, str(tmp_path / 'elastic'), act, min_workers=1,
         rescale_check_s=2)
   finally:
+    hold.unlink(missing_ok=True)
     for holder in holders:
       ray.kill(holder)
 
@@ -691,3 +687,30 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
   assert tensors[STEP] == 30 and tensors[ITERATIONS] == 30
   with open(os.path.join(root, 'logs', 'attempt-0', 'ps-0.log')) as f:
     assert 'ps-0 serving at' in f.read()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('min_workers', [None, 1])
+def test_a_cluster_that_cannot_be_placed_fails_naming_what_it_asked(
+    tmp_path, data, ray_hosts_driver, monkeypatch, min_workers):
+  """64 CPUs per task fit no node: the launch fails naming the request, after
+  one reservation per size it may take (fixed: 2 workers; elastic: 2, then
+  min_workers), never a second one at the same size."""
+  del ray_hosts_driver
+  for name, seconds in (('PLACEMENT_TIMEOUT_S', 1.0),
+                        ('FULL_SIZE_WAIT_S', 0.5)):
+    monkeypatch.setattr(ray_launcher.ray_placement, name, seconds)
+  reserved = []
+  reserve = ray_launcher.ray_placement.reserve
+
+  def counted(task_bundle, count, *args):
+    reserved.append(count)
+    return reserve(task_bundle, count, *args)
+  monkeypatch.setattr(ray_launcher.ray_placement, 'reserve', counted)
+  task = tt.mwms_task(str(tmp_path), data)
+  with pytest.raises(ray_launcher.PlacementError) as e:
+    _run_on_ray(task, str(tmp_path), cpus=64, min_workers=min_workers)
+  tasks = min_workers or 2
+  assert f"cannot place {tasks} tasks of {{'CPU': 64}} each" in str(e.value)
+  assert 'within 1 s' in str(e.value)
+  assert reserved == ([2, 1] if min_workers else [2])

@@ -157,6 +157,16 @@ def check_shared_storage(placement: Dict[str, Dict[str, Any]],
         "ray_placement='PACK' on a node large enough for all tasks.")
 
 
+def _placement_error(tasks: int, task_bundle: Dict[str, float],
+                     placement_strategy: str) -> PlacementError:
+  return PlacementError(
+      f'The Ray cluster cannot place {tasks} tasks of {task_bundle} each '
+      f'(ray_resources, strategy {placement_strategy}) within '
+      f'{ray_placement.PLACEMENT_TIMEOUT_S:g} s; available: '
+      f'{ray.available_resources()}. Lower num_workers / num_ps or '
+      'ray_resources, or add nodes.')
+
+
 class _RayAttempt:
   """One launch of the cluster: placement group, actors, processes (a
   supervisor.Attempt)."""
@@ -182,12 +192,7 @@ class _RayAttempt:
         bundle, len(actor_names), placement_strategy,
         ray_placement.PLACEMENT_TIMEOUT_S)
     if self.group is None:
-      raise PlacementError(
-          f'The Ray cluster cannot place {len(actor_names)} tasks of {bundle} '
-          f'each (ray_resources, strategy {placement_strategy}) within '
-          f'{ray_placement.PLACEMENT_TIMEOUT_S:g} s; available: '
-          f'{ray.available_resources()}. Lower num_workers / num_ps or '
-          'ray_resources, or add nodes.')
+      raise _placement_error(len(actor_names), bundle, placement_strategy)
     self.actors = {
         name: RemoteTaskActor.options(
             num_cpus=resources['cpus'], num_gpus=resources['gpus'],
@@ -338,10 +343,11 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
   def start(index: int, attempt_dir: str) -> _RayAttempt:
     group, workers, reason = None, num_workers, ''
     if elastic:
+      task_bundle = ray_placement.bundle(resources)
       group, workers, reason = ray_placement.elastic_size(
-          ray_placement.bundle(resources), num_workers, min_workers,
-          placement_strategy)
-      workers = workers or min_workers  # None fit: the error names it.
+          task_bundle, num_workers, min_workers, placement_strategy)
+      if group is None:
+        raise _placement_error(min_workers, task_bundle, placement_strategy)
     shape = tf_cluster.cluster_shape(strategy, workers, num_ps)
     # Every task but the parameter-server coordinator (chief) runs on Ray.
     actor_names = [n for n in tf_cluster.task_names(shape) if n != 'chief']

@@ -4,7 +4,9 @@ Every training forward pass appends one JSON line
 `{"pid", "step", "replica", "ids"}` to `hparams['id_log']`, from inside the
 compiled step (a `tf.py_function`), so a test sees exactly which examples each
 optimizer step of each process consumed. `hparams['step_sleep_seconds']`
-slows steps down so that a test can signal a process mid-training.
+slows steps down so that a test can signal a process mid-training;
+while the file `hparams['hold_file']` exists, a step that has logged waits
+(a test holds training until it has changed the cluster).
 `seeded_initializers=False` and `dropout > 0` give the model the randomness
 that `distribution.seed` has to pin down.
 """
@@ -24,18 +26,19 @@ FEATURE_SPEC = {
     'label': tf.io.FixedLenFeature([], tf.float32),
 }
 DEFAULT_HPARAMS = {'learning_rate': 0.05, 'hidden_units': 8, 'id_log': None,
-                   'step_sleep_seconds': 0.0, 'seeded_initializers': True,
-                   'dropout': 0.0}
+                   'step_sleep_seconds': 0.0, 'hold_file': None,
+                   'seeded_initializers': True, 'dropout': 0.0}
 
 
 class RecordIds(tf.keras.layers.Layer):
   """Passes `x` through; in training, logs the step and the batch's ids."""
 
-  def __init__(self, log_path, step_fn, sleep_seconds, **kwargs):
+  def __init__(self, log_path, step_fn, sleep_seconds, hold_file, **kwargs):
     super().__init__(**kwargs)
     self._log_path = log_path
     self._step_fn = step_fn
     self._sleep_seconds = sleep_seconds
+    self._hold_file = hold_file
 
   def _write(self, step, replica, ids):
     line = json.dumps({'pid': os.getpid(), 'step': int(step),
@@ -48,6 +51,8 @@ class RecordIds(tf.keras.layers.Layer):
       os.close(fd)
     if self._sleep_seconds:
       time.sleep(self._sleep_seconds)
+    while self._hold_file and os.path.exists(self._hold_file):
+      time.sleep(0.1)
     return step
 
   def call(self, inputs, training=None):
@@ -68,7 +73,8 @@ def build_model(hparams=None):
   x = tf.keras.layers.Input(shape=(NUM_FEATURES,), name='x')
   ids = tf.keras.layers.Input(shape=(), dtype=tf.int64, name='id')
   hidden = RecordIds(hparams['id_log'], lambda: optimizer.iterations,
-                     hparams['step_sleep_seconds'])([x, ids])
+                     hparams['step_sleep_seconds'],
+                     hparams['hold_file'])([x, ids])
   seeded = hparams['seeded_initializers']
   hidden = tf.keras.layers.Dense(
       hparams['hidden_units'], activation='relu',

@@ -172,6 +172,13 @@ class LocalRayCluster:
     workers, every process in its namespace; their pids."""
     return self.hosts[label].kill_all()
 
+  def host_of(self, pid: int) -> str:
+    """The label of the test host whose namespace runs `pid`."""
+    for label, host in self.hosts.items():
+      if pid in host.pids():
+        return label
+    raise ValueError(f'pid {pid} runs on no test host')
+
   def restart_node(self, label: str) -> None:
     """`ray start` again on the host of node `label` (once its old node is
     gone, as after a reboot); returns when the node is alive."""

@@ -1,0 +1,299 @@
+"""Node death on real hosts: uninterrupted vs one host lost, with and without
+a spare host (elastic).
+
+    python -m benchmarks.bench_elastic
+
+Three test hosts (tests/support/netns_hosts.py: network namespaces, each
+its own address) run a Ray node each, the head on the driver side. The same
+MultiWorkerMirrored training (2 workers through the Ray launcher, SPREAD, the
+id-recording model of tests/support/id_recording_module.py, which logs the
+example ids of every step) runs:
+
+- uninterrupted (fixed size, and elastic with `min_workers=1`: the elastic
+  data order is defined by the global batch, so it has its own reference);
+- **spare host**: at a seeded step, worker-1's host dies (SIGKILL of its
+  raylet and every process in its namespace); the cluster is relaunched at
+  full size on the spare host;
+- **no spare host, elastic**: the third host's CPU is held; the same death;
+  the relaunch continues with 1 worker (2 micro-batches per update); the host
+  comes back after the one-worker attempt trained a few steps, and the
+  supervisor grows the cluster back to 2.
+
+Measured per run: wall time; for each fault, the seconds from the fault
+(the kill, or the host's node being back) to the first training step of the
+next attempt (detection + relaunch + restore), seen in the id log; the steps
+redone (trained by the failed attempt and again after it); and the examples
+lost or repeated: per update, the ids of the final trajectory against the
+uninterrupted run's.
+"""
+
+import argparse
+import collections
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Dict, List
+
+from benchmarks import report
+from components.trainer import ray_launcher
+from tests.support import netns_hosts
+from tests.support import ray_cluster
+from tests.support import trainer_testing as tt
+
+EXAMPLES = 256
+WORKERS = 2
+BATCH = 2  # per replica: 64 steps per pass over the data
+TRAIN_STEPS = 48
+SAVE_EVERY = 8
+STEP_SLEEP_S = 0.2
+KILL_STEPS = (17, 24)
+# Steps the one-worker attempt trains before the dead host comes back.
+STEPS_BEFORE_RETURN = 4
+SEED = 20261202
+RECOVERY_GOAL_S = 30.0
+TIMEOUT_S = 900
+
+
+def _task(root: str, data: Dict[str, str], elastic: bool):
+  task = tt.make_task(
+      root, data, strategy='multi_worker_mirrored', num_workers=WORKERS,
+      train_steps=TRAIN_STEPS, per_replica_batch_size=BATCH, eval_steps=1,
+      fault_tolerance={'save_every_steps': SAVE_EVERY, 'max_restarts': 2},
+      hparams={'step_sleep_seconds': STEP_SLEEP_S})
+  task.distribution = {**task.distribution, 'launcher': 'ray',
+                       **({'min_workers': 1} if elastic else {})}
+  return task
+
+
+class _Watcher:
+  """Polls the id log: when each process first trained, and `act(records)`
+  until it returns True."""
+
+  def __init__(self, task, act: Callable[[List[dict]], bool]):
+    self._path = task.hparams['id_log']
+    self._act = act
+    self.first_seen: Dict[int, float] = {}
+    self._done = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def _run(self):
+    acting = True
+    while not self._done.wait(0.05):
+      records = tt.read_id_log(self._path) if os.path.exists(
+          self._path) else []
+      now = time.time()
+      for record in records:
+        self.first_seen.setdefault(record['pid'], now)
+      if acting and self._act(records):
+        acting = False
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._done.set()
+    self._thread.join()
+
+
+def _launch(task, root: str, act=lambda records: False) -> Dict[str, Any]:
+  argv = [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
+          ray_launcher.TASK_FILE]
+  elastic = 'min_workers' in task.distribution
+  began = time.time()
+  with _Watcher(task, act) as watcher:
+    launch = ray_launcher.run_on_ray(
+        'multi_worker_mirrored', WORKERS, 0, lambda role: argv,
+        task.to_json(), os.path.join(root, 'logs'),
+        placement_strategy='SPREAD',
+        resources={'cpus': 1, 'gpus': 0, 'memory_mb': 0}, local_paths={},
+        timeout_s=TIMEOUT_S, max_restarts=2,
+        min_workers=1 if elastic else None, rescale_check_s=2)
+  ended = time.time()
+  records = tt.read_id_log(task.hparams['id_log'])
+  for record in records:  # Any process that trained after the last poll.
+    watcher.first_seen.setdefault(record['pid'], ended)
+  return {'wall_s': ended - began, 'launch': launch,
+          'first_seen': watcher.first_seen, 'records': records}
+
+
+def _attempt_of(run: Dict[str, Any]) -> Dict[int, int]:
+  """pid -> its attempt: 0 before the fault, 1 after it, 2 after the host
+  came back (the one-worker attempt started before that)."""
+  faults = run.get('faults') or {}
+  back_at = faults.get('back_at', float('inf'))
+  return {pid: 0 if pid in faults.get('seen', (pid,)) else
+          1 if seen_at < back_at else 2
+          for pid, seen_at in run['first_seen'].items()}
+
+
+def _compare(run: Dict[str, Any], reference: Dict[str, Any]) -> Dict[str, Any]:
+  """Steps redone and examples lost or repeated against `reference`."""
+  attempt_of = _attempt_of(run)
+  trained = collections.defaultdict(set)
+  for record in run['records']:
+    if record['replica'] == 0:
+      trained[attempt_of[record['pid']]].add(record['step'])
+  redone = sum(len(trained[a] & set().union(*(
+      trained[b] for b in trained if b > a))) for a in trained)
+  mine = tt.ids_by_update(run['records'], attempt_of.get)
+  theirs = tt.ids_by_update(reference['records'], lambda pid: 0)
+  off = sum(len(collections.Counter(mine.get(step, [])) ^
+                collections.Counter(theirs.get(step, [])))
+            for step in set(mine) | set(theirs))
+  return {'redone': redone, 'off': off, 'attempt_of': attempt_of}
+
+
+def _first_step_after(run, attempt: int, attempt_of) -> float:
+  return min(t for pid, t in run['first_seen'].items()
+             if attempt_of.get(pid) == attempt)
+
+
+def measure(work: str, cluster) -> Dict[str, Dict[str, Any]]:
+  """The four runs, one after the other, on one Ray cluster."""
+  import ray  # pylint: disable=g-import-not-at-top
+  data = tt.write_id_dataset(os.path.join(work, 'ids'), EXAMPLES)
+  rng = random.Random(SEED)
+  runs = {}
+  for name, elastic in (('uninterrupted', False),
+                        ('uninterrupted, elastic', True)):
+    root = os.path.join(work, name.replace(', ', '-'))
+    runs[name] = _launch(_task(root, data, elastic), root)
+    print(f'[bench_elastic] {name}: {runs[name]["wall_s"]:.1f} s', flush=True)
+
+  def killer(kill_step, faults, then=None):
+    def act(records):
+      if 'host' not in faults:
+        mine = [r for r in records if r['replica'] == 1]
+        if not mine or mine[-1]['step'] < kill_step:
+          return False
+        faults['host'] = cluster.host_of(mine[-1]['pid'])
+        faults['seen'] = {r['pid'] for r in records}
+        faults['killed_at'] = time.time()
+        cluster.kill_host(faults['host'])
+        return then is None
+      return then(records)
+    return act
+
+  def back_on_its_host(faults):
+    while faults['host'] in ray_cluster.node_labels().values():
+      time.sleep(0.5)
+    cluster.restart_node(faults['host'])
+    faults['back_at'] = time.time()
+
+  # Spare host: relaunched at full size.
+  root = os.path.join(work, 'spare')
+  faults = {}
+  runs['spare host'] = _launch(_task(root, data, False), root,
+                               killer(rng.randrange(*KILL_STEPS), faults))
+  runs['spare host']['faults'] = faults
+  back_on_its_host(faults)
+  print(f'[bench_elastic] spare host: {runs["spare host"]["wall_s"]:.1f} s',
+        flush=True)
+
+  # No spare host: the third host's CPU is held.
+  live = sorted(set(ray_cluster.node_labels().values()))
+  holder = ray.remote(num_cpus=1, resources={live[-1]: 1})(_CpuHolder).remote()
+  ray.get(holder.ready.remote())
+  root = os.path.join(work, 'elastic')
+  faults = {}
+
+  def return_after_some_steps(records):
+    single = [r for r in records if r['pid'] not in faults['seen']]
+    if len({r['step'] for r in single}) < STEPS_BEFORE_RETURN:
+      return False
+    back_on_its_host(faults)
+    return True
+
+  try:
+    runs['no spare host, elastic'] = _launch(
+        _task(root, data, True), root,
+        killer(rng.randrange(*KILL_STEPS), faults, return_after_some_steps))
+  finally:
+    ray.kill(holder)
+  runs['no spare host, elastic']['faults'] = faults
+  print('[bench_elastic] no spare host: '
+        f'{runs["no spare host, elastic"]["wall_s"]:.1f} s', flush=True)
+  return runs
+
+
+class _CpuHolder:
+  """Holds its node's CPU (a host with no room for a worker)."""
+
+  def ready(self):
+    return True
+
+
+def _rows(runs) -> List[List[str]]:
+  rows = []
+  for name, run in runs.items():
+    elastic = 'elastic' in name
+    reference = runs['uninterrupted, elastic' if elastic else 'uninterrupted']
+    compared = _compare(run, reference)
+    faults = run.get('faults')
+    recover = []
+    if faults:
+      attempt_of = compared['attempt_of']
+      recover.append(_first_step_after(run, 1, attempt_of) -
+                     faults['killed_at'])
+      if 'back_at' in faults and run['launch'].attempts > 2:
+        recover.append(_first_step_after(run, 2, attempt_of) -
+                       faults['back_at'])
+    members = ', '.join(f'{e.from_workers}->{e.to_workers}'
+                        for e in run['launch'].membership) or '-'
+    rows.append([name, f'{run["wall_s"]:.1f}', str(run['launch'].attempts),
+                 members, ', '.join(f'{s:.1f}' for s in recover) or '-',
+                 str(compared['redone']), str(compared['off'])])
+    run['recover_s'] = recover
+    run['compared'] = compared
+  return rows
+
+
+def main(results_dir: str = 'benchmarks/results') -> str:
+  reason = netns_hosts.unavailable_reason()
+  if reason:
+    sys.exit(f'bench_elastic needs test hosts: {reason}')
+  env = tt.child_env()
+  os.environ.update(env)
+  with tempfile.TemporaryDirectory(prefix='bench-elastic-') as work:
+    with netns_hosts.netns_hosts(3) as hosts:
+      with ray_cluster.local_ray_cluster(work, env, hosts=hosts) as cluster:
+        os.environ['no_proxy'] = os.environ['NO_PROXY'] = cluster.no_proxy()
+        ray_launcher.connect(cluster.address)
+        try:
+          runs = measure(work, cluster)
+        finally:
+          ray_launcher.disconnect()
+  rows = _rows(runs)
+  recoveries = [s for run in runs.values() for s in run['recover_s']]
+  redone = max(run['compared']['redone'] for run in runs.values())
+  off = sum(run['compared']['off'] for run in runs.values())
+  body = '\n\n'.join([
+      __doc__.split('\n\n', 2)[2].strip(),
+      f'{TRAIN_STEPS} steps of {WORKERS} workers x {BATCH} examples '
+      f'({STEP_SLEEP_S:g} s sleep per step), a checkpoint every {SAVE_EVERY} '
+      f'steps; Ray declares a node dead after '
+      f'{ray_cluster.HOST_HEALTH_CHECKS} (the test hosts\' settings).',
+      report.table(['run', 'wall s', 'attempts', 'workers',
+                    'fault -> first step s', 'steps redone',
+                    'examples lost or repeated'], rows),
+      report.table(['goal', 'measured', 'met'], [
+          [f'time to recover under {RECOVERY_GOAL_S:g} s',
+           f'max {max(recoveries):.1f} s',
+           'yes' if max(recoveries) < RECOVERY_GOAL_S else '**no**'],
+          [f'steps redone at most one checkpoint interval ({SAVE_EVERY})',
+           f'max {redone}', 'yes' if redone <= SAVE_EVERY else '**no**'],
+          ['zero examples lost or repeated', str(off),
+           'yes' if off == 0 else '**no**']]),
+  ])
+  return report.write(results_dir, 'elastic',
+                      'Node death on real hosts: spare host and elastic', body)
+
+
+if __name__ == '__main__':
+  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_elastic')
+  parser.add_argument('--results-dir', default='benchmarks/results')
+  print(main(parser.parse_args().results_dir))
