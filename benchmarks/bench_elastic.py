@@ -141,9 +141,11 @@ def _compare(run: Dict[str, Any], reference: Dict[str, Any]) -> Dict[str, Any]:
       trained[b] for b in trained if b > a))) for a in trained)
   mine = tt.ids_by_update(run['records'], attempt_of.get)
   theirs = tt.ids_by_update(reference['records'], lambda pid: 0)
-  off = sum(len(collections.Counter(mine.get(step, [])) ^
-                collections.Counter(theirs.get(step, [])))
-            for step in set(mine) | set(theirs))
+  off = 0
+  for step in set(mine) | set(theirs):
+    ours = collections.Counter(mine.get(step, []))
+    reference_ids = collections.Counter(theirs.get(step, []))
+    off += sum(((ours - reference_ids) + (reference_ids - ours)).values())
   return {'redone': redone, 'off': off, 'attempt_of': attempt_of}
 
 
