@@ -263,12 +263,8 @@ def main(results_dir: str = 'benchmarks/results') -> str:
   with tempfile.TemporaryDirectory(prefix='bench-elastic-') as work:
     with netns_hosts.netns_hosts(3) as hosts:
       with ray_cluster.local_ray_cluster(work, env, hosts=hosts) as cluster:
-        os.environ['no_proxy'] = os.environ['NO_PROXY'] = cluster.no_proxy()
-        ray_launcher.connect(cluster.address)
-        try:
+        with ray_cluster.connected(cluster):
           runs = measure(work, cluster)
-        finally:
-          ray_launcher.disconnect()
   rows = _rows(runs)
   recoveries = [s for run in runs.values() for s in run['recover_s']]
   redone = max(run['compared']['redone'] for run in runs.values())

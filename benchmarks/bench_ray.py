@@ -94,12 +94,8 @@ def main(results_dir: str = 'benchmarks/results') -> str:
   with tempfile.TemporaryDirectory(prefix='bench-ray-') as work:
     data = bench_resume.write_taxi_data(os.path.join(work, 'taxi'))
     with ray_cluster.local_ray_cluster(work, env) as cluster:
-      os.environ["no_proxy"] = os.environ["NO_PROXY"] = cluster.no_proxy()
-      ray_launcher.connect(cluster.address)
-      try:
+      with ray_cluster.connected(cluster):
         runs = measure(work, data)
-      finally:
-        ray_launcher.disconnect()
   median = {name: {key: statistics.median(r[key] for r in rs)
                    for key in ('startup_s', 'examples_per_sec')}
             for name, rs in runs.items()}

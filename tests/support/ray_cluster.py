@@ -263,6 +263,19 @@ def local_ray_cluster(log_dir: str, env: Dict[str, str],
       shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def connected(cluster: LocalRayCluster) -> Iterator[LocalRayCluster]:
+  """This process as `cluster`'s driver (a benchmark's; the tests' fixture
+  also restores the environment): the nodes' addresses bypass the proxy."""
+  from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
+  os.environ['no_proxy'] = os.environ['NO_PROXY'] = cluster.no_proxy()
+  ray_launcher.connect(cluster.address)
+  try:
+    yield cluster
+  finally:
+    ray_launcher.disconnect()
+
+
 def node_labels() -> Dict[str, str]:
   """Ray node id -> its label (needs a connected driver)."""
   import ray  # pylint: disable=g-import-not-at-top
