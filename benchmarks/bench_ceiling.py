@@ -157,6 +157,7 @@ def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
   from components.data import input_pipeline
   from components.trainer import strategy as strategy_lib
   from components.trainer.config import DistributionConfig
+  from components.records import tuned_input_pipeline
   from pipelines import taxi_module
   import tensorflow as tf
   import tensorflow_transform as tft
@@ -165,10 +166,7 @@ def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
   strategy_lib.configure_logical_cpus(config.logical_cpu_devices)
   strategy = strategy_lib.make_strategy(config.strategy, config)
   replicas = strategy.num_replicas_in_sync
-  with open(os.path.join(inputs['tuned_input_pipeline'],
-                         'config.json')) as f:
-    pipeline_config = input_pipeline.InputPipelineConfig.from_dict(
-        json.load(f))
+  pipeline_config = tuned_input_pipeline.read(inputs['tuned_input_pipeline'])
   spec = tft.TFTransformOutput(
       inputs['transform_graph']).transformed_feature_spec()
   # One epoch of the trainer's own batches (the rows a cached epoch holds).
@@ -238,19 +236,17 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
   `distribute_datasets_from_function`'s iterator and through the dataset's
   own, and of the trainer's step runner (input and step)."""
   # pylint: disable=g-import-not-at-top
-  from components.data import input_pipeline
   from components.trainer import accumulation
   from components.trainer import datasets
   from components.trainer import step_runners
+  from components.records import tuned_input_pipeline
   from components.trainer.task import TrainingTask
   from pipelines import taxi_module
   import tensorflow as tf
   import tensorflow_transform as tft
   # pylint: enable=g-import-not-at-top
   strategy = tf.distribute.OneDeviceStrategy('/cpu:0')
-  with open(os.path.join(inputs['tuned_input_pipeline'],
-                         'config.json')) as f:
-    config = input_pipeline.InputPipelineConfig.from_dict(json.load(f))
+  config = tuned_input_pipeline.read(inputs['tuned_input_pipeline'])
   spec = tft.TFTransformOutput(
       inputs['transform_graph']).transformed_feature_spec()
   train_files = [os.path.join(inputs['examples'], 'Split-train', '*')]
