@@ -156,7 +156,6 @@ def _first_step_after(run, attempt: int, attempt_of) -> float:
 
 def measure(work: str, cluster) -> Dict[str, Dict[str, Any]]:
   """The four runs, one after the other, on one Ray cluster."""
-  import ray  # pylint: disable=g-import-not-at-top
   data = tt.write_id_dataset(os.path.join(work, 'ids'), EXAMPLES)
   rng = random.Random(SEED)
   runs = {}
@@ -198,8 +197,6 @@ def measure(work: str, cluster) -> Dict[str, Dict[str, Any]]:
 
   # No spare host: the third host's CPU is held.
   live = sorted(set(ray_cluster.node_labels().values()))
-  holder = ray.remote(num_cpus=1, resources={live[-1]: 1})(_CpuHolder).remote()
-  ray.get(holder.ready.remote())
   root = os.path.join(work, 'elastic')
   faults = {}
 
@@ -210,48 +207,42 @@ def measure(work: str, cluster) -> Dict[str, Dict[str, Any]]:
     back_on_its_host(faults)
     return True
 
-  try:
+  with ray_cluster.holding_cpus(live[-1:]):
     runs['no spare host, elastic'] = _launch(
         _task(root, data, True), root,
         killer(rng.randrange(*KILL_STEPS), faults, return_after_some_steps))
-  finally:
-    ray.kill(holder)
   runs['no spare host, elastic']['faults'] = faults
   print('[bench_elastic] no spare host: '
         f'{runs["no spare host, elastic"]["wall_s"]:.1f} s', flush=True)
   return runs
 
 
-class _CpuHolder:
-  """Holds its node's CPU (a host with no room for a worker)."""
+def _summary(name: str, runs) -> Dict[str, Any]:
+  """Run `name`'s recovery times, steps redone and examples off against its
+  uninterrupted reference."""
+  run = runs[name]
+  reference = runs['uninterrupted, elastic' if 'elastic' in name
+                   else 'uninterrupted']
+  compared = _compare(run, reference)
+  faults = run.get('faults')
+  recover = []
+  if faults:
+    attempt_of = compared['attempt_of']
+    recover.append(_first_step_after(run, 1, attempt_of) -
+                   faults['killed_at'])
+    if 'back_at' in faults and run['launch'].attempts > 2:
+      recover.append(_first_step_after(run, 2, attempt_of) -
+                     faults['back_at'])
+  return {'recover_s': recover, 'redone': compared['redone'],
+          'off': compared['off']}
 
-  def ready(self):
-    return True
 
-
-def _rows(runs) -> List[List[str]]:
-  rows = []
-  for name, run in runs.items():
-    elastic = 'elastic' in name
-    reference = runs['uninterrupted, elastic' if elastic else 'uninterrupted']
-    compared = _compare(run, reference)
-    faults = run.get('faults')
-    recover = []
-    if faults:
-      attempt_of = compared['attempt_of']
-      recover.append(_first_step_after(run, 1, attempt_of) -
-                     faults['killed_at'])
-      if 'back_at' in faults and run['launch'].attempts > 2:
-        recover.append(_first_step_after(run, 2, attempt_of) -
-                       faults['back_at'])
-    members = ', '.join(f'{e.from_workers}->{e.to_workers}'
-                        for e in run['launch'].membership) or '-'
-    rows.append([name, f'{run["wall_s"]:.1f}', str(run['launch'].attempts),
-                 members, ', '.join(f'{s:.1f}' for s in recover) or '-',
-                 str(compared['redone']), str(compared['off'])])
-    run['recover_s'] = recover
-    run['compared'] = compared
-  return rows
+def _row(name: str, run: Dict[str, Any], summary: Dict[str, Any]) -> List[str]:
+  members = ', '.join(f'{e.from_workers}->{e.to_workers}'
+                      for e in run['launch'].membership) or '-'
+  return [name, f'{run["wall_s"]:.1f}', str(run['launch'].attempts), members,
+          ', '.join(f'{s:.1f}' for s in summary['recover_s']) or '-',
+          str(summary['redone']), str(summary['off'])]
 
 
 def main(results_dir: str = 'benchmarks/results') -> str:
@@ -265,10 +256,12 @@ def main(results_dir: str = 'benchmarks/results') -> str:
       with ray_cluster.local_ray_cluster(work, env, hosts=hosts) as cluster:
         with ray_cluster.connected(cluster):
           runs = measure(work, cluster)
-  rows = _rows(runs)
-  recoveries = [s for run in runs.values() for s in run['recover_s']]
-  redone = max(run['compared']['redone'] for run in runs.values())
-  off = sum(run['compared']['off'] for run in runs.values())
+  summaries = {name: _summary(name, runs) for name in runs}
+  rows = [_row(name, runs[name], summaries[name]) for name in runs]
+  recoveries = [s for summary in summaries.values()
+                for s in summary['recover_s']]
+  redone = max(summary['redone'] for summary in summaries.values())
+  off = sum(summary['off'] for summary in summaries.values())
   body = '\n\n'.join([
       __doc__.split('\n\n', 2)[2].strip(),
       f'{TRAIN_STEPS} steps of {WORKERS} workers x {BATCH} examples '

@@ -447,7 +447,6 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
   examples of an uninterrupted 2-worker run, and the final weights are that
   run's, bit for bit (each update sums the same two per-replica gradients;
   see test_trainer_faults' elastic test)."""
-  import ray  # pylint: disable=g-import-not-at-top
   cluster = ray_hosts_driver
   baseline = _elastic_task(str(tmp_path / 'baseline'), data)
   tt.run_cluster(baseline, str(tmp_path / 'baseline'), max_restarts=0)
@@ -458,9 +457,6 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
   print(f'host death at step {kill_step} (TFX_HPM_TEST_SEED={run_seed})')
   live = sorted(set(ray_cluster_lib.node_labels().values()))
   assert len(live) >= 2, live
-  holders = [ray.remote(num_cpus=1, resources={label: 1})(_CpuHolder).remote()
-             for label in live[2:]]
-  ray.get([holder.ready.remote() for holder in holders])
   done = {}
 
   def act(records):
@@ -483,13 +479,12 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
     return True
 
   try:
-    launch = _run_on_ray_acting(
-        task, str(tmp_path / 'elastic'), act, min_workers=1,
-        rescale_check_s=2)
+    with ray_cluster_lib.holding_cpus(live[2:]):
+      launch = _run_on_ray_acting(
+          task, str(tmp_path / 'elastic'), act, min_workers=1,
+          rescale_check_s=2)
   finally:
     hold.unlink(missing_ok=True)
-    for holder in holders:
-      ray.kill(holder)
 
   assert launch.attempts == 3
   lost, rescaled = launch.restarts
@@ -518,11 +513,6 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
                         ignore=(PREEMPTION_SAVED_AT,))
 
 
-class _CpuHolder:
-  """Holds its node's CPU (a host with no room for a worker)."""
-
-  def ready(self):
-    return True
 
 
 @pytest.mark.slow

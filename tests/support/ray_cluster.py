@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import portpicker
 
@@ -274,6 +274,28 @@ def connected(cluster: LocalRayCluster) -> Iterator[LocalRayCluster]:
     yield cluster
   finally:
     ray_launcher.disconnect()
+
+
+class _CpuHolder:
+  """Holds its node's CPU (a host with no room for a worker)."""
+
+  def ready(self):
+    return True
+
+
+@contextlib.contextmanager
+def holding_cpus(labels: Sequence[str]) -> Iterator[None]:
+  """One CPU of each node in `labels` held by an actor (other work that
+  leaves no room there), released at the end; needs a connected driver."""
+  import ray  # pylint: disable=g-import-not-at-top
+  holders = [ray.remote(num_cpus=1, resources={label: 1})(_CpuHolder).remote()
+             for label in labels]
+  ray.get([holder.ready.remote() for holder in holders])
+  try:
+    yield
+  finally:
+    for holder in holders:
+      ray.kill(holder)
 
 
 def node_labels() -> Dict[str, str]:
