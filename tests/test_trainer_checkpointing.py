@@ -617,6 +617,26 @@ def test_checkpointer_events_say_what_storage_did(root):
   assert CheckpointStore(root + '/fp', None).records.read_events() == events
 
 
+@pytest.mark.parametrize('reached', [0, 3])
+def test_an_attempt_stopped_before_its_first_checkpoint_is_a_restart(
+    root, reached):
+  """Its progress marker may say step 0 (the marker is throttled); the
+  rerun still says it restarted, and how many steps it lost at least."""
+  state = _State()
+  CheckpointStore(root + '/fp', state.checkpoint).records.write_progress(
+      reached)
+  checkpointer = Checkpointer(root + '/fp', state.checkpoint,
+                              CheckpointConfig(save_every_steps=4),
+                              is_chief=True, manifest_extra={})
+  try:
+    assert checkpointer.restore() == 0
+  finally:
+    checkpointer.close()
+  [event] = checkpointer.events
+  assert event['event'] == 'restarted'
+  assert (event['from_step'], event['steps_lost']) == (0, reached)
+
+
 def test_progress_marker_writes_new_details_of_the_same_step(root):
   """A save records the step, then the loop the step with its details: the
   second write is not skipped for having the same step."""

@@ -76,7 +76,9 @@ class Checkpointer:
       logging.warning('Resuming from step %d (%s); %s step(s) lost.',
                       restored.step, restored.path,
                       event.get('steps_lost', 'unknown'))
-    elif reached:
+    elif progress is not None:
+      # A previous attempt ran (its marker may still say step 0: the marker
+      # is throttled) but was stopped before its first checkpoint.
       event = {'event': 'restarted', 'from_step': 0, 'steps_lost': reached,
                'skipped_checkpoints': skipped,
                'reason': 'no usable checkpoint from the previous attempt'}
