@@ -93,8 +93,14 @@ def is_process_local(path: str) -> bool:
 
 def write_text(path: str, text: str) -> None:
   tf.io.gfile.makedirs(os.path.dirname(path))
-  if path.startswith(_APPENDING_SCHEME) and tf.io.gfile.exists(path):
-    tf.io.gfile.remove(path)
+  if path.startswith(_APPENDING_SCHEME):
+    # Written beside and renamed over: removing the old file first left a
+    # moment where readers found none (a lease read as free).
+    temp = f'{path}.tmp-{uuid.uuid4().hex}'
+    with tf.io.gfile.GFile(temp, 'w') as f:
+      f.write(text)
+    tf.io.gfile.rename(temp, path, overwrite=True)
+    return
   with tf.io.gfile.GFile(path, 'w') as f:
     f.write(text)
 

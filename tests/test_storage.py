@@ -11,6 +11,7 @@ child-process launchers and the whole Transform against a real GCS API.
 import glob
 import json
 import os
+import threading
 import uuid
 from typing import Dict
 
@@ -589,3 +590,26 @@ def test_transform_executor_runs_with_only_the_stock_exec_properties(
   (graph,) = outputs['transform_graph']
   assert tft.TFTransformOutput(graph.uri).transformed_feature_spec().keys() \
       == {'id', 'x', 'label'}
+
+
+def test_a_rewritten_ram_file_is_never_missing_to_a_reader():
+  """TF's ram:// appends on rewrite; replacing the file must still leave a
+  reader the old or the new content, never nothing (a lease read as free)."""
+  path = f'ram://hpm-{uuid.uuid4().hex}/lease.json'
+  storage.write_json(path, {'beat': 0}, True)
+  seen, stop = [], threading.Event()
+
+  def read():
+    while not stop.is_set():
+      seen.append(storage.read_json(path))
+
+  reader = threading.Thread(target=read)
+  reader.start()
+  try:
+    for beat in range(1, 300):
+      storage.write_json(path, {'beat': beat}, True)
+  finally:
+    stop.set()
+    reader.join()
+  assert seen and None not in seen
+  assert storage.read_json(path) == {'beat': 299}
