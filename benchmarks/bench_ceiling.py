@@ -12,7 +12,9 @@ process:
   already parsed into memory (one epoch of the trainer's own input pipeline,
   stacked), CEILING_K steps per `tf.function` call (a `tf.range` loop
   indexing the stacked tensors), no input pipeline, no checkpoints, the loss
-  read back once per call;
+  read back once per call; measured with TensorFlow's default op pool and
+  with the one the trainer's `intra_op_threads='auto'` picks
+  (`components.trainer.cpu_threads`), the faster of the two counting;
 - HighPerfTrainer's executor (a LocalDagRunner run of the Trainer, its
   upstream cached) with the default `steps_per_execution='auto'`;
 - the same with each explicit k of `--ks` (the best is reported).
@@ -151,10 +153,12 @@ def run_trainer(root: str, distribution: Dict[str, Any], train_steps: int,
 
 
 def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
-                train_steps: int) -> Dict[str, Any]:
-  """The ceiling (module doc) in this process: steady examples/s."""
+                train_steps: int, intra_op_threads='auto') -> Dict[str, Any]:
+  """The ceiling (module doc) in this process: steady examples/s, with
+  the op pool of `intra_op_threads` (as the trainer's option)."""
   # pylint: disable=g-import-not-at-top
   from components.data import input_pipeline
+  from components.trainer import cpu_threads
   from components.trainer import strategy as strategy_lib
   from components.trainer.config import DistributionConfig
   from components.records import tuned_input_pipeline
@@ -164,6 +168,7 @@ def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
   # pylint: enable=g-import-not-at-top
   config = DistributionConfig.from_dict(_distribution(strategy_name, batch))
   strategy_lib.configure_logical_cpus(config.logical_cpu_devices)
+  cpu_threads.configure(intra_op_threads)
   strategy = strategy_lib.make_strategy(config.strategy, config)
   replicas = strategy.num_replicas_in_sync
   pipeline_config = tuned_input_pipeline.read(inputs['tuned_input_pipeline'])
@@ -228,15 +233,19 @@ def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
 
 
 def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
-                  k: int = CEILING_K) -> Dict[str, float]:
-  """Where the loop loses to the ceiling (one_device, `k` steps per call):
-  steady examples/s of the ceiling, of the trainer's step (replica step,
-  `strategy.run`, step counter, loss reduce) over the same stacked batches,
-  of the trainer's input pipeline alone (the batches only touched), through
+                  intra_op_threads, k: int = CEILING_K) -> Dict[str, Any]:
+  """Where the loop loses to the ceiling (one_device, `k` steps per call,
+  the op pool of `intra_op_threads`): steady examples/s of the ceiling, of
+  the trainer's step (replica step, `strategy.run`, step counter, loss
+  reduce) over the same stacked batches, of the trainer's input pipeline
+  alone (the batches only touched), through
   `distribute_datasets_from_function`'s iterator and through the dataset's
-  own, and of the trainer's step runner (input and step)."""
+  own, and of the trainer's step runner (input and step); and a profiler
+  trace of two of the runner's calls (`tf_trace`)."""
   # pylint: disable=g-import-not-at-top
+  from benchmarks import tf_trace
   from components.trainer import accumulation
+  from components.trainer import cpu_threads
   from components.trainer import datasets
   from components.trainer import step_runners
   from components.records import tuned_input_pipeline
@@ -245,6 +254,7 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
   import tensorflow as tf
   import tensorflow_transform as tft
   # pylint: enable=g-import-not-at-top
+  threads = cpu_threads.configure(intra_op_threads)['threads']
   strategy = tf.distribute.OneDeviceStrategy('/cpu:0')
   config = tuned_input_pipeline.read(inputs['tuned_input_pipeline'])
   spec = tft.TFTransformOutput(
@@ -318,9 +328,14 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
           lambda at: runner(at, k)[1]),
   }
   print(rates, flush=True)
-  rates['ceiling'] = run_ceiling(inputs, 'one_device', batch,
-                                 train_steps)['examples_per_sec']
-  return rates
+  rates['ceiling'] = run_ceiling(inputs, 'one_device', batch, train_steps,
+                                 intra_op_threads)['examples_per_sec']
+  calls = 2
+  busy = tf_trace.trace(lambda: [float(runner(0, k)[1])
+                                 for _ in range(calls)])
+  return {'intra_op_threads': threads, 'rates': rates,
+          'trace_us_per_step': {label: seconds / (calls * k) * 1e6
+                                for label, seconds in busy.items()}}
 
 
 def _in_process(root: str, mode: str, spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -339,16 +354,29 @@ def _median(values: List[float]) -> float:
   return statistics.median(values)
 
 
-def render_breakdown(breakdown: Dict[int, Dict[str, float]]) -> str:
-  """The breakdown table: each piece's examples/s and share of the ceiling."""
-  rows = []
-  for batch, rates in breakdown.items():
+def _pool(threads: int) -> str:
+  return f'{threads} intra-op' if threads else 'TF default'
+
+
+def render_breakdown(breakdown: Dict[Any, Dict[str, Any]]) -> str:
+  """The breakdown table (each piece's examples/s and share of the ceiling
+  in the same process) and the profiler's time per step of the runner."""
+  rows, trace_rows = [], []
+  for (batch, _), measured in breakdown.items():
+    rates, pool = measured['rates'], _pool(measured['intra_op_threads'])
     for name, rate in rates.items():
-      rows.append([batch, name, f'{rate:,.0f}',
+      rows.append([batch, pool, name, f'{rate:,.0f}',
                    f'{rate / rates["ceiling"]:.2f}'])
-  return report.table(['global batch', 'what runs (one_device, '
-                       f'{CEILING_K} steps per call)', 'examples/s',
-                       'vs ceiling'], rows)
+    trace_rows.append([batch, pool] + [
+        f'{us:.0f}' for us in measured['trace_us_per_step'].values()])
+  labels = list(next(iter(breakdown.values()))['trace_us_per_step'])
+  return (report.table(['global batch', 'op pool', 'what runs (one_device, '
+                        f'{CEILING_K} steps per call)', 'examples/s',
+                        'vs ceiling'], rows) +
+          '\n\nProfiler trace of two calls of the trainer step runner '
+          '(`benchmarks/tf_trace.py`): busy microseconds per step of each '
+          'group of threads.\n\n' +
+          report.table(['global batch', 'op pool'] + labels, trace_rows))
 
 
 def render_fixed_cost(runs: List[Dict[str, Any]]) -> str:
@@ -374,13 +402,15 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
   rows, verdicts = [], []
   for key, m in measured.items():
     strategy, batch = key.split('@')
-    ceiling = _median(m['ceiling'])
+    pools = _median(m['ceiling']), _median(m['ceiling_tf_default'])
+    ceiling = max(pools)
     auto = _median([r['examples_per_sec'] for r in m['auto']])
     by_k = {k: _median([r['examples_per_sec'] for r in m[f'k{k}']])
             for k in ks}
     best_k = max(by_k, key=by_k.get)
     chosen = ', '.join(str(r['steps_per_execution']) for r in m['auto'])
-    rows.append([strategy, batch, f'{ceiling:,.0f}', f'{auto:,.0f}',
+    rows.append([strategy, batch, ' / '.join(f'{c:,.0f}' for c in pools),
+                 f'{auto:,.0f}',
                  f'{auto / ceiling:.2f}', chosen,
                  ', '.join(f'k={k}: {v / ceiling:.2f}'
                            for k, v in by_k.items()),
@@ -397,12 +427,15 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
       f'{rounds} round(s) of interleaved measurements (each in a '
       'fresh process), medians. Ceiling: the same model and optimizer over '
       f'one epoch of batches stacked in memory, {CEILING_K} steps per '
-      '`tf.function` call, no input pipeline, no checkpoints. HighPerfTrainer: '
+      '`tf.function` call, no input pipeline, no checkpoints, with the op '
+      "pool the trainer's `intra_op_threads='auto'` picks and with "
+      "TensorFlow's default; ratios are to the faster. HighPerfTrainer: "
       'its executor through LocalDagRunner (upstream cached), checkpoints '
       f'every {SAVE_EVERY_SECONDS} s; steady examples/s from '
       '`training_result.json` (first call excluded). Load average '
       f'before/after: {load[0]:.1f} / {load[1]:.1f}.\n\n' +
-      report.table(['strategy', 'global batch', 'ceiling ex/s',
+      report.table(['strategy', 'global batch',
+                    "ceiling ex/s (trainer's pool / TF default)",
                     'defaults (auto) ex/s', 'defaults / ceiling',
                     'auto chose k', 'explicit k / ceiling',
                     'defaults / best k'], rows) +
@@ -422,13 +455,14 @@ def main(results_dir: str = 'benchmarks/results',
       m = measured.setdefault(f'{strategy}@{batch}', {})
       distribution = _distribution(strategy, batch)
       steps = steps_at(batch, train_steps)
-      variants = [('ceiling', None), ('auto', 'auto')] + [
-          (f'k{k}', k) for k in ks]
+      variants = [('ceiling', 'auto'), ('ceiling_tf_default', 0),
+                  ('auto', 'auto')] + [(f'k{k}', k) for k in ks]
       for name, k in (variants if round_index % 2 == 0 else variants[::-1]):
-        if name == 'ceiling':
+        if name.startswith('ceiling'):
           value = _in_process(root, 'ceiling', {
               'inputs': inputs, 'strategy': strategy, 'batch': batch,
-              'train_steps': steps})['examples_per_sec']
+              'train_steps': steps,
+              'intra_op_threads': k})['examples_per_sec']
         else:
           value = _in_process(root, 'trainer', {
               'distribution': {**distribution, 'steps_per_execution': k},
@@ -439,13 +473,16 @@ def main(results_dir: str = 'benchmarks/results',
   breakdown = {}
   if 'one_device' in strategies:
     for batch in batches:
-      breakdown[batch] = _in_process(root, 'breakdown', {
-          'inputs': inputs, 'batch': batch,
-          'train_steps': steps_at(batch, train_steps)})
-      print(f'[bench_ceiling] breakdown batch {batch}: {breakdown[batch]}',
-            flush=True)
+      for threads in ('auto', 0):
+        breakdown[(batch, threads)] = _in_process(root, 'breakdown', {
+            'inputs': inputs, 'batch': batch, 'intra_op_threads': threads,
+            'train_steps': steps_at(batch, train_steps)})
+        print(f'[bench_ceiling] breakdown batch {batch} threads {threads}: '
+              f'{breakdown[(batch, threads)]}', flush=True)
   with open(os.path.join(root, 'results.json'), 'w') as f:
-    json.dump({'measured': measured, 'breakdown': breakdown}, f, indent=1)
+    json.dump({'measured': measured,
+               'breakdown': [[*key, value] for key, value in breakdown.items()]},
+              f, indent=1)
   body = render(measured, train_steps, rounds, list(ks),
                 [load_before, os.getloadavg()[0]])
   if breakdown:
@@ -496,9 +533,9 @@ if __name__ == '__main__':
                           spec['train_steps'], spec['round'])
     elif args.mode == 'breakdown':
       value = run_breakdown(spec['inputs'], spec['batch'],
-                            spec['train_steps'])
+                            spec['train_steps'], spec['intra_op_threads'])
     else:
       value = run_ceiling(spec['inputs'], spec['strategy'], spec['batch'],
-                          spec['train_steps'])
+                          spec['train_steps'], spec['intra_op_threads'])
     with open(args.out, 'w') as f:
       json.dump(value, f)

@@ -3,6 +3,7 @@
 import pytest
 
 from components.trainer import config as config_lib
+from components.trainer import cpu_threads
 from components.trainer import membership
 from components.trainer.config import DistributionConfig
 
@@ -270,3 +271,33 @@ def test_workers_of_a_tf_config_and_the_accumulation_that_keeps_the_update():
                                  'ps': ['p:1']}}) == 2
   assert [membership.accumulation_for(4, 3, w) for w in (4, 3, 2, 1)] == [
       3, 4, 6, 12]
+
+
+@pytest.mark.parametrize('value', [-1, 1.5, True, 'all', None])
+def test_bad_intra_op_threads_names_what_is_allowed(value):
+  message = _error(intra_op_threads=value)
+  assert f'intra_op_threads={value!r}' in message
+  assert "'auto'" in message and 'integer >= 0' in message
+
+
+def test_auto_intra_op_threads_leave_one_core_to_the_input_pipeline():
+  assert cpu_threads.choose('auto', 2, has_gpu=False)[0] == 1
+  assert cpu_threads.choose('auto', 16, has_gpu=False)[0] == 15
+  assert cpu_threads.choose('auto', 1, has_gpu=False)[0] == 1
+  # With GPUs the ops run there: TensorFlow's default stays.
+  threads, reason = cpu_threads.choose('auto', 16, has_gpu=True)
+  assert threads == 0 and 'GPU' in reason
+  assert cpu_threads.choose(3, 16, has_gpu=False) == (3, 'set in the config')
+
+
+def test_intra_op_threads_once_tensorflow_runs_in_the_process():
+  """'auto' leaves a started runtime's pool as it is and says so; an
+  explicit count cannot be honoured: a clear error."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  float(tf.reduce_sum(tf.ones([2])))  # The runtime has started.
+  chosen = cpu_threads.configure('auto')
+  assert chosen['threads'] == 0 and 'already ran' in chosen['reason']
+  assert chosen['usable_cores'] == cpu_threads.usable_cores()
+  wanted = tf.config.threading.get_intra_op_parallelism_threads() + 1
+  with pytest.raises(RuntimeError, match=f'intra_op_threads={wanted} needs'):
+    cpu_threads.configure(wanted)

@@ -89,6 +89,10 @@ def _assert_trained_and_blessed(run, model_run, strategy: str, replicas: int,
     result = json.load(f)
   assert result['num_replicas'] == replicas
   assert result['train_steps'] == TRAIN_STEPS
+  # The op pool each training process got, and why, on model_run too.
+  assert result['intra_op_threads']['reason']
+  assert json.loads(props['intra_op_threads'].string_value) == (
+      result['intra_op_threads'])
   return result
 
 

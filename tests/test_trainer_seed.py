@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.trainer import cpu_threads
 from components.trainer import task_process
 from tests.support import trainer_testing as tt
 
@@ -79,7 +80,11 @@ def test_mirrored_same_seed_same_weights(tmp_path, data):
                  deterministic=True)
     assert tt.run_child(task, str(root), production=True) == 0, (
         tt.child_log(str(root)))
-    assert tt.read_result(task)['deterministic'] is True
+    result = tt.read_result(task)
+    assert result['deterministic'] is True
+    # A fresh CPU process: 'auto' left one core to the input pipeline.
+    cores = cpu_threads.usable_cores()
+    assert result['intra_op_threads']['threads'] == max(1, cores - 1)
     runs[name] = _trained(task)
   _assert_same(runs['a'], runs['b'])
   _assert_different(runs['a'], runs['other'])

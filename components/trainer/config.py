@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Dict, Optional, Tuple, Union
 
 from components.json_config import JsonConfig, check_int, is_int, is_number
+from components.trainer import cpu_threads
 from components.trainer import membership
 
 STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
@@ -100,6 +101,9 @@ class DistributionConfig(JsonConfig):
       would be with 1. For parameter servers it is the closures scheduled
       between two joins ('auto': 50); for multi_worker_mirrored 'auto' is 1
       (a multi-step call hung with workers reading gs:// here).
+    intra_op_threads: Threads of TensorFlow's op pool in each training
+      process: an int >= 1, 0 (TensorFlow's default, every core) or 'auto'
+      (`cpu_threads`: one core left to the input pipeline without a GPU).
     seed: Seeds Python, NumPy and TensorFlow in every training process
       (`tf.keras.utils.set_random_seed`) before the model is built, and the
       data order; None: unseeded initializers, a fixed data order.
@@ -125,6 +129,7 @@ class DistributionConfig(JsonConfig):
   tpu_address: str = ''
   timeout_s: float = 0
   steps_per_execution: Union[int, str] = AUTO
+  intra_op_threads: Union[int, str] = AUTO
   seed: Optional[int] = None
   deterministic: bool = False
 
@@ -145,6 +150,7 @@ class DistributionConfig(JsonConfig):
       raise ValueError(
           f'steps_per_execution={self.steps_per_execution!r} must be an '
           f"integer >= 1 or {AUTO!r}.")
+    cpu_threads.check(self.intra_op_threads)
     if not isinstance(self.tpu_address, str):
       raise ValueError(f'tpu_address={self.tpu_address!r} must be a string.')
     self._validate_ray()

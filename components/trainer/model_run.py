@@ -72,6 +72,9 @@ def record_result(model_run, result: Dict[str, Any]) -> None:
     model_run.set_string_custom_property(
         'steps_per_execution_auto',
         json.dumps(result['steps_per_execution_auto']))
+  if result.get('intra_op_threads'):  # What the op pool got, and why.
+    model_run.set_string_custom_property(
+        'intra_op_threads', json.dumps(result['intra_op_threads']))
   restarts = len(result.get('launch', {}).get('restarts', []))
   model_run.set_int_custom_property('restarts', restarts)
   # An elastic cluster's worker-count changes: when, why, from and to.

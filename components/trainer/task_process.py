@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from components.data import input_pipeline
 from components.records import training_result
+from components.trainer import cpu_threads
 from components.trainer import membership
 from components.trainer import preemption
 from components.trainer import strategy as strategy_lib
@@ -121,6 +122,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
     logical_cpus = max(logical_cpus or 1, partition_plan.read(
         task.partition_plan_uri).num_devices)
   strategy_lib.configure_logical_cpus(logical_cpus)
+  threads = cpu_threads.configure(config.intra_op_threads)
   seed_process(config)
   strategy = strategy_lib.make_strategy(config.strategy, config)
   tf_config = strategy_lib.tf_config_from_env()
@@ -149,6 +151,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
       'eval_steps': task.eval_steps,
       'seed': config.seed,
       'deterministic': config.deterministic,
+      'intra_op_threads': threads,
       'train_wall_s': time.time() - start,
   }
   # The process's own part of the fixed cost: imports (TensorFlow) and
