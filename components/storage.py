@@ -91,11 +91,17 @@ def is_process_local(path: str) -> bool:
   return path.startswith(_APPENDING_SCHEME)
 
 
-def write_text(path: str, text: str) -> None:
+def write_text(path: str, text: str, atomic: bool = False) -> None:
+  """Writes `text`; `atomic`: readers see old or new, never half.
+
+  An object store publishes an object only once its upload completes, so a
+  plain write is already atomic there (and a rename would be a copy plus a
+  delete); a local file is written next to the target and renamed over it,
+  and so is every ram:// file (that filesystem appends on rewrite, and
+  removing the old file first left a moment where readers found none).
+  """
   tf.io.gfile.makedirs(os.path.dirname(path))
-  if path.startswith(_APPENDING_SCHEME):
-    # Written beside and renamed over: removing the old file first left a
-    # moment where readers found none (a lease read as free).
+  if (atomic and is_local(path)) or path.startswith(_APPENDING_SCHEME):
     temp = f'{path}.tmp-{uuid.uuid4().hex}'
     with tf.io.gfile.GFile(temp, 'w') as f:
       f.write(text)
@@ -111,19 +117,9 @@ def read_text(path: str) -> str:
 
 
 def write_json(path: str, value: Any, atomic: bool = False) -> None:
-  """Writes `value` as JSON; `atomic`: readers see old or new, never half.
-
-  An object store publishes an object only once its upload completes, so a
-  plain write is already atomic there (and a rename would be a copy plus a
-  delete); a local file is written next to the target and renamed over it.
-  """
-  text = json.dumps(value, sort_keys=True, indent=1, default=str)
-  if not atomic or not is_local(path):
-    write_text(path, text)
-    return
-  temp = f'{path}.tmp-{uuid.uuid4().hex}'
-  write_text(temp, text)
-  tf.io.gfile.rename(temp, path, overwrite=True)
+  """Writes `value` as JSON (`atomic` as in `write_text`)."""
+  write_text(path, json.dumps(value, sort_keys=True, indent=1, default=str),
+             atomic)
 
 
 def read_json(path: str) -> Optional[Any]:
