@@ -23,6 +23,8 @@ _LOCAL_SCHEMES = ('', 'file')
 # TF's in-memory filesystem (the tests' stand-in for an object store) appends
 # to an existing file opened for writing instead of replacing it.
 _APPENDING_SCHEME = 'ram://'
+# What read_text asks for at once: TF's GFile read buffer.
+_READ_CHUNK = 512 * 1024
 
 
 # Errors that say "try again", not "this is wrong": what TF's filesystems
@@ -112,8 +114,21 @@ def write_text(path: str, text: str, atomic: bool = False) -> None:
 
 
 def read_text(path: str) -> str:
+  """The file's text, read to its end.
+
+  Not `GFile.read()`: that asks the size first and then reads that many
+  bytes, two requests to an object store; an object rewritten longer in
+  between (the chief appending to events.json while a worker reads it) came
+  back cut to the old length. A read to the end is one request per
+  _READ_CHUNK, so a record smaller than that is one version, whole.
+  """
+  chunks = []
   with tf.io.gfile.GFile(path, 'r') as f:
-    return f.read()
+    while True:
+      chunk = f.read(_READ_CHUNK)
+      if not chunk:
+        return ''.join(chunks)
+      chunks.append(chunk)
 
 
 def write_json(path: str, value: Any, atomic: bool = False) -> None:

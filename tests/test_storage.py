@@ -613,3 +613,29 @@ def test_a_rewritten_ram_file_is_never_missing_to_a_reader():
     reader.join()
   assert seen and None not in seen
   assert storage.read_json(path) == {'beat': 299}
+
+
+@pytest.mark.slow
+def test_a_record_rewritten_longer_on_gcs_is_read_whole(gcs_bucket):
+  """The chief rewrites events.json one event longer while a worker reads it
+  (a relaunch's restore): every read is one version, whole, never the new
+  one cut to the old length (GFile.read() asked the size first)."""
+  path = f'{gcs_bucket}/torn-{uuid.uuid4().hex}/events.json'
+  storage.write_json(path, [0])
+  seen, stop = [], threading.Event()
+
+  def read():
+    while not stop.is_set():
+      seen.append(storage.read_json(path))
+
+  reader = threading.Thread(target=read)
+  reader.start()
+  try:
+    for count in range(2, 80):
+      storage.write_json(path, list(range(count)))
+  finally:
+    stop.set()
+    reader.join()
+  assert len(seen) > 20
+  assert all(events == list(range(len(events))) for events in seen)
+  assert storage.read_json(path) == list(range(79))
