@@ -11,9 +11,11 @@ for bit, as the local launcher; in one training, SIGKILL of one worker's actor
 process and then the death of a worker's host (its raylet and every process
 in its namespace) are each seen by Ray, the cluster is relaunched at full size
 on the hosts left (the third is the spare) and resumes from the last
-checkpoint, bit for bit, with every example trained once. The hosts share
-this machine's disk, as hosts with a shared mount would: these tests call
-`run_on_ray` with no host-local outputs.
+checkpoint, bit for bit, with every example trained once. Their data,
+checkpoints and outputs are on gs:// (the suite's GCS emulator, which the
+hosts reach at the bridge's address): `run_on_ray` refuses local outputs
+across hosts, as the executor passes them. Only the id log, the test's own
+record of what trained, is a local file the hosts share.
 
 On two nodes of localhost: the same through Ray Client (ray://, as from a
 Kubeflow pod); SIGTERM to the driver (a preemption notice) reaches every
@@ -31,11 +33,14 @@ import random
 import signal
 import threading
 import time
+import uuid
 
 import numpy as np
 import portpicker
 import pytest
+import tensorflow as tf
 
+from components import storage
 from components.trainer import ray_launcher
 from components.trainer import strategy as strategy_lib
 from components.trainer import supervisor
@@ -170,16 +175,35 @@ def ray_cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def ray_hosts_cluster(tmp_path_factory):
-  """A Ray node on each of three test hosts, the head on the driver side."""
+def ray_hosts_cluster(tmp_path_factory, gcs_emulator_server):
+  """A Ray node on each of three test hosts, the head on the driver side;
+  gs:// on every host goes to the GCS emulator, at the bridge's address."""
   reason = netns_hosts.unavailable_reason()
   if reason:
     pytest.skip(f'no test hosts here: {reason}')
-  with netns_hosts.netns_hosts(3) as hosts:
+  with netns_hosts.netns_hosts(3) as hosts, gcs_emulator_server.reachable_at(
+      hosts.driver_address) as gcs_env:
     with ray_cluster_lib.local_ray_cluster(
-        str(tmp_path_factory.mktemp('ray-hosts-logs')), tt.child_env(),
-        hosts=hosts) as cluster:
+        str(tmp_path_factory.mktemp('ray-hosts-logs')),
+        {**tt.child_env(), **gcs_env}, hosts=hosts) as cluster:
       yield cluster
+
+
+@pytest.fixture(scope='module')
+def gcs_data(gcs_bucket, data):
+  """The `data` fixture's files, copied to gs://."""
+  directory = f'{gcs_bucket}/ray-hosts-data'
+  tf.io.gfile.makedirs(directory)
+  for path in tf.io.gfile.glob(data['pattern']) + [data['schema_path']]:
+    tf.io.gfile.copy(path, f'{directory}/{os.path.basename(path)}')
+  return {'pattern': f'{directory}/{os.path.basename(data["pattern"])}',
+          'schema_path': f'{directory}/{os.path.basename(data["schema_path"])}'}
+
+
+@pytest.fixture
+def gcs_root(gcs_bucket, request):
+  """A fresh gs:// folder for one test's outputs."""
+  return f'{gcs_bucket}/{request.node.name}-{uuid.uuid4().hex[:8]}'
 
 
 def _driver_env(monkeypatch, cluster):
@@ -213,12 +237,17 @@ def ray_hosts_driver(ray_hosts_cluster, monkeypatch):
 
 
 def _run_on_ray(task, root, cpus=1, **options):
+  """The task's cluster on Ray; its logs under the local folder `root`."""
   argv = [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
           ray_launcher.TASK_FILE]
+  # What the executor passes.
+  outputs = {'model': task.serving_model_dir, 'model_run': task.model_run_dir,
+             'checkpoints': task.checkpoint_dir}
   return ray_launcher.run_on_ray(
       'multi_worker_mirrored', 2, 0, lambda role: argv, task.to_json(),
       os.path.join(root, 'logs'), placement_strategy='SPREAD',
-      resources={'cpus': cpus, 'gpus': 0, 'memory_mb': 0}, local_paths={},
+      resources={'cpus': cpus, 'gpus': 0, 'memory_mb': 0},
+      local_paths={k: v for k, v in outputs.items() if storage.is_local(v)},
       timeout_s=CLUSTER_TIMEOUT_S,
       max_restarts=task.fault_tolerance['max_restarts'], **options)
 
@@ -265,9 +294,9 @@ def _assert_equal_tensors(actual, expected, ignore=()):
 
 @pytest.mark.slow
 def test_mwms_over_two_ray_hosts_matches_the_local_launcher(
-    tmp_path, data, ray_hosts_driver, local_baseline):
-  root = str(tmp_path / 'ray')
-  task = tt.mwms_task(root, data)
+    tmp_path, gcs_data, gcs_root, ray_hosts_driver, local_baseline):
+  root = str(tmp_path)
+  task = tt.mwms_task(gcs_root, gcs_data, id_log=str(tmp_path / 'ids.jsonl'))
   launch = _run_on_ray(task, root)
 
   assert launch.attempts == 1 and not launch.restarts
@@ -322,7 +351,8 @@ def _proc_stat(pid):
 
 @pytest.mark.slow
 def test_killed_actor_dead_host_and_partition_the_cluster_resumes_each_time(
-    tmp_path, data, ray_hosts_driver, local_baseline, run_seed):
+    tmp_path, gcs_data, gcs_root, ray_hosts_driver, local_baseline,
+    run_seed):
   """One training, three faults in turn, each in the attempt the one before
   it relaunched, each on worker-1: SIGKILL of its actor process; the death
   of its host (SIGKILL of the raylet and every process in the namespace: the
@@ -336,7 +366,8 @@ def test_killed_actor_dead_host_and_partition_the_cluster_resumes_each_time(
   uninterrupted run's, bit for bit, every example trained once."""
   cluster = ray_hosts_driver
   root = str(tmp_path)
-  task = tt.mwms_task(root, data, max_restarts=3)
+  task = tt.mwms_task(gcs_root, gcs_data, id_log=str(tmp_path / 'ids.jsonl'),
+                      max_restarts=3)
   rng = random.Random(run_seed)
   # Each after a checkpoint (every 4 steps) of its attempt.
   steps = {'actor': rng.randrange(5, 7)}
@@ -437,7 +468,7 @@ def _elastic_task(root, data, **hparams):
 @pytest.mark.slow
 @pytest.mark.extended
 def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
-    tmp_path, data, ray_hosts_driver, run_seed):
+    tmp_path, data, gcs_data, gcs_root, ray_hosts_driver, run_seed):
   """min_workers=1 of 2, no spare host (any third host's CPU is held): the
   host of worker-1 dies at a seeded step; the relaunch cannot place 2
   workers and continues with 1 (accumulating 2 micro-batches), held in its
@@ -451,7 +482,7 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
   baseline = _elastic_task(str(tmp_path / 'baseline'), data)
   tt.run_cluster(baseline, str(tmp_path / 'baseline'), max_restarts=0)
   hold = tmp_path / 'hold'
-  task = _elastic_task(str(tmp_path / 'elastic'), data,
+  task = _elastic_task(gcs_root, gcs_data, id_log=str(tmp_path / 'ids.jsonl'),
                        step_sleep_seconds=0.75, hold_file=str(hold))
   kill_step = random.Random(run_seed).randrange(5, 7)
   print(f'host death at step {kill_step} (TFX_HPM_TEST_SEED={run_seed})')
@@ -481,7 +512,7 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
   try:
     with ray_cluster_lib.holding_cpus(live[2:]):
       launch = _run_on_ray_acting(
-          task, str(tmp_path / 'elastic'), act, min_workers=1,
+          task, str(tmp_path), act, min_workers=1,
           rescale_check_s=2)
   finally:
     hold.unlink(missing_ok=True)
@@ -518,11 +549,11 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
 @pytest.mark.slow
 @pytest.mark.extended
 def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
-    tmp_path, data, ray_hosts_driver, local_baseline):
+    tmp_path, gcs_data, gcs_root, ray_hosts_driver, local_baseline):
   """Across hosts: the notice reaches each host's worker, none is left."""
   cluster = ray_hosts_driver
   root = str(tmp_path)
-  task = tt.mwms_task(root, data)
+  task = tt.mwms_task(gcs_root, gcs_data, id_log=str(tmp_path / 'ids.jsonl'))
 
   def preempt_the_driver_at_step_5(records):
     if not records or records[-1]['step'] < 5:

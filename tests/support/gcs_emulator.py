@@ -3,6 +3,8 @@
     emulator = GcsEmulator(port)   # starts the server, waits until it answers
     emulator.create_bucket('b')    # through google-cloud-storage
     ...                            # gs://b/... works in TF, Beam and TFX
+    with emulator.reachable_at(a) as env:  # also at address `a` (the test
+      ...                          # hosts' bridge), for processes with `env`
     emulator.stop()                # kills it by pid
 
 Every process that touches gs:// needs `environment(port)` in its environment
@@ -40,6 +42,7 @@ session URLs handed out inside a tunnel are https, and the front answers
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -55,7 +58,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 HOST = '127.0.0.1'
 PROJECT = 'tfx-hpm-test'
@@ -75,18 +78,19 @@ _PLACEHOLDER_CREDENTIALS = {
 }
 
 
-def endpoint(port: int) -> str:
-  return f'http://{HOST}:{port}'
+def endpoint(port: int, host: str = HOST) -> str:
+  return f'http://{host}:{port}'
 
 
-def environment(port: int) -> Dict[str, str]:
-  """Everything TF, Beam and google-cloud-* need to use the emulator at `port`.
+def environment(port: int, host: str = HOST) -> Dict[str, str]:
+  """Everything TF, Beam and google-cloud-* need to use the emulator at `port`
+  of `host` (another than HOST: where `GcsEmulator.reachable_at` relays).
 
   Local files are unaffected; gs:// goes to the emulator (and fails fast
   while none runs). Connections to localhost and 127.0.0.1 (TF cluster gRPC,
   the emulator itself) bypass the proxy.
   """
-  url = endpoint(port)
+  url = endpoint(port, host)
   no_proxy = 'localhost,127.0.0.1,::1'
   return {
       # --- TensorFlow's built-in GCS filesystem (not the modular plugin).
@@ -222,12 +226,12 @@ def _make_certificates() -> Dict[str, bytes]:
   }
 
 
-def is_answering(port: int, timeout: float = 1.0) -> bool:
+def is_answering(port: int, timeout: float = 1.0, host: str = HOST) -> bool:
   """True once the server answers its health check."""
-  # No proxy: the server is on loopback.
+  # No proxy: the server is on this machine.
   opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
   try:
-    with opener.open(endpoint(port) + '/', timeout=timeout) as r:
+    with opener.open(endpoint(port, host) + '/', timeout=timeout) as r:
       return r.status == 200
   except (urllib.error.URLError, OSError):
     return False
@@ -295,6 +299,30 @@ class GcsEmulator:
         return f.read().decode('utf-8', errors='replace')
     except OSError:
       return ''
+
+  @contextlib.contextmanager
+  def reachable_at(self, address: str) -> Iterator[Dict[str, str]]:
+    """The emulator also at `address` (this machine's end of the test hosts'
+    bridge, tests/support/netns_hosts.py), by a relay process, for as long
+    as the context lasts; yields the environment that points there."""
+    relay = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, os.path.abspath(__file__), '--host', address,
+         '--port', str(self.port), '--relay-to', str(self.port),
+         '--parent-pid', str(os.getpid())],
+        stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+      deadline = time.monotonic() + START_TIMEOUT_S
+      while not is_answering(self.port, timeout=0.5, host=address):
+        if relay.poll() is not None or time.monotonic() > deadline:
+          raise RuntimeError(
+              f'no GCS emulator relay on {address}:{self.port} '
+              f'(exit {relay.poll()}):\n{self.log_tail()}')
+        time.sleep(0.05)
+      yield environment(self.port, address)
+    finally:
+      relay.kill()
+      relay.wait(timeout=30)
 
   def stop(self) -> None:
     """Kills the server (its process group, by pid) and waits for it."""
@@ -405,6 +433,31 @@ class _Front(socketserver.ThreadingTCPServer):
   request_queue_size = 128
 
 
+class _RelayHandler(socketserver.BaseRequestHandler):
+  """One connection, relayed as bytes to the front on HOST."""
+
+  def handle(self):
+    _no_delay(self.request)
+    backend = socket.create_connection((HOST, self.server.target_port))
+    _no_delay(backend)
+    try:
+      _pump(self.request, backend)
+    finally:
+      backend.close()
+
+
+def relay(host: str, port: int, target_port: int, parent_pid: int) -> None:
+  """Relays connections to `host`:`port` to the front on HOST:`target_port`
+  (GcsEmulator.reachable_at)."""
+  server = _Front((host, port), _RelayHandler)
+  server.target_port = target_port
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  if parent_pid:
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,),
+                     daemon=True).start()
+  signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
 def serve(host: str, port: int, cert: str, key: str,
           parent_pid: int = 0) -> None:
   """Runs gcp-storage-emulator (in memory) behind the relaying front.
@@ -491,12 +544,17 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=serve.__doc__)
   parser.add_argument('--host', default=HOST)
   parser.add_argument('--port', type=int, required=True)
-  parser.add_argument('--cert', required=True)
-  parser.add_argument('--key', required=True)
+  parser.add_argument('--cert')
+  parser.add_argument('--key')
+  parser.add_argument('--relay-to', type=int, default=0,
+                      help='relay to the front on this port instead')
   parser.add_argument('--parent-pid', type=int, default=0)
   args = parser.parse_args(argv)
   signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-  serve(args.host, args.port, args.cert, args.key, args.parent_pid)
+  if args.relay_to:
+    relay(args.host, args.port, args.relay_to, args.parent_pid)
+  else:
+    serve(args.host, args.port, args.cert, args.key, args.parent_pid)
 
 
 if __name__ == '__main__':

@@ -10,7 +10,9 @@ On test hosts (`hosts=`, tests/support/netns_hosts.py): the head runs on the
 driver side (the bridge's address, no CPUs: training never lands there, as
 on a cluster's head pod) and each HOST_RESOURCES node on its own host, with
 its own address and temp dir; a host's death (`Host.kill_all`) takes its
-raylet and every worker with it.
+raylet and every worker with it. The nodes keep the proxy that `env` names
+(gs:// through the GCS emulator, GcsEmulator.reachable_at); on localhost they
+get none (nothing there uses gs://).
 """
 
 import collections
@@ -193,11 +195,19 @@ def local_ray_cluster(log_dir: str, env: Dict[str, str],
   `hosts`, the head on the driver side and each node on its own host."""
   # Short: Ray's sockets live under it (AF_UNIX paths are limited).
   temp_dir = tempfile.mkdtemp(prefix='ray-', dir='/tmp')
-  # No proxy (the GCS emulator's) between the nodes' TF processes.
-  env = {k: v for k, v in env.items()
-         if k != 'RAY_ADDRESS' and k.lower() not in ('https_proxy',
-                                                     'http_proxy')}
   head_ip = hosts.driver_address if hosts else '127.0.0.1'
+  env = {k: v for k, v in env.items() if k != 'RAY_ADDRESS'}
+  if hosts:
+    # gs:// through the proxy `env` names (the GCS emulator, relayed on the
+    # bridge); Ray's and TF's gRPC between the hosts bypass it.
+    no_proxy = ','.join([env.get('no_proxy', ''), head_ip] +
+                        [host.address for host in hosts.hosts])
+    env.update(no_proxy=no_proxy, NO_PROXY=no_proxy)
+  else:
+    # No proxy: Ray places tasks (a parameter-server chief on the driver)
+    # at this machine's own address, which no no_proxy lists.
+    env = {k: v for k, v in env.items()
+           if k.lower() not in ('https_proxy', 'http_proxy')}
   port = portpicker.pick_unused_port()
   address = f'{head_ip}:{port}'
   client_port = portpicker.pick_unused_port()

@@ -76,9 +76,12 @@ def make_task(root: str, data: Dict[str, str], *, strategy: str = 'one_device',
               input_pipeline: Optional[dict] = None,
               checkpoint_dir: Optional[str] = None,
               seed: Optional[int] = None,
-              deterministic: bool = False) -> TrainingTask:
-  """A task over `data` whose outputs all live under `root`."""
-  os.makedirs(root, exist_ok=True)
+              deterministic: bool = False,
+              id_log: Optional[str] = None) -> TrainingTask:
+  """A task over `data` whose outputs all live under `root` (local or
+  gs://); the id log (a local file: the test's record of what trained) under
+  `root` unless `id_log` says where."""
+  tf.io.gfile.makedirs(root)
   return TrainingTask(
       module_file=None, module_path=MODULE_PATH, mode='managed',
       train_files=[data['pattern']], eval_files=[data['pattern']],
@@ -86,7 +89,8 @@ def make_task(root: str, data: Dict[str, str], *, strategy: str = 'one_device',
       serving_model_dir=os.path.join(root, 'serving_model'),
       model_run_dir=os.path.join(root, 'model_run'),
       train_steps=train_steps, eval_steps=eval_steps,
-      hparams={'id_log': os.path.join(root, 'ids.jsonl'), **(hparams or {})},
+      hparams={'id_log': id_log or os.path.join(root, 'ids.jsonl'),
+               **(hparams or {})},
       custom_config={},
       distribution={'strategy': strategy,
                     'per_replica_batch_size': per_replica_batch_size,
@@ -100,7 +104,7 @@ def make_task(root: str, data: Dict[str, str], *, strategy: str = 'one_device',
       input_pipeline=input_pipeline)
 
 
-def mwms_task(root: str, data: Dict[str, str],
+def mwms_task(root: str, data: Dict[str, str], id_log: Optional[str] = None,
               **fault_tolerance) -> TrainingTask:
   """2 MultiWorkerMirrored workers x 2 examples per step: one pass over the
   NUM_EXAMPLES in 16 steps; each worker reads its own file; one relaunch."""
@@ -108,7 +112,7 @@ def mwms_task(root: str, data: Dict[str, str],
                    num_workers=2, train_steps=16, per_replica_batch_size=2,
                    fault_tolerance={'save_every_steps': 4,
                                     'max_restarts': 1, **fault_tolerance},
-                   hparams={'step_sleep_seconds': 0.1})
+                   hparams={'step_sleep_seconds': 0.1}, id_log=id_log)
 
 
 def child_env() -> Dict[str, str]:
@@ -290,7 +294,8 @@ def assert_each_id_once(task: TrainingTask, train_steps: int,
 
 def latest_checkpoint_tensors(checkpoint_dir: str) -> Dict[str, np.ndarray]:
   """Every tensor (weights, optimizer slots, step) of the newest checkpoint."""
-  names = sorted(n for n in os.listdir(checkpoint_dir) if n.startswith('ckpt-'))
+  names = sorted(n.rstrip('/') for n in tf.io.gfile.listdir(checkpoint_dir)
+                 if n.startswith('ckpt-'))
   reader = tf.train.load_checkpoint(
       os.path.join(checkpoint_dir, names[-1], 'ckpt'))
   return {name: reader.get_tensor(name)
@@ -304,7 +309,8 @@ def final_tensors(task: TrainingTask) -> Dict[str, np.ndarray]:
 
 
 def read_result(task: TrainingTask) -> dict:
-  with open(os.path.join(task.model_run_dir, 'training_result.json')) as f:
+  with tf.io.gfile.GFile(
+      os.path.join(task.model_run_dir, 'training_result.json')) as f:
     return json.load(f)
 
 
