@@ -161,6 +161,11 @@ def main(argv=None, quiet_console: bool = False) -> int:
     if args.ray_address is not None:
       distribution = with_ray_address(distribution, args.ray_address,
                                       args.stock)
+    elif not args.stock:
+      # What HighPerfTrainer's construction checks, before the TFX import.
+      # pylint: disable-next=g-import-not-at-top
+      from components.trainer.config import DistributionConfig
+      DistributionConfig.from_dict(distribution)
     beam_args = args.beam_pipeline_arg
     compiler.check_options(args.stock, args.checkpoint_root, beam_args, beam)
     for flag in ('train_steps', 'eval_steps', 'gpipe_stages'):

@@ -159,7 +159,7 @@ def test_ray_address_sends_the_trainer_to_a_ray_cluster(tmp_path):
       '--output', str(output), '--pipeline-root', 'gs://bucket/root',
       '--ray-address', 'ray://taxi-ray-head-svc:10001',
       '--distribution', '{"strategy": "multi_worker_mirrored", '
-      '"num_workers": 2}']) == 0
+      '"num_workers": 2, "min_workers": 1}']) == 0
   _, _, raw = _parse(str(output))
   parameter = raw['root']['dag']['tasks']['Trainer']['inputs']['parameters'][
       'distribution']
@@ -167,6 +167,8 @@ def test_ray_address_sends_the_trainer_to_a_ray_cluster(tmp_path):
   assert distribution['launcher'] == 'ray'
   assert distribution['ray_address'] == 'ray://taxi-ray-head-svc:10001'
   assert distribution['num_workers'] == 2
+  # Elastic on the Ray cluster: the Trainer task gets min_workers as given.
+  assert distribution['min_workers'] == 1
 
 
 def test_no_baseline_compiles_without_resolver_tasks(tmp_path):
@@ -208,6 +210,12 @@ def test_no_baseline_compiles_without_resolver_tasks(tmp_path):
       '{"launcher": "local"}'], "sets launcher='local'"),
     (['--ray-address', 'ray://head:10001', '--distribution',
       '{"ray_placement": "STRICT"}'], "ray_placement='STRICT'"),
+    (['--ray-address', 'ray://head:10001', '--distribution',
+      '{"strategy": "multi_worker_mirrored", "num_workers": 2, '
+      '"min_workers": 3}'], 'min_workers=3 must be an integer in [1, '
+     'num_workers=2]'),
+    (['--distribution', '{"strategy": "multi_worker_mirrored", '
+      '"num_workers": 2, "min_workers": 1}'], "launcher='ray'"),
 ], ids=lambda v: v if isinstance(v, str) else ' '.join(v))
 def test_bad_flags_fail_before_compiling(tmp_path, capsys, flags, message):
   output = tmp_path / 'never.json'
