@@ -183,22 +183,25 @@ def test_other_seed_other_order(train_patterns):
   assert first != second and sorted(first) == sorted(second)
 
 
-@pytest.mark.parametrize('num_files', [5, 1])
-def test_input_pipelines_read_disjoint_shares(tmp_path, num_files):
-  """Files are sharded per worker, or batches when there are too few files."""
+@pytest.mark.parametrize('num_files,pipelines', [(5, 2), (1, 2), (1, 3)])
+def test_input_pipelines_read_disjoint_shares(tmp_path, num_files, pipelines):
+  """Files are sharded per worker, or batches when there are too few files;
+  every pipeline gets a share (one file of NUM_EXAMPLES rows holds fewer
+  default read batches than 3 pipelines: the third had none, and looped
+  over empty epochs, a hang in the cluster's first step)."""
   patterns = transform_data.write_split(str(tmp_path), NUM_EXAMPLES, num_files)
   shares = []
-  for pipeline_id in range(2):
+  for pipeline_id in range(pipelines):
     context = tf.distribute.InputContext(
-        num_input_pipelines=2, input_pipeline_id=pipeline_id,
-        num_replicas_in_sync=4)
+        num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
+        num_replicas_in_sync=2 * pipelines)
     batches = _ids(input_pipeline.build_dataset(
-        patterns, transform_data.FEATURE_SPEC, 'label', 4 * BATCH,
+        patterns, transform_data.FEATURE_SPEC, 'label', 2 * pipelines * BATCH,
         input_context=context, num_epochs=1, drop_remainder=False))
-    assert len(batches[0]) == BATCH  # Per-replica batch of the global 4x.
+    assert batches and len(batches[0]) == BATCH  # Per replica.
     shares.append(set(_flat(batches)))
-  assert not shares[0] & shares[1]
-  assert shares[0] | shares[1] == set(range(NUM_EXAMPLES))
+  assert sum(len(share) for share in shares) == NUM_EXAMPLES  # Disjoint.
+  assert set().union(*shares) == set(range(NUM_EXAMPLES))
 
 
 def test_global_order_is_the_same_rows_at_every_pipeline_count(

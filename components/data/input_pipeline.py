@@ -289,7 +289,11 @@ def build_dataset(file_patterns: List[str],
   # The batch the row order is made in: in the global order, all pipelines'
   # batches together, the same for any pipeline count.
   order_batch = batch_size * num_pipelines if global_order else batch_size
-  reading_batch = read_batch_size(config, order_batch)
+  # Sharded read batches are of the pipeline's batch: at the default read
+  # batch, a file of fewer than that many rows x pipelines left a pipeline
+  # none, looping over empty epochs (a cluster's first step hung).
+  reading_batch = (batch_size if shard_batches else
+                   read_batch_size(config, order_batch))
   parser = make_parser(feature_spec, label_key, config)
 
   def serialized(file_names):
