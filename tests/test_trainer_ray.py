@@ -617,9 +617,12 @@ TAXI_STEPS = 600
 
 @pytest.mark.slow
 @pytest.mark.extended
-def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
-    shared_taxi_root, taxi_sample_dir, ray_cluster, monkeypatch):
-  """`auto` with launcher='ray' on 2 nodes: MultiWorkerMirrored, 1 per node."""
+def test_taxi_pipeline_on_gcs_spreads_over_the_ray_hosts_and_is_blessed(
+    tmp_path, gcs_root, taxi_upstream, taxi_sample_dir, ray_hosts_cluster,
+    monkeypatch):
+  """`auto` with launcher='ray' on the test hosts, the pipeline root on
+  gs://: MultiWorkerMirrored with one worker per host that can hold a task
+  (the head, with no CPUs, is none), each on its own address."""
   # pylint: disable=g-import-not-at-top
   import ray
   from tfx import v1 as tfx
@@ -627,10 +630,12 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
   from pipelines import taxi_pipeline
   from tests.support import taxi_runs
   # pylint: enable=g-import-not-at-top
-  _driver_env(monkeypatch, ray_cluster)
+  cluster = ray_hosts_cluster
+  _driver_env(monkeypatch, cluster)
   # The default ray_address.
-  monkeypatch.setenv('RAY_ADDRESS', ray_cluster.address)
-  root = shared_taxi_root
+  monkeypatch.setenv('RAY_ADDRESS', cluster.address)
+  # ExampleGen .. Transform's outputs on gs:// too; MLMD stays a local file.
+  taxi_runs.start_moved(taxi_upstream, f'{gcs_root}/upstream', str(tmp_path))
 
   def make_trainer(inputs: taxi_pipeline.TrainerInputs):
     return HighPerfTrainer(
@@ -641,37 +646,43 @@ def test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed(
         distribution={'launcher': 'ray', 'timeout_s': CLUSTER_TIMEOUT_S})
 
   handler = signal.getsignal(signal.SIGTERM)
-  run = taxi_runs.run(root, taxi_sample_dir, make_trainer,
+  run = taxi_runs.run(gcs_root, taxi_sample_dir, make_trainer,
                       train_steps=TAXI_STEPS, eval_steps=5,
-                      accuracy_threshold=ACCURACY_BOUND)
+                      accuracy_threshold=ACCURACY_BOUND,
+                      metadata_dir=str(tmp_path), from_trainer=True)
   # The executor disconnected, and this process's SIGTERM handling is its
   # own again (ray.init's exits the process).
   assert signal.getsignal(signal.SIGTERM) is handler
-  # Look at the cluster as a driver again.
-  ray_launcher.connect(ray_cluster.address)
-  try:
-    labels = ray_cluster_lib.node_labels()
-  finally:
-    ray_launcher.disconnect()
   assert not ray.is_initialized()
 
   assert run.blessed is True, run.format()
   assert run.metrics['binary_accuracy'] >= ACCURACY_BOUND
-  model_run = mlmd.latest_artifact(os.path.join(root, 'metadata.db'),
-                                  'ModelRun')
+  model_run = mlmd.latest_artifact(str(tmp_path / 'metadata.db'), 'ModelRun')
+  assert model_run.uri.startswith(gcs_root)
+  # The workers read the upstream's copies in the bucket.
+  task = storage.read_json(os.path.join(model_run.uri, 'training_task.json'))
+  assert all(path.startswith(gcs_root)
+             for path in task['train_files'] + task['eval_files']), task
   props = model_run.custom_properties
   assert props['strategy'].string_value == 'multi_worker_mirrored'
-  assert 'Ray cluster of 2 nodes' in props['strategy_reason'].string_value
   assert props['launcher'].string_value == 'ray'
-  assert props['ray_address'].string_value == ray_cluster.address
-  assert props['num_replicas'].int_value == 2
+  assert props['ray_address'].string_value == cluster.address
   placement = json.loads(props['ray_placement'].string_value)
-  assert sorted(labels[where['node_id']] for where in placement.values()) == (
-      list(NODES)), placement
-  with open(os.path.join(model_run.uri, 'distribution_decision.json')) as f:
-    assert json.load(f)['placement'] == placement
-  logs = os.path.join(model_run.uri, 'cluster_logs', 'attempt-0')
-  assert sorted(os.listdir(logs)) == ['worker-0.log', 'worker-1.log']
+  workers = props['num_replicas'].int_value
+  assert f'Ray cluster of {workers} nodes' in props[
+      'strategy_reason'].string_value
+  assert workers >= 2 and sorted(placement) == [
+      f'worker-{i}' for i in range(workers)], placement
+  # One worker per host, each at its host's address.
+  ips = [where['node_ip'] for where in placement.values()]
+  host_ips = {host.address for host in cluster.hosts.values()}
+  assert len(set(ips)) == workers and set(ips) <= host_ips, placement
+  assert storage.read_json(os.path.join(
+      model_run.uri, 'distribution_decision.json'))['placement'] == placement
+  logs = tf.io.gfile.listdir(
+      os.path.join(model_run.uri, 'cluster_logs', 'attempt-0'))
+  assert sorted(logs) == [f'worker-{i}.log' for i in range(workers)]
+  assert not _training_processes(cluster)
 
 
 @pytest.mark.slow

@@ -123,8 +123,14 @@ def disconnect() -> None:
     _sigterm_before_ray = None
 
 
-def alive_nodes() -> List[Dict[str, Any]]:
-  return [node for node in ray.nodes() if node['Alive']]
+def task_nodes(resources: Dict[str, float]) -> List[Dict[str, Any]]:
+  """The alive nodes with room, when idle, for one task of `resources`
+  (DistributionConfig.ray_task_resources): a head that schedules no tasks
+  (num-cpus 0, as in kubeflow/raycluster.yaml) is not one."""
+  task_bundle = ray_placement.bundle(resources)
+  return [node for node in ray.nodes() if node['Alive'] and all(
+      node['Resources'].get(key, 0) >= value
+      for key, value in task_bundle.items())]
 
 
 def node_ips() -> Dict[str, str]:

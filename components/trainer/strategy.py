@@ -55,14 +55,14 @@ def detect_environment(config: DistributionConfig,
   TF_CONFIG only counts for launcher `in_process`: with `local` the launcher
   builds its own localhost cluster from num_workers / num_ps. With `ray` the
   Ray cluster is contacted (the first place an unreachable address fails)
-  and its nodes counted.
+  and its nodes that can hold a task counted.
   """
   tf_config = tf_config_from_env() if config.launcher == 'in_process' else {}
   ray_nodes = 0
   if config.launcher == 'ray':
     from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
     ray_launcher.connect(config.ray_address)
-    ray_nodes = len(ray_launcher.alive_nodes())
+    ray_nodes = len(ray_launcher.task_nodes(config.ray_task_resources()))
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # Listing physical devices does not initialize the runtime, so logical
   # devices can still be configured afterwards.
