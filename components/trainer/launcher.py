@@ -129,7 +129,15 @@ class LocalAttempt:
     return os.path.join(self._dir, f'{name}.log')
 
   def poll(self, wait_s: float) -> List[supervisor.TaskStatus]:
-    time.sleep(wait_s)
+    """The tasks' states after up to `wait_s`: sooner when the first running
+    one exits (a one-process job's end is seen at once, not up to a poll
+    later)."""
+    running = [r for r in self.running if r.popen.poll() is None]
+    if running:
+      try:
+        running[0].popen.wait(timeout=wait_s)
+      except subprocess.TimeoutExpired:
+        pass
     return [r.status() for r in self.running]
 
   def pass_on_notice(self) -> None:

@@ -211,5 +211,23 @@ def main(argv=None) -> int:
   return preemption.exit_code(result)
 
 
+def finish(code: int) -> None:
+  """Exits with `code`.
+
+  A process alone in its cluster skips Python's and TensorFlow's teardown
+  (module finalizers, thread pools), which took 0.8 s of every run here and
+  writes nothing: its files are closed and its logs are flushed first. A
+  process of a larger cluster exits normally, as TensorFlow's shutdown at
+  exit is where its tasks leave the coordination service together.
+  """
+  cluster = strategy_lib.tf_config_from_env().get('cluster', {})
+  if sum(len(tasks) for tasks in cluster.values()) > 1:
+    sys.exit(code)
+  std_logging.shutdown()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
+
+
 if __name__ == '__main__':
-  sys.exit(main())
+  finish(main())

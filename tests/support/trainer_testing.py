@@ -331,4 +331,5 @@ def main(task_path: str) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main(sys.argv[1]))
+  from components.trainer import task_process  # pylint: disable=g-import-not-at-top
+  task_process.finish(main(sys.argv[1]))
