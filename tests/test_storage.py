@@ -592,11 +592,10 @@ def test_transform_executor_runs_with_only_the_stock_exec_properties(
       == {'id', 'x', 'label'}
 
 
-def test_a_rewritten_ram_file_is_never_missing_to_a_reader():
-  """TF's ram:// appends on rewrite; replacing the file must still leave a
-  reader the old or the new content, never nothing (a lease read as free)."""
-  path = f'ram://hpm-{uuid.uuid4().hex}/lease.json'
-  storage.write_json(path, {'beat': 0}, True)
+def _read_while_rewritten(path, values, atomic):
+  """Writes each of `values` to `path` in turn while a thread reads it as
+  JSON; what the reader saw."""
+  storage.write_json(path, values[0], atomic)
   seen, stop = [], threading.Event()
 
   def read():
@@ -606,11 +605,19 @@ def test_a_rewritten_ram_file_is_never_missing_to_a_reader():
   reader = threading.Thread(target=read)
   reader.start()
   try:
-    for beat in range(1, 300):
-      storage.write_json(path, {'beat': beat}, True)
+    for value in values[1:]:
+      storage.write_json(path, value, atomic)
   finally:
     stop.set()
     reader.join()
+  return seen
+
+
+def test_a_rewritten_ram_file_is_never_missing_to_a_reader():
+  """TF's ram:// appends on rewrite; replacing the file must still leave a
+  reader the old or the new content, never nothing (a lease read as free)."""
+  path = f'ram://hpm-{uuid.uuid4().hex}/lease.json'
+  seen = _read_while_rewritten(path, [{'beat': b} for b in range(300)], True)
   assert seen and None not in seen
   assert storage.read_json(path) == {'beat': 299}
 
@@ -621,21 +628,8 @@ def test_a_record_rewritten_longer_on_gcs_is_read_whole(gcs_bucket):
   (a relaunch's restore): every read is one version, whole, never the new
   one cut to the old length (GFile.read() asked the size first)."""
   path = f'{gcs_bucket}/torn-{uuid.uuid4().hex}/events.json'
-  storage.write_json(path, [0])
-  seen, stop = [], threading.Event()
-
-  def read():
-    while not stop.is_set():
-      seen.append(storage.read_json(path))
-
-  reader = threading.Thread(target=read)
-  reader.start()
-  try:
-    for count in range(2, 80):
-      storage.write_json(path, list(range(count)))
-  finally:
-    stop.set()
-    reader.join()
+  seen = _read_while_rewritten(
+      path, [list(range(count)) for count in range(1, 80)], False)
   assert len(seen) > 20
   assert all(events == list(range(len(events))) for events in seen)
   assert storage.read_json(path) == list(range(79))
