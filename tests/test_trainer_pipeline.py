@@ -154,6 +154,9 @@ def test_in_process_launcher_trains_in_the_executor(shared_taxi_root,
   assert model_run.custom_properties['seed'].int_value == 11
   assert model_run.custom_properties['deterministic'].int_value == 0
   assert (result['seed'], result['deterministic']) == (11, False)
+  # The process is the pipeline's: its op pool is not the Trainer's to set.
+  assert result['intra_op_threads']['threads'] == 0
+  assert "'in_process'" in result['intra_op_threads']['reason']
   assert 'launch' not in result
   assert not os.path.exists(os.path.join(model_run.uri, 'cluster_logs'))
 

@@ -46,15 +46,24 @@ def choose(value: Union[int, str], cores: int, has_gpu: bool):
                    'the rest for the input pipeline')
 
 
-def configure(value: Union[int, str]) -> Dict[str, Any]:
+def configure(value: Union[int, str],
+              shared_process: bool = False) -> Dict[str, Any]:
   """Sets the pool before TensorFlow runs; returns what was chosen and why.
 
-  Where the runtime already started in this process (launcher `in_process`
-  inside a pipeline run), 'auto' leaves the pool as it is and says so; an
-  explicit count is an error naming what to change.
+  In a `shared_process` (launcher `in_process`: the executor's, where the
+  pipeline's other components run too) 'auto' leaves the pool alone: the
+  pool is the whole process's, and a Transform or Evaluator after the
+  Trainer would run on it (a Transform's float analyzers then sum in
+  another order than the stock one's). Where the runtime already started,
+  'auto' leaves the pool as it is and says so; an explicit count is an
+  error naming what to change.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   cores = usable_cores()
+  if shared_process and value == AUTO:
+    return {'threads': 0, 'usable_cores': cores,
+            'reason': "launcher 'in_process': the process is the pipeline's, "
+                      "TensorFlow's pool is left as it is"}
   threads, reason = choose(value, cores, bool(
       tf.config.list_physical_devices('GPU')))
   current = tf.config.threading.get_intra_op_parallelism_threads()

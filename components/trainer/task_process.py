@@ -110,8 +110,10 @@ def seed_process(config: DistributionConfig) -> None:
     tf.config.experimental.enable_op_determinism()
 
 
-def train(task: TrainingTask) -> Dict[str, Any]:
-  """Trains as this process's part of the task; returns the result dict."""
+def train(task: TrainingTask, shared_process: bool = False
+         ) -> Dict[str, Any]:
+  """Trains as this process's part of the task; returns the result dict.
+  `shared_process`: this is the executor's process (launcher in_process)."""
   began = time.monotonic()
   config = DistributionConfig.from_dict(task.distribution)
   logical_cpus = config.logical_cpu_devices
@@ -122,7 +124,7 @@ def train(task: TrainingTask) -> Dict[str, Any]:
     logical_cpus = max(logical_cpus or 1, partition_plan.read(
         task.partition_plan_uri).num_devices)
   strategy_lib.configure_logical_cpus(logical_cpus)
-  threads = cpu_threads.configure(config.intra_op_threads)
+  threads = cpu_threads.configure(config.intra_op_threads, shared_process)
   seed_process(config)
   strategy = strategy_lib.make_strategy(config.strategy, config)
   tf_config = strategy_lib.tf_config_from_env()
@@ -170,7 +172,7 @@ def run_in_process(task: TrainingTask) -> Dict[str, Any]:
   if (task.distribution['strategy'] == 'parameter_server' and
       task_type in ('ps', 'worker')):
     run_server()
-  return train(task)
+  return train(task, shared_process=True)
 
 
 def log_at_info() -> None:
