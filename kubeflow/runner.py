@@ -124,9 +124,7 @@ def resources_from_args(args: argparse.Namespace):
 
 
 def with_ray_address(distribution: Dict, address: str, stock: bool) -> Dict:
-  """The distribution config with launcher 'ray' at `address`, validated."""
-  # pylint: disable-next=g-import-not-at-top
-  from components.trainer.config import DistributionConfig
+  """The distribution config with launcher 'ray' at `address`."""
   if stock:
     raise ValueError('--ray-address is a HighPerfTrainer setting; --stock '
                      'uses the stock Trainer.')
@@ -136,9 +134,7 @@ def with_ray_address(distribution: Dict, address: str, stock: bool) -> Dict:
   if distribution.get('launcher', 'ray') != 'ray':
     raise ValueError(f'--ray-address needs launcher \'ray\', but --distribution '
                      f"sets launcher={distribution['launcher']!r}.")
-  distribution = {**distribution, 'launcher': 'ray', 'ray_address': address}
-  DistributionConfig.from_dict(distribution)
-  return distribution
+  return {**distribution, 'launcher': 'ray', 'ray_address': address}
 
 
 def log_path(output: str) -> str:
@@ -161,7 +157,7 @@ def main(argv=None, quiet_console: bool = False) -> int:
     if args.ray_address is not None:
       distribution = with_ray_address(distribution, args.ray_address,
                                       args.stock)
-    elif not args.stock:
+    if not args.stock:
       # What HighPerfTrainer's construction checks, before the TFX import.
       # pylint: disable-next=g-import-not-at-top
       from components.trainer.config import DistributionConfig
