@@ -82,12 +82,11 @@ def start_moved(upstream: str, destination: str, metadata_dir: str) -> None:
   for artifact in moved:
     source = artifact.uri
     artifact.uri = f'{destination}/{os.path.relpath(source, upstream)}'
-    files = ([(source, artifact.uri)] if os.path.isfile(source) else
-             [(os.path.join(folder, name), '/'.join(
-                 [artifact.uri, os.path.relpath(folder, source), name]
-             ).replace('/./', '/'))
+    files = ([source] if os.path.isfile(source) else
+             [os.path.join(folder, name)
               for folder, _, names in os.walk(source) for name in names])
-    for local, remote in files:
+    for local in files:
+      remote = f'{destination}/{os.path.relpath(local, upstream)}'
       # As is: by default Beam compresses what a .gz name is written to.
       with open(local, 'rb') as f, FileSystems.create(
           remote, compression_type=CompressionTypes.UNCOMPRESSED) as out:
