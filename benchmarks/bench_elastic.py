@@ -4,7 +4,9 @@ a spare host (elastic).
     python -m benchmarks.bench_elastic
 
 Three test hosts (tests/support/netns_hosts.py: network namespaces, each
-its own address) run a Ray node each, the head on the driver side. The same
+its own address) run a Ray node each, the head at the bridge's address; data,
+checkpoints and outputs are on gs:// (a GCS emulator, relayed on the bridge,
+tests/support/gcs_emulator.py), as across real hosts. The same
 MultiWorkerMirrored training (2 workers through the Ray launcher, SPREAD, the
 id-recording model of tests/support/id_recording_module.py, which logs the
 example ids of every step) runs:
@@ -35,10 +37,15 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from typing import Any, Callable, Dict, List
+
+import portpicker
+import tensorflow as tf
 
 from benchmarks import report
 from components.trainer import ray_launcher
+from tests.support import gcs_emulator
 from tests.support import netns_hosts
 from tests.support import ray_cluster
 from tests.support import trainer_testing as tt
@@ -57,12 +64,13 @@ RECOVERY_GOAL_S = 30.0
 TIMEOUT_S = 900
 
 
-def _task(root: str, data: Dict[str, str], elastic: bool):
+def _task(root: str, data: Dict[str, str], elastic: bool, id_log: str):
+  """The training, its outputs under `root` (gs://), its id log local."""
   task = tt.make_task(
       root, data, strategy='multi_worker_mirrored', num_workers=WORKERS,
       train_steps=TRAIN_STEPS, per_replica_batch_size=BATCH, eval_steps=1,
       fault_tolerance={'save_every_steps': SAVE_EVERY, 'max_restarts': 2},
-      hparams={'step_sleep_seconds': STEP_SLEEP_S})
+      hparams={'step_sleep_seconds': STEP_SLEEP_S}, id_log=id_log)
   task.distribution = {**task.distribution, 'launcher': 'ray',
                        **({'min_workers': 1} if elastic else {})}
   return task
@@ -99,7 +107,7 @@ class _Watcher:
     self._thread.join()
 
 
-def _launch(task, root: str, act=lambda records: False) -> Dict[str, Any]:
+def _launch(task, logs: str, act=lambda records: False) -> Dict[str, Any]:
   argv = [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
           ray_launcher.TASK_FILE]
   elastic = 'min_workers' in task.distribution
@@ -107,7 +115,7 @@ def _launch(task, root: str, act=lambda records: False) -> Dict[str, Any]:
   with _Watcher(task, act) as watcher:
     launch = ray_launcher.run_on_ray(
         'multi_worker_mirrored', WORKERS, 0, lambda role: argv,
-        task.to_json(), os.path.join(root, 'logs'),
+        task.to_json(), logs,
         placement_strategy='SPREAD',
         resources={'cpus': 1, 'gpus': 0, 'memory_mb': 0}, local_paths={},
         timeout_s=TIMEOUT_S, max_restarts=2,
@@ -154,15 +162,35 @@ def _first_step_after(run, attempt: int, attempt_of) -> float:
              if attempt_of.get(pid) == attempt)
 
 
-def measure(work: str, cluster) -> Dict[str, Dict[str, Any]]:
-  """The four runs, one after the other, on one Ray cluster."""
-  data = tt.write_id_dataset(os.path.join(work, 'ids'), EXAMPLES)
+def _gcs_data(work: str, bucket: str) -> Dict[str, str]:
+  """The id dataset, written here and copied to `bucket`."""
+  local = tt.write_id_dataset(os.path.join(work, 'ids'), EXAMPLES)
+  directory = f'{bucket}/ids'
+  tf.io.gfile.makedirs(directory)
+  for path in tf.io.gfile.glob(local['pattern']) + [local['schema_path']]:
+    tf.io.gfile.copy(path, f'{directory}/{os.path.basename(path)}')
+  return {key: f'{directory}/{os.path.basename(path)}'
+          for key, path in local.items()}
+
+
+def measure(work: str, bucket: str, cluster) -> Dict[str, Dict[str, Any]]:
+  """The four runs, one after the other, on one Ray cluster; outputs in
+  `bucket`, logs and id logs under `work`."""
+  data = _gcs_data(work, bucket)
   rng = random.Random(SEED)
   runs = {}
+
+  def run(name, elastic, act=lambda records: False):
+    folder = name.replace(', ', '-').replace(' ', '-')
+    local = os.path.join(work, folder)
+    os.makedirs(local)
+    task = _task(f'{bucket}/{folder}', data, elastic,
+                 os.path.join(local, 'ids.jsonl'))
+    return _launch(task, os.path.join(local, 'logs'), act)
+
   for name, elastic in (('uninterrupted', False),
                         ('uninterrupted, elastic', True)):
-    root = os.path.join(work, name.replace(', ', '-'))
-    runs[name] = _launch(_task(root, data, elastic), root)
+    runs[name] = run(name, elastic)
     print(f'[bench_elastic] {name}: {runs[name]["wall_s"]:.1f} s', flush=True)
 
   def killer(kill_step, faults, then=None):
@@ -186,10 +214,9 @@ def measure(work: str, cluster) -> Dict[str, Dict[str, Any]]:
     faults['back_at'] = time.time()
 
   # Spare host: relaunched at full size.
-  root = os.path.join(work, 'spare')
   faults = {}
-  runs['spare host'] = _launch(_task(root, data, False), root,
-                               killer(rng.randrange(*KILL_STEPS), faults))
+  runs['spare host'] = run('spare host', False,
+                           killer(rng.randrange(*KILL_STEPS), faults))
   runs['spare host']['faults'] = faults
   back_on_its_host(faults)
   print(f'[bench_elastic] spare host: {runs["spare host"]["wall_s"]:.1f} s',
@@ -197,7 +224,6 @@ def measure(work: str, cluster) -> Dict[str, Dict[str, Any]]:
 
   # No spare host: the third host's CPU is held.
   live = sorted(set(ray_cluster.node_labels().values()))
-  root = os.path.join(work, 'elastic')
   faults = {}
 
   def return_after_some_steps(records):
@@ -208,8 +234,8 @@ def measure(work: str, cluster) -> Dict[str, Dict[str, Any]]:
     return True
 
   with ray_cluster.holding_cpus(live[-1:]):
-    runs['no spare host, elastic'] = _launch(
-        _task(root, data, True), root,
+    runs['no spare host, elastic'] = run(
+        'no spare host, elastic', True,
         killer(rng.randrange(*KILL_STEPS), faults, return_after_some_steps))
   runs['no spare host, elastic']['faults'] = faults
   print('[bench_elastic] no spare host: '
@@ -249,13 +275,21 @@ def main(results_dir: str = 'benchmarks/results') -> str:
   reason = netns_hosts.unavailable_reason()
   if reason:
     sys.exit(f'bench_elastic needs test hosts: {reason}')
-  env = tt.child_env()
-  os.environ.update(env)
   with tempfile.TemporaryDirectory(prefix='bench-elastic-') as work:
-    with netns_hosts.netns_hosts(3) as hosts:
-      with ray_cluster.local_ray_cluster(work, env, hosts=hosts) as cluster:
+    emulator = gcs_emulator.GcsEmulator(portpicker.pick_unused_port(),
+                                        log_dir=work)
+    try:
+      # gs:// in this process too (the data's copy, the roots' folders).
+      os.environ.update(tt.child_env(),
+                        **gcs_emulator.environment(emulator.port))
+      bucket = emulator.create_bucket(f'bench-elastic-{uuid.uuid4().hex[:8]}')
+      with netns_hosts.netns_hosts(3) as hosts, emulator.reachable_at(
+          hosts.bridge_address) as gcs_env, ray_cluster.local_ray_cluster(
+              work, {**tt.child_env(), **gcs_env}, hosts=hosts) as cluster:
         with ray_cluster.connected(cluster):
-          runs = measure(work, cluster)
+          runs = measure(work, bucket, cluster)
+    finally:
+      emulator.stop()
   summaries = {name: _summary(name, runs) for name in runs}
   rows = [_row(name, runs[name], summaries[name]) for name in runs]
   recoveries = [s for summary in summaries.values()

@@ -1,8 +1,8 @@
 """The test hosts (tests/support/netns_hosts.py): real namespaces, real links.
 
-Each host reaches the others and the driver side on its own address, reaches
-nothing beyond the subnet, is cut off while its link is down and back when it
-is up, and dies with every process in it; nothing is left after the block,
+Each host (the driver's too) reaches the others and the bridge on its own
+address, reaches nothing beyond the subnet, is cut off while its link is down
+and back when it is up, and dies with every process in it; nothing is left after the block,
 and hosts a killed run left behind are removed by the next one.
 """
 
@@ -53,9 +53,12 @@ def test_hosts_reach_each_other_only_and_die_whole():
   here = lambda argv: argv  # pylint: disable=unnecessary-lambda-assignment
   with netns_hosts.netns_hosts(2) as hosts:
     a, b = hosts.hosts
-    assert len({a.address, b.address, hosts.driver_address}) == 3
+    driver = hosts.driver
+    assert len({a.address, b.address, driver.address,
+                hosts.bridge_address}) == 4
     server = _listen(b)
     assert _connect(a.argv, b.address) == 'ok'
+    assert _connect(driver.argv, b.address) == 'ok'
     assert _connect(here, b.address) == 'ok'
     # No route beyond the subnet: a host knows only its link's.
     routes = a.run([netns_hosts.IP, 'route', 'show'], capture_output=True,
@@ -74,7 +77,7 @@ def test_hosts_reach_each_other_only_and_die_whole():
     assert server.pid in b.kill_all()
     assert server.wait(timeout=10) == -signal.SIGKILL and not b.pids()
     survivor = _listen(a)
-    names = {a.name, b.name}
+    names = {a.name, b.name, driver.name}
     assert names <= _names()
   assert survivor.wait(timeout=10) == -signal.SIGKILL
   assert not names & _names()

@@ -1,13 +1,15 @@
 """Test hosts: Linux network namespaces with their own addresses, on a bridge.
 
-`netns_hosts(count)` makes `count` hosts for one test run:
+`netns_hosts(count)` makes `count` hosts for one test run, plus one more
+for a driver that is on no Ray node (a Kubeflow pod's executor, connecting
+with ray://):
 - each is a network namespace (`ip netns`) with its own loopback and one
   interface, `eth0`, whose address is on a private /24 picked at random
   among those no route of this machine covers;
 - every `eth0` is one end of a veth pair whose other end is plugged into a
   bridge in this (the root) namespace; the bridge holds the subnet's first
-  address: the driver side, where pytest, the Ray head and the GCS emulator
-  run (a running process cannot move into a namespace);
+  address, where pytest (an in-process driver: a running process cannot
+  move into a namespace), the Ray head and the GCS emulator run;
 - no host has a default route and this namespace does not forward
   (`net.ipv4.ip_forward` is left alone), so their traffic stays between the
   addresses of this subnet.
@@ -151,10 +153,11 @@ class Host:
 
 @dataclasses.dataclass
 class Hosts:
-  """The hosts, their bridge and the driver side's address on it."""
+  """The hosts, the driver's host, their bridge and its address."""
   hosts: List[Host]
+  driver: Host
   bridge: str
-  driver_address: str
+  bridge_address: str
   subnet: str
 
 
@@ -177,7 +180,8 @@ def remove_orphans() -> None:
 
 @contextlib.contextmanager
 def netns_hosts(count: int) -> Iterator[Hosts]:
-  """Yields `count` hosts on a new bridge; removes everything on exit."""
+  """Yields `count` hosts and the driver's on a new bridge; removes
+  everything on exit."""
   remove_orphans()
   tag = uuid.uuid4().hex[:6]
   subnet = _free_subnet()
@@ -188,7 +192,7 @@ def netns_hosts(count: int) -> Iterator[Hosts]:
     _ip('link', 'add', bridge, 'type', 'bridge')
     _ip('addr', 'add', f'{addresses[0]}/{subnet.prefixlen}', 'dev', bridge)
     _ip('link', 'set', bridge, 'up')
-    for i in range(count):
+    for i in range(count + 1):
       host = Host(f'hpm{os.getpid()}-{tag}-{i}', str(addresses[i + 1]),
                   f'hpmv{tag}{i}')
       peer = f'hpmp{tag}{i}'
@@ -202,6 +206,7 @@ def netns_hosts(count: int) -> Iterator[Hosts]:
           f'{host.address}/{subnet.prefixlen}', 'dev', 'eth0')
       _ip('-n', host.name, 'link', 'set', 'eth0', 'up')
       _ip('-n', host.name, 'link', 'set', 'lo', 'up')
-    yield Hosts(hosts, bridge, str(addresses[0]), str(subnet))
+    yield Hosts(hosts[:count], hosts[count], bridge, str(addresses[0]),
+                str(subnet))
   finally:
     _remove([host.name for host in hosts], bridge)

@@ -6,11 +6,11 @@ second node, each in its own process with 1 CPU and its own custom resource
 ended by its pid on exit (the `ray start --block` processes, then whatever
 still names the temp dir).
 
-On test hosts (`hosts=`, tests/support/netns_hosts.py): the head runs on the
-driver side (the bridge's address, no CPUs: training never lands there, as
-on a cluster's head pod) and each HOST_RESOURCES node on its own host, with
-its own address and temp dir; a host's death (`Host.kill_all`) takes its
-raylet and every worker with it. The nodes keep the proxy that `env` names
+On test hosts (`hosts=`, tests/support/netns_hosts.py): the head runs at the
+bridge's address (no CPUs: training never lands there, as on a cluster's
+head pod), the driver's host runs no node, and each HOST_RESOURCES node runs
+on its own host, with its own address and temp dir; a host's death
+(`Host.kill_all`) takes its raylet and every worker with it. The nodes keep the proxy that `env` names
 (gs:// through the GCS emulator, GcsEmulator.reachable_at); on localhost they
 get none (nothing there uses gs://).
 """
@@ -160,8 +160,12 @@ class LocalRayCluster:
   temp_dir: str
   # The nodes' addresses, which the tests' proxy settings must bypass.
   node_ips: List[str]
+  # What the nodes' processes get; a driver process of the test's, too.
+  env: Dict[str, str]
   # On test hosts: each node's label -> its host.
   hosts: Dict[str, netns_hosts.Host] = dataclasses.field(default_factory=dict)
+  # On test hosts: the host of a driver on no Ray node.
+  driver: Optional[netns_hosts.Host] = None
   # Starts the Ray node `label` again on its host.
   _start_node: Optional[Callable[[str], None]] = dataclasses.field(
       default=None, repr=False)
@@ -192,10 +196,11 @@ def local_ray_cluster(log_dir: str, env: Dict[str, str],
                       hosts: Optional[netns_hosts.Hosts] = None
                       ) -> Iterator[LocalRayCluster]:
   """Yields the running cluster; the nodes' processes get `env`. With
-  `hosts`, the head on the driver side and each node on its own host."""
+  `hosts`, the head at the bridge's address and each node on its own
+  host."""
   # Short: Ray's sockets live under it (AF_UNIX paths are limited).
   temp_dir = tempfile.mkdtemp(prefix='ray-', dir='/tmp')
-  head_ip = hosts.driver_address if hosts else '127.0.0.1'
+  head_ip = hosts.bridge_address if hosts else '127.0.0.1'
   env = {k: v for k, v in env.items() if k != 'RAY_ADDRESS'}
   if hosts:
     # gs:// through the proxy `env` names (the GCS emulator, relayed on the
@@ -254,7 +259,8 @@ def local_ray_cluster(log_dir: str, env: Dict[str, str],
         _wait_for_label(address, label, processes[-1], env)
 
     yield LocalRayCluster(address, f'ray://{head_ip}:{client_port}',
-                          temp_dir, node_ips, by_label, restart)
+                          temp_dir, node_ips, env, by_label,
+                          hosts.driver if hosts else None, restart)
   finally:
     for process in reversed(processes):
       if process.poll() is None:
