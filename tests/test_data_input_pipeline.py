@@ -9,6 +9,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -32,6 +33,15 @@ def _ids(dataset, limit=None):
   """Per-batch lists of ids of a (features, label) dataset."""
   return [list(features['id'].numpy())
           for features, _ in dataset.take(limit or -1)]
+
+
+def _raised(call):
+  """What `call()` raised, or None."""
+  try:
+    call()
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+  return None
 
 
 def _flat(batches):
@@ -202,6 +212,37 @@ def test_input_pipelines_read_disjoint_shares(tmp_path, num_files, pipelines):
     shares.append(set(_flat(batches)))
   assert sum(len(share) for share in shares) == NUM_EXAMPLES  # Disjoint.
   assert set().union(*shares) == set(range(NUM_EXAMPLES))
+
+
+@pytest.mark.parametrize('num_examples,pipelines', [(0, 1), (20, 3)])
+def test_a_pipeline_without_rows_fails_instead_of_looping(
+    tmp_path, num_examples, pipelines):
+  """An empty split, or a split too small for the last of 3 pipelines
+  (batches of 16 rows sharded: 16, 4, none), names what it lacks instead
+  of looping over empty epochs for ever; the others train on."""
+  patterns = transform_data.write_split(str(tmp_path), num_examples, 1)
+
+  def dataset(pipeline_id):
+    context = tf.distribute.InputContext(
+        num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
+        num_replicas_in_sync=pipelines)
+    return iter(input_pipeline.build_dataset(
+        patterns, transform_data.FEATURE_SPEC, 'label', 16 * pipelines,
+        input_context=context))
+
+  for pipeline_id in range(pipelines - 1):  # Epochs of 16 and 4 rows.
+    batches = dataset(pipeline_id)
+    assert all(len(next(batches)[0]['id']) == 16 for _ in range(3))
+  outcome = []
+  # In a thread: the loop it replaces never returns.
+  thread = threading.Thread(target=lambda: outcome.append(
+      _raised(lambda: next(dataset(pipelines - 1)))), daemon=True)
+  thread.start()
+  thread.join(timeout=120)
+  assert outcome, 'next() still running: empty epochs looping'
+  assert isinstance(outcome[0], tf.errors.InvalidArgumentError), outcome
+  assert (f'No examples in {patterns[0]} for input pipeline {pipelines - 1} of '
+          f'{pipelines}') in outcome[0].message
 
 
 def test_global_order_is_the_same_rows_at_every_pipeline_count(

@@ -173,6 +173,18 @@ def shuffle_windows(dataset: tf.data.Dataset, window_size: int,
 _FOREVER = 2**62  # Epochs of `num_epochs=None`.
 
 
+def rows_or_error(batches: tf.data.Dataset, message: str) -> tf.data.Dataset:
+  """One element once `batches` (of records, never empty) yields one, or
+  an InvalidArgumentError saying `message` if it yields none: a pipeline
+  with no rows would otherwise loop over empty epochs for ever."""
+  def check(has_rows):
+    with tf.control_dependencies([tf.debugging.Assert(has_rows, [message])]):
+      return tf.identity(has_rows)
+
+  return batches.take(1).map(lambda *_: tf.constant(True)).concatenate(
+      tf.data.Dataset.from_tensors(tf.constant(False))).take(1).map(check)
+
+
 def _epoch_seed(seed, epoch) -> tf.Tensor:
   """One seed per (seed, epoch); `seed` may be a tensor (a clock seed)."""
   return tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64)
@@ -352,8 +364,16 @@ def build_dataset(file_patterns: List[str],
   last_epoch = num_epochs if num_epochs is not None else _FOREVER
   dataset = tf.data.Dataset.range(first_epoch, last_epoch)
   dataset = drop_rows(dataset.take(1).flat_map(epoch_rows), first_row)
-  dataset = dataset.concatenate(
-      tf.data.Dataset.range(first_epoch + 1, last_epoch).flat_map(epoch_rows))
+  epochs_after_first = tf.data.Dataset.range(first_epoch + 1, last_epoch)
+  later_epochs = epochs_after_first
+  if not skip_batches and last_epoch > first_epoch + 1:
+    # Checked once, from one read batch, when the first epoch has ended
+    # (with skip_batches the count above checked it).
+    later_epochs = rows_or_error(serialized(names), (
+        f'No examples in {", ".join(file_patterns)} for input pipeline '
+        f'{pipeline_id} of {num_pipelines} (its share of {len(files)} '
+        'file(s)): every epoch would be empty.')).flat_map(lambda _: epochs_after_first)
+  dataset = dataset.concatenate(later_epochs.flat_map(epoch_rows))
   dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
   if global_order and num_pipelines > 1:
     dataset = dataset.shard(num_pipelines, pipeline_id)
