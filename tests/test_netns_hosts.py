@@ -2,8 +2,9 @@
 
 Each host (the driver's too) reaches the others and the bridge on its own
 address, reaches nothing beyond the subnet, is cut off while its link is down
-and back when it is up, and dies with every process in it; nothing is left after the block,
-and hosts a killed run left behind are removed by the next one.
+and back when it is up, and dies with every process in it; nothing is left
+after the block, and hosts a killed run left behind are removed by the next
+one.
 """
 
 import os

@@ -323,3 +323,26 @@ def test_seed_and_determinism_are_recorded_on_model_run(tmp_path):
       'requested', strategy_lib.Environment())
   assert not unseeded.has_custom_property('seed')
   assert unseeded.get_int_custom_property('deterministic') == 0
+
+
+def test_a_result_without_a_loss_is_stored_in_mlmd(tmp_path):
+  """An attempt resumed at the last step trains none: its loss is NaN,
+  which MLMD's SQLite refuses (the run failed); the other numbers go in."""
+  # pylint: disable-next=g-import-not-at-top
+  from ml_metadata.metadata_store import metadata_store
+  from ml_metadata.proto import metadata_store_pb2  # pylint: disable=g-import-not-at-top
+  model_run = standard_artifacts.ModelRun()
+  model_run.uri = str(tmp_path)
+  model_run_lib.record_result(model_run, {
+      'num_replicas': 1, 'train_steps': 1500, 'train_loss': float('nan'),
+      'examples_per_sec': 0.0, 'train_wall_s': 1.5, 'mode': 'managed'})
+  config = metadata_store_pb2.ConnectionConfig()
+  config.sqlite.filename_uri = str(tmp_path / 'metadata.db')
+  store = metadata_store.MetadataStore(config)
+  artifact = model_run.mlmd_artifact
+  artifact.type_id = store.put_artifact_type(model_run.artifact_type)
+  [artifact_id] = store.put_artifacts([artifact])
+  [stored] = store.get_artifacts_by_id([artifact_id])
+  assert 'train_loss' not in stored.custom_properties
+  assert stored.custom_properties['train_wall_s'].double_value == 1.5
+  assert stored.custom_properties['train_steps'].int_value == 1500

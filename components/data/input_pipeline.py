@@ -369,10 +369,11 @@ def build_dataset(file_patterns: List[str],
   if not skip_batches and last_epoch > first_epoch + 1:
     # Checked once, from one read batch, when the first epoch has ended
     # (with skip_batches the count above checked it).
-    later_epochs = rows_or_error(serialized(names), (
-        f'No examples in {", ".join(file_patterns)} for input pipeline '
-        f'{pipeline_id} of {num_pipelines} (its share of {len(files)} '
-        'file(s)): every epoch would be empty.')).flat_map(lambda _: epochs_after_first)
+    message = (f'No examples in {", ".join(file_patterns)} for input '
+               f'pipeline {pipeline_id} of {num_pipelines} (its share of '
+               f'{len(files)} file(s)): every epoch would be empty.')
+    later_epochs = rows_or_error(serialized(names), message).flat_map(
+        lambda _: epochs_after_first)
   dataset = dataset.concatenate(later_epochs.flat_map(epoch_rows))
   dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
   if global_order and num_pipelines > 1:

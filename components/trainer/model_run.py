@@ -8,6 +8,7 @@ logs), the Ray placement, and the training result's key numbers.
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Dict
 
@@ -61,7 +62,10 @@ def record_result(model_run, result: Dict[str, Any]) -> None:
     if isinstance(result.get(key), int):
       model_run.set_int_custom_property(key, result[key])
   for key in ('examples_per_sec', 'train_loss', 'train_wall_s'):
-    if isinstance(result.get(key), (int, float)):
+    # Not NaN: an attempt that resumed at the last step trains none and has
+    # no loss, and MLMD's SQLite refuses NaN (its run would fail).
+    if isinstance(result.get(key), (int, float)) and math.isfinite(
+        result[key]):
       model_run.set_float_custom_property(key, float(result[key]))
   model_run.set_string_custom_property('training_mode', result['mode'])
   # Steps per call, and for 'auto' each measurement and its reason.

@@ -10,9 +10,10 @@ On test hosts (`hosts=`, tests/support/netns_hosts.py): the head runs at the
 bridge's address (no CPUs: training never lands there, as on a cluster's
 head pod), the driver's host runs no node, and each HOST_RESOURCES node runs
 on its own host, with its own address and temp dir; a host's death
-(`Host.kill_all`) takes its raylet and every worker with it. The nodes keep the proxy that `env` names
-(gs:// through the GCS emulator, GcsEmulator.reachable_at); on localhost they
-get none (nothing there uses gs://).
+(`Host.kill_all`) takes its raylet and every worker with it. The nodes keep
+the proxy that `env` names (gs:// through the GCS emulator,
+GcsEmulator.reachable_at); on localhost they get none (nothing there uses
+gs://).
 """
 
 import collections
