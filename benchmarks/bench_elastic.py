@@ -41,7 +41,6 @@ import uuid
 from typing import Any, Callable, Dict, List
 
 import portpicker
-import tensorflow as tf
 
 from benchmarks import report
 from components.trainer import ray_launcher
@@ -162,21 +161,11 @@ def _first_step_after(run, attempt: int, attempt_of) -> float:
              if attempt_of.get(pid) == attempt)
 
 
-def _gcs_data(work: str, bucket: str) -> Dict[str, str]:
-  """The id dataset, written here and copied to `bucket`."""
-  local = tt.write_id_dataset(os.path.join(work, 'ids'), EXAMPLES)
-  directory = f'{bucket}/ids'
-  tf.io.gfile.makedirs(directory)
-  for path in tf.io.gfile.glob(local['pattern']) + [local['schema_path']]:
-    tf.io.gfile.copy(path, f'{directory}/{os.path.basename(path)}')
-  return {key: f'{directory}/{os.path.basename(path)}'
-          for key, path in local.items()}
-
-
 def measure(work: str, bucket: str, cluster) -> Dict[str, Dict[str, Any]]:
   """The four runs, one after the other, on one Ray cluster; outputs in
   `bucket`, logs and id logs under `work`."""
-  data = _gcs_data(work, bucket)
+  data = tt.copy_dataset(
+      tt.write_id_dataset(os.path.join(work, 'ids'), EXAMPLES), f'{bucket}/ids')
   rng = random.Random(SEED)
   runs = {}
 

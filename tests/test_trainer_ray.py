@@ -198,12 +198,7 @@ def ray_hosts_cluster(tmp_path_factory, gcs_emulator_server):
 @pytest.fixture(scope='module')
 def gcs_data(gcs_bucket, data):
   """The `data` fixture's files, copied to gs://."""
-  directory = f'{gcs_bucket}/ray-hosts-data'
-  tf.io.gfile.makedirs(directory)
-  for path in tf.io.gfile.glob(data['pattern']) + [data['schema_path']]:
-    tf.io.gfile.copy(path, f'{directory}/{os.path.basename(path)}')
-  return {'pattern': f'{directory}/{os.path.basename(data["pattern"])}',
-          'schema_path': f'{directory}/{os.path.basename(data["schema_path"])}'}
+  return tt.copy_dataset(data, f'{gcs_bucket}/ray-hosts-data')
 
 
 @pytest.fixture

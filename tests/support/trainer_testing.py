@@ -67,6 +67,15 @@ def write_id_dataset(directory: str, num_examples: int, num_files: int = 2,
           'schema_path': schema_path}
 
 
+def copy_dataset(data: Dict[str, str], directory: str) -> Dict[str, str]:
+  """`data` (write_id_dataset's files) copied into `directory` (gs://)."""
+  tf.io.gfile.makedirs(directory)
+  for path in tf.io.gfile.glob(data['pattern']) + [data['schema_path']]:
+    tf.io.gfile.copy(path, f'{directory}/{os.path.basename(path)}')
+  return {key: f'{directory}/{os.path.basename(path)}'
+          for key, path in data.items()}
+
+
 def make_task(root: str, data: Dict[str, str], *, strategy: str = 'one_device',
               train_steps: int = 20, per_replica_batch_size: int = 4,
               accumulation: int = 1, logical_cpu_devices: int = 0,
