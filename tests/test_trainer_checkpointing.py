@@ -309,6 +309,25 @@ def test_progress_marker_records_the_latest_step(root):
   assert store.records.read_progress()['step'] == 49
 
 
+
+def test_progress_marker_close_ends_the_pause_between_writes(root):
+  """close() in the pause after a write writes the latest step and returns
+  at once: waiting the pause out made every run's end late (by up to a
+  second at the default)."""
+  store = CheckpointStore(root + '/fp', _State().checkpoint)
+  marker = records_lib.ProgressMarker(store.records,
+                                      min_interval_seconds=3600)
+  marker.update(1)
+  deadline = time.monotonic() + 30
+  while store.records.read_progress() is None and time.monotonic() < deadline:
+    time.sleep(0.01)
+  marker.update(2)
+  closer = threading.Thread(target=marker.close, daemon=True)
+  closer.start()
+  closer.join(60)
+  assert not closer.is_alive(), 'close() waited for the pause to end'
+  assert store.records.read_progress()['step'] == 2
+
 # --------------------------------------------------------- flaky storage
 
 

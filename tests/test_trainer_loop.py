@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from components.trainer import accumulation
 from components.trainer import call_size
+from components.trainer import evaluation
 from components.trainer.checkpoint import location as location_lib
 from components.trainer.checkpoint import records as records_lib
 from components.trainer import loop
@@ -93,6 +94,30 @@ def test_one_device_trains_evaluates_exports_and_reports(tmp_path, data):
       x=tf.zeros([3, 4]), id=tf.constant([1, 2, 3], tf.int64))
   assert list(outputs.values())[0].shape == (3, 1)
 
+
+
+def test_eval_in_one_call_matches_keras_evaluate(tmp_path):
+  """All eval steps run in one call (a tf.range loop): the same loss and
+  metrics as Keras' own evaluate over the same batches, and the metrics
+  summed over exactly `eval_steps` batches, not the whole split."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(40, 3)).astype(np.float32)
+  y = (x.sum(axis=1, keepdims=True) > 0).astype(np.float32)
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+  model = tf.keras.Sequential([tf.keras.layers.Dense(1, activation='sigmoid')])
+  model.compile(loss='binary_crossentropy', metrics=['binary_accuracy'])
+  model.build([None, 3])
+  strategy = tf.distribute.OneDeviceStrategy('/cpu:0')
+  ours = evaluation.evaluate(model, strategy, lambda _: dataset, 7,
+                             str(tmp_path), step=3)
+  keras = model.evaluate(dataset.take(7), return_dict=True, verbose=0)
+  assert ours.keys() == keras.keys() == {'loss', 'binary_accuracy'}
+  for name in ours:
+    assert ours[name] == pytest.approx(keras[name], rel=1e-6), name
+  whole = model.evaluate(dataset, return_dict=True, verbose=0)
+  assert ours['loss'] != pytest.approx(whole['loss'], rel=1e-6)
+  assert {'loss', 'binary_accuracy'} <= _summary_tags(
+      os.path.join(str(tmp_path), 'eval'))
 
 def test_delete_after_export_removes_the_checkpoints(tmp_path, data):
   task = tt.make_task(str(tmp_path), data, train_steps=3,

@@ -177,6 +177,7 @@ def rows_or_error(batches: tf.data.Dataset, message: str) -> tf.data.Dataset:
   """One element once `batches` (of records, never empty) yields one, or
   an InvalidArgumentError saying `message` if it yields none: a pipeline
   with no rows would otherwise loop over empty epochs for ever."""
+  @tf.autograph.experimental.do_not_convert
   def check(has_rows):
     with tf.control_dependencies([tf.debugging.Assert(has_rows, [message])]):
       return tf.identity(has_rows)
@@ -330,6 +331,10 @@ def build_dataset(file_patterns: List[str],
   # the same batches every epoch (so that every epoch has the same rows).
   shuffle_files = shuffle and cached is None and not shard_batches
 
+  # Not converted by autograph: its branches are on Python values, and
+  # converting it (with the readers it calls) took a quarter second a
+  # dataset.
+  @tf.autograph.experimental.do_not_convert
   def epoch_rows(epoch):
     """Epoch `epoch`'s rows (in chunks), a pure function of it and seed."""
     epoch_seed = _epoch_seed(seed, epoch)

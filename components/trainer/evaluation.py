@@ -28,10 +28,21 @@ def evaluate(model: tf.keras.Model, strategy: tf.distribute.Strategy,
   def eval_step(iterator):
     strategy.run(test_step, args=(next(iterator),))
 
+  @tf.function
+  def eval_loop(iterator, steps):
+    # One call for all the steps: a call per step cost more than the step.
+    for _ in tf.range(steps):
+      strategy.run(test_step, args=(next(iterator),))
+
   model.reset_metrics()
   with strategy.scope():
-    for _ in range(eval_steps):
-      eval_step(iterator)
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+      # The workers' calls stay single steps, as in training (multi-step
+      # calls of a multi-worker cluster hung reading gs://).
+      for _ in range(eval_steps):
+        eval_step(iterator)
+    else:
+      eval_loop(iterator, tf.constant(eval_steps, tf.int64))
   metrics = {name: float(value)
              for name, value in model.get_metrics_result().items()}
   if summary_dir:

@@ -19,33 +19,36 @@ def serving_signatures(model: tf.keras.Model,
                        tf_transform_output: tft.TFTransformOutput,
                        raw_label_key: Optional[str]) -> Dict[str, object]:
   """Returns `serving_default` and `transform_features` signatures."""
-  # The layers are tracked on the model so that tf.saved_model.save keeps
-  # their assets (vocabularies) and variables.
-  model.tft_layer_inference = tf_transform_output.transform_features_layer()
-  model.tft_layer_eval = tf_transform_output.transform_features_layer()
+  # The layer is tracked on the model so that tf.saved_model.save keeps its
+  # assets (vocabularies) and variables. Both signatures apply the same one:
+  # a second copy (as TFX's templates make) loaded the transform graph again.
+  model.tft_layer = tf_transform_output.transform_features_layer()
   raw_feature_spec = tf_transform_output.raw_feature_spec()
   serving_feature_spec = dict(raw_feature_spec)
   if raw_label_key:
     serving_feature_spec.pop(raw_label_key, None)
 
+  # No autograph: neither function has control flow on tensors, and
+  # converting the transform layer's and the model's Python took most of
+  # the export's time.
   @tf.function(input_signature=[
       tf.TensorSpec(shape=[None], dtype=tf.string, name='examples')
-  ])
+  ], autograph=False)
   def serve_tf_examples_fn(serialized_tf_examples):
     raw_features = tf.io.parse_example(serialized_tf_examples,
                                        serving_feature_spec)
-    transformed = model.tft_layer_inference(raw_features)
+    transformed = model.tft_layer(raw_features)
     model_inputs = {name: transformed[name] for name in model.input_names
                     if name in transformed}
     return {'outputs': model(model_inputs)}
 
   @tf.function(input_signature=[
       tf.TensorSpec(shape=[None], dtype=tf.string, name='examples')
-  ])
+  ], autograph=False)
   def transform_features_fn(serialized_tf_examples):
     raw_features = tf.io.parse_example(serialized_tf_examples,
                                        raw_feature_spec)
-    return model.tft_layer_eval(raw_features)
+    return model.tft_layer(raw_features)
 
   return {
       'serving_default': serve_tf_examples_fn,

@@ -94,7 +94,7 @@ class ProgressMarker:
     self._latest = None  # (step, details), replaced as one.
     self._written = None
     self._wake = threading.Event()
-    self._closing = False
+    self._closing = threading.Event()
     self._thread = threading.Thread(target=self._run, name='hpm-progress',
                                     daemon=True)
     self._thread.start()
@@ -129,7 +129,7 @@ class ProgressMarker:
       # Closing is read before the latest: every update made before close()
       # is then in `latest`, even one that came during a slow write (the
       # save's bare step, then the loop's details of that step).
-      closing = self._closing
+      closing = self._closing.is_set()
       latest = self._latest
       if latest is not None and latest != self._written:
         step, details = latest
@@ -140,10 +140,12 @@ class ProgressMarker:
           logging.warning('Could not record progress at step %d: %s', step, e)
       if closing:
         return
-      time.sleep(self._min_interval_seconds)
+      # The pause between writes ends early on close(): waiting it out
+      # made every run's end up to a second late.
+      self._closing.wait(self._min_interval_seconds)
 
   def close(self) -> None:
     """Writes the latest step and stops."""
-    self._closing = True
+    self._closing.set()
     self._wake.set()
     self._thread.join()
