@@ -18,6 +18,7 @@ import tensorflow as tf
 from components.trainer import accumulation
 from components.trainer import call_size
 from components.trainer import evaluation
+from components.trainer import export
 from components.trainer.checkpoint import location as location_lib
 from components.trainer.checkpoint import records as records_lib
 from components.trainer import loop
@@ -118,6 +119,74 @@ def test_eval_in_one_call_matches_keras_evaluate(tmp_path):
   assert ours['loss'] != pytest.approx(whole['loss'], rel=1e-6)
   assert {'loss', 'binary_accuracy'} <= _summary_tags(
       os.path.join(str(tmp_path), 'eval'))
+
+
+def _write_transform_graph(path: str) -> None:
+  """A real (tiny) TF Transform output: z-scored `x`, the label kept."""
+  # pylint: disable=g-import-not-at-top
+  import apache_beam as beam
+  import tensorflow_transform as tft
+  import tensorflow_transform.beam as tft_beam
+  from tensorflow_transform.tf_metadata import dataset_metadata
+  from tensorflow_transform.tf_metadata import metadata_io
+  from tensorflow_transform.tf_metadata import schema_utils
+  # pylint: enable=g-import-not-at-top
+  spec = {'x': tf.io.FixedLenFeature([], tf.float32),
+          'label': tf.io.FixedLenFeature([], tf.int64)}
+
+  def preprocessing_fn(inputs):
+    return {'x_xf': tft.scale_to_z_score(inputs['x']),
+            'label': inputs['label']}
+
+  metadata = dataset_metadata.DatasetMetadata(
+      schema_utils.schema_from_feature_spec(spec))
+  with beam.Pipeline() as pipeline, tft_beam.Context(
+      temp_dir=os.path.join(path, 'tmp')):
+    rows = pipeline | beam.Create(
+        [{'x': float(i), 'label': i % 2} for i in range(8)])
+    _ = ((rows, metadata) | tft_beam.AnalyzeDataset(preprocessing_fn)
+         | tft_beam.WriteTransformFn(path))
+  # The raw schema, as TFX's Transform writes it beside the graph.
+  metadata_io.write_metadata(metadata, os.path.join(
+      path, tft.TFTransformOutput.RAW_METADATA_DIR))
+
+
+class _SignFlip(tf.keras.layers.Layer):
+  """A Python `if` on a tensor: traced only through autograph."""
+
+  def call(self, x):
+    if tf.reduce_sum(x) > 0:
+      return x
+    return -x
+
+
+def test_serving_signatures_apply_the_transform_and_keep_the_models_autograph(
+    tmp_path):
+  """The transform graph is applied without autograph (converting TF
+  Transform's Python was most of the export), the model's call with it, as
+  under stock TFX: a model with control flow on tensors exports and serves,
+  and both signatures apply the same transform."""
+  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
+  transform_dir = str(tmp_path / 'transform')
+  _write_transform_graph(transform_dir)
+  inputs = tf.keras.Input(shape=(), name='x_xf')
+  model = tf.keras.Model({'x_xf': inputs}, _SignFlip()(inputs))
+  export.export_saved_model(model, tft.TFTransformOutput(transform_dir),
+                            'label', str(tmp_path / 'serving'))
+
+  served = tf.saved_model.load(str(tmp_path / 'serving'))
+  examples = tf.constant([tf.train.Example(features=tf.train.Features(
+      feature={'x': tf.train.Feature(float_list=tf.train.FloatList(
+          value=[x])),
+               'label': tf.train.Feature(int64_list=tf.train.Int64List(
+                   value=[1]))})).SerializeToString() for x in (0.0, 7.0)])
+  outputs = served.signatures['serving_default'](examples=examples)
+  transformed = served.signatures['transform_features'](examples=examples)
+  z_scores = transformed['x_xf'].numpy()
+  assert z_scores == pytest.approx([-3.5 / np.std(range(8)),
+                                    3.5 / np.std(range(8))], rel=1e-5)
+  # The batch sums to 0: the `if` took its tensor branch, -x.
+  assert outputs['outputs'].numpy() == pytest.approx(-z_scores, rel=1e-6)
 
 def test_delete_after_export_removes_the_checkpoints(tmp_path, data):
   task = tt.make_task(str(tmp_path), data, train_steps=3,
