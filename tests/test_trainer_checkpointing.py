@@ -309,7 +309,6 @@ def test_progress_marker_records_the_latest_step(root):
   assert store.records.read_progress()['step'] == 49
 
 
-
 def test_progress_marker_close_ends_the_pause_between_writes(root):
   """close() in the pause after a write writes the latest step and returns
   at once: waiting the pause out made every run's end late (by up to a
@@ -327,6 +326,7 @@ def test_progress_marker_close_ends_the_pause_between_writes(root):
   closer.join(60)
   assert not closer.is_alive(), 'close() waited for the pause to end'
   assert store.records.read_progress()['step'] == 2
+
 
 # --------------------------------------------------------- flaky storage
 

@@ -96,7 +96,6 @@ def test_one_device_trains_evaluates_exports_and_reports(tmp_path, data):
   assert list(outputs.values())[0].shape == (3, 1)
 
 
-
 def test_eval_in_one_call_matches_keras_evaluate(tmp_path):
   """All eval steps run in one call (a tf.range loop): the same loss and
   metrics as Keras' own evaluate over the same batches, and the metrics
@@ -187,6 +186,7 @@ def test_serving_signatures_apply_the_transform_and_keep_the_models_autograph(
                                     3.5 / np.std(range(8))], rel=1e-5)
   # The batch sums to 0: the `if` took its tensor branch, -x.
   assert outputs['outputs'].numpy() == pytest.approx(-z_scores, rel=1e-6)
+
 
 def test_delete_after_export_removes_the_checkpoints(tmp_path, data):
   task = tt.make_task(str(tmp_path), data, train_steps=3,
