@@ -270,9 +270,8 @@ class Executor(base_executor.BaseExecutor):
             ) -> Dict[str, Any]:
     if config.launcher == 'in_process':
       return task_process.run_in_process(task)
-    shared = {'model': task.serving_model_dir, 'model_run': task.model_run_dir,
-              'checkpoints': task.checkpoint_dir}
-    unshared = {k: v for k, v in shared.items() if storage.is_process_local(v)}
+    unshared = {k: v for k, v in task.output_dirs().items()
+                if storage.is_process_local(v)}
     if unshared:
       raise ValueError(
           f'launcher={config.launcher!r} trains in child processes, which '
@@ -298,8 +297,8 @@ class Executor(base_executor.BaseExecutor):
 
     try:
       if config.launcher == 'ray':
-        launch = self._run_on_ray(task, config, fault_tolerance, shared,
-                                  local_logs, read_progress)
+        launch = self._run_on_ray(task, config, fault_tolerance, local_logs,
+                                  read_progress)
       else:
         launch = launcher.run_supervised(
             lambda attempt: tf_cluster.cluster_processes(
@@ -328,8 +327,7 @@ class Executor(base_executor.BaseExecutor):
 
   @staticmethod
   def _run_on_ray(task: TrainingTask, config: config_lib.DistributionConfig,
-                  fault_tolerance: FaultToleranceConfig,
-                  shared: Dict[str, str], local_logs: str,
+                  fault_tolerance: FaultToleranceConfig, local_logs: str,
                   read_progress: Callable[[], Optional[Dict[str, Any]]]
                  ) -> supervisor.LaunchResult:
     """The cluster as Ray actors; each task gets the task file on its node."""
@@ -344,7 +342,7 @@ class Executor(base_executor.BaseExecutor):
         task.to_json(), local_logs,
         placement_strategy=config.ray_placement,
         resources=config.ray_task_resources(),
-        local_paths={k: v for k, v in shared.items() if storage.is_local(v)},
+        local_paths=task.local_output_dirs(),
         min_workers=config.min_workers,
         timeout_s=config.timeout_s,
         max_restarts=fault_tolerance.max_restarts,

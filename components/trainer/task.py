@@ -59,3 +59,15 @@ class TrainingTask:
   @classmethod
   def load(cls, path: str) -> 'TrainingTask':
     return cls.from_json(storage.read_text(path))
+
+  def output_dirs(self) -> Dict[str, str]:
+    """The folders the training processes write, by role: every process of
+    a cluster must reach them."""
+    return {'model': self.serving_model_dir, 'model_run': self.model_run_dir,
+            'checkpoints': self.checkpoint_dir}
+
+  def local_output_dirs(self) -> Dict[str, str]:
+    """The output folders on a local filesystem: processes on other hosts
+    cannot see them."""
+    return {role: path for role, path in self.output_dirs().items()
+            if storage.is_local(path)}

@@ -14,7 +14,6 @@ import socket
 import sys
 import urllib.parse
 
-from components import storage
 from components.trainer import ray_launcher
 from components.trainer.checkpoint import records as run_records
 from components.trainer.task import TrainingTask
@@ -27,14 +26,11 @@ def run_on_ray(task: TrainingTask, root: str, cpus: int = 1, **options):
   the chief's progress read as the executor reads it (for hang_timeout_s)."""
   argv = [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
           ray_launcher.TASK_FILE]
-  # What the executor passes.
-  outputs = {'model': task.serving_model_dir, 'model_run': task.model_run_dir,
-             'checkpoints': task.checkpoint_dir}
   return ray_launcher.run_on_ray(
       'multi_worker_mirrored', 2, 0, lambda role: argv, task.to_json(),
       os.path.join(root, 'logs'), placement_strategy='SPREAD',
       resources={'cpus': cpus, 'gpus': 0, 'memory_mb': 0},
-      local_paths={k: v for k, v in outputs.items() if storage.is_local(v)},
+      local_paths=task.local_output_dirs(),  # As the executor passes.
       timeout_s=CLUSTER_TIMEOUT_S,
       max_restarts=task.fault_tolerance['max_restarts'],
       read_progress=lambda: run_records.read_progress(task.checkpoint_dir),
