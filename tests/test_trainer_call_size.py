@@ -34,81 +34,130 @@ def _train(sizer, machine, train_steps, save_every=None):
   return sizer
 
 
-def test_overhead_against_step_time_decides():
-  # 2 ms per call, 20 us per step: 1024 steps bring the overhead to 10%,
-  # 4096 to 2.4%, both within 0.5 s; 4096 is the longest candidate.
+def test_where_longer_calls_are_faster_the_longest_within_the_bound_wins():
+  # 2 ms per call, 20 us per step: the short calls' 0.52 ms per step bounds
+  # a call of 2 s at 3846 steps -> 1024, then 256; 1024 is faster.
   sizer = _train(call_size.CallSizer('auto'),
                  _Machine(2e-3, lambda step: 2e-5), 100_000)
   [choice] = sizer.describe()['steps_per_execution_auto']
-  assert sizer.chosen == 4096 == choice['chosen']
+  assert sizer.chosen == 1024 == choice['chosen']
+  assert sorted(map(int, choice['seconds_per_call'])) == [4, 256, 1024]
   assert choice['host_overhead_s'] == pytest.approx(2e-3)
   assert choice['step_s'] == pytest.approx(2e-5)
-  assert 'longest call' in choice['reason']
+  assert '1024, the longest' in choice['reason']
 
 
-def test_the_shortest_call_that_makes_the_overhead_small_enough():
-  # 1 ms per call, 1 ms per step: 1% needs 100 steps per call -> 256.
-  sizer = _train(call_size.CallSizer('auto'),
-                 _Machine(1e-3, lambda step: 1e-3), 5_000)
-  assert sizer.chosen == 256
+class _SlowerLongCalls(_Machine):
+  """Beyond `knee` steps a call runs each further step `factor` slower:
+  whatever makes a length slow, the measurement decides, not the model."""
+
+  def __init__(self, knee, factor, **kwargs):
+    super().__init__(1e-3, lambda step: 1e-3, **kwargs)
+    self.knee, self.factor = knee, factor
+
+  def seconds(self, k, step):
+    extra = max(0, k - self.knee) * 1e-3 * (self.factor - 1)
+    return super().seconds(k, step) + extra
+
+
+def test_a_longer_call_that_is_slower_per_step_is_not_chosen():
+  sizer = _train(call_size.CallSizer('auto'), _SlowerLongCalls(256, 1.3),
+                 50_000)
   [choice] = sizer.choices
-  assert '0.39% of a step' in choice.reason
+  assert sorted(choice.seconds_per_call) == [4, 256, 1024]
+  assert sizer.chosen == 256
+  # The model's fit through 4 and 1024 is recorded, not used.
+  assert choice.host_overhead_s is not None
+
+
+def test_the_long_lengths_alternate_so_both_see_the_same_machine():
+  # The machine is 3x slower from step 1500 to 4000 (another job): 1024
+  # measured first and 256 after would have put 256's calls in the slow
+  # part only. Interleaved, each length has calls on both sides.
+  machine = _Machine(1e-3, lambda step: 3e-3 if 1500 <= step < 4000
+                     else 1e-3)
+  lengths = []
+  seconds = machine.seconds
+
+  def recorded(k, step):
+    lengths.append(k)
+    return seconds(k, step)
+
+  machine.seconds = recorded
+  sizer = _train(call_size.CallSizer('auto'), machine, 20_000)
+  assert lengths[:12] == [4] * 4 + [1024, 1024, 256, 256, 1024, 256, 1024,
+                                    256]
+  assert sizer.chosen == 1024
+
+
+def test_noise_alone_does_not_pick_the_shorter_length():
+  # The call model favours the longer call: a shorter one must be faster
+  # per step by more than the margin.
+  assert call_size.choose({256: 256e-3, 1024: 1024 * 1.03e-3})[0] == 1024
+  assert call_size.choose({256: 256e-3, 1024: 1024 * 1.1e-3})[0] == 256
 
 
 def test_the_call_bound_caps_long_steps():
-  # 10 ms steps: 64 steps would take 0.64 s, over the 0.5 s bound.
+  # 10 ms steps: the short calls bound a call at 2 s / 11.25 ms -> 64
+  # steps, then 16 is measured beside it.
   sizer = _train(call_size.CallSizer('auto'),
                  _Machine(5e-3, lambda step: 1e-2), 2_000)
-  assert sizer.chosen == 16
+  [choice] = sizer.choices
+  assert sorted(choice.seconds_per_call) == [4, 16, 64]
+  assert sizer.chosen == 64
 
 
-def test_without_a_measurable_overhead_the_longest_call_is_chosen():
-  # Noise can hide the overhead (here the fit finds none): the choice
-  # must not fall back to short calls.
+def test_steps_longer_than_the_bound_allows_at_the_short_length():
+  # 1 s steps: 4 steps per call take 4 s, over the 2 s bound; calls of 1.
   sizer = _train(call_size.CallSizer('auto'),
-                 _Machine(0.0, lambda step: 1e-4), 50_000)
-  assert sizer.chosen == 4096
-  assert 'not measurable' in sizer.choices[0].reason
+                 _Machine(1e-3, lambda step: 1.0), 40)
+  [choice] = sizer.choices
+  assert sizer.chosen == 1 and sizer.size() == 1
+  assert 'longest call within' in choice.reason
 
 
 def test_the_first_call_of_each_length_is_left_out():
-  # A 5 s trace on every new length would otherwise look like overhead.
-  fast = _train(call_size.CallSizer('auto'),
-                _Machine(1e-3, lambda step: 1e-3, first_call_extra=5.0),
-                5_000)
-  assert fast.chosen == 256
-  assert fast.choices[0].host_overhead_s == pytest.approx(1e-3)
+  # A 5 s trace on every new length would otherwise decide.
+  sizer = _train(call_size.CallSizer('auto'),
+                 _Machine(1e-3, lambda step: 1e-3, first_call_extra=5.0),
+                 50_000)
+  [choice] = sizer.choices
+  assert choice.seconds_per_call[1024] == pytest.approx(1e-3 + 1024e-3)
+  assert sizer.chosen == 1024
 
 
-def test_the_fastest_probe_call_counts():
+def test_the_median_probe_call_counts():
   machine = _Machine(1e-3, lambda step: 1e-3)
   calls = []
   seconds = machine.seconds
 
   def noisy(k, step):
     calls.append(k)
-    # The second measured call of every length is slowed by 50 ms.
-    return seconds(k, step) + (0.05 if calls.count(k) == 3 else 0.0)
+    # One measured call of every length is slowed by 1 s, another sped up.
+    change = {3: 1.0, 4: -1e-3}.get(calls.count(k), 0.0)
+    return seconds(k, step) + change
 
   machine.seconds = noisy
-  sizer = _train(call_size.CallSizer('auto'), machine, 5_000)
-  assert sizer.choices[0].host_overhead_s == pytest.approx(1e-3)
-  assert sizer.chosen == 256
+  sizer = _train(call_size.CallSizer('auto'), machine, 50_000)
+  [choice] = sizer.choices
+  assert choice.seconds_per_call[256] == pytest.approx(1e-3 + 256e-3)
+  assert sizer.chosen == 1024
 
 
 def test_a_regime_change_measures_again():
-  # The first epoch reads and caches (2 ms per step), later epochs are
-  # 10x faster: the first choice is made on the slow steps, the second on
-  # the fast ones.
+  # Another job leaves the machine at step 3000 and steps get 10x faster:
+  # the first choice is made on the slow steps (where 1024 steps would
+  # exceed the call bound), the second on the fast ones.
   sizer = _train(call_size.CallSizer('auto'),
-                 _Machine(2e-3, lambda step: 2e-3 if step < 1000 else 2e-4),
+                 _Machine(2e-3, lambda step: 2e-3 if step < 3000 else 2e-4),
                  60_000)
   first, second = sizer.choices
-  assert first.chosen == 64 and first.step < 1000
-  assert second.chosen == 1024 and second.step > 1000
+  assert first.chosen == 256 and first.step < 3000
+  assert sorted(first.seconds_per_call) == [4, 64, 256]
+  assert second.chosen == 1024 and second.step > 3000
   assert sizer.chosen == 1024
   assert [c['chosen'] for c in sizer.describe()[
-      'steps_per_execution_auto']] == [64, 1024]
+      'steps_per_execution_auto']] == [256, 1024]
 
 
 def test_a_speed_that_keeps_changing_is_measured_a_bounded_number_of_times():

@@ -2,21 +2,27 @@
 
 A call of k steps costs about `H + k * D`: H the per-call host overhead
 (Python, the loop driver, function dispatch, the loss read-back), D the time
-of one step. The time per step, `D + H / k`, only falls as k grows, so a
-longer call is never slower; what bounds k is how long a call may take (a
-preemption notice, a time-based save or a progress line waits for the call).
+of one step, so a longer call is faster per step by H / k. But H is a few
+milliseconds, the difference of two noisy call times, and on a shared VM
+the machine's speed itself moves: at batch 256 here a step took 1.7 ms or
+2.9 ms for stretches of one run, whatever the call length. A choice from a
+fitted H (from 0 to 10 ms in runs of the same job here) or from lengths
+measured one after the other follows that noise.
 
-'auto' measures H and D from the loop's own calls, each call timed from its
-start to the next call's start (so the driver's work between calls counts,
-and an asynchronous device is timed by what it sustains): a few calls of
-PROBE_SMALL steps and a few of the longest candidate that fits the call
-bound, the first call of each new length left out (it may trace). It
-chooses the shortest candidate whose overhead is at most
-AUTO_OVERHEAD_FRACTION of the step time, within AUTO_MAX_CALL_SECONDS.
-The time per step of the chosen calls is then watched: when it moves by
-more than AUTO_REGIME_CHANGE (the first epoch filling the input cache,
-another job taking the CPU), 'auto' measures again. Every measurement and
-the reason of each choice are kept (`describe`) for `model_run`.
+So 'auto' compares lengths by what they sustain, their calls interleaved.
+It times the loop's own calls, each from its start to the next call's
+start (the driver's work between calls counts, and an asynchronous device
+is timed by what it sustains), the first call of each new length left out
+(it may trace): a few calls of PROBE_SMALL steps give an upper bound of a
+step's time, which sets the longest candidate whose call stays within
+AUTO_MAX_CALL_SECONDS; then calls of that length and of the candidate below
+it alternate, and the longer is chosen unless the shorter's median time per
+step is lower by more than AUTO_SHORTER_MARGIN. The fit's H and D are
+recorded beside it. The time per step of the chosen calls is then watched:
+when it moves by more than AUTO_REGIME_CHANGE (the first epoch filling the
+input cache, another job taking the CPU), 'auto' measures again. Every
+measurement and the reason of each choice are kept (`describe`) for
+`model_run`.
 
 Pure logic, no TensorFlow: tested with synthetic timings. Workers of a
 multi-worker cluster must run the same calls, so they do not use 'auto'
@@ -34,15 +40,17 @@ AUTO_CANDIDATES = (1, 4, 16, 64, 256, 1024, 4096)
 # The short probe: long enough to run the multi-step loop, short enough
 # that the per-call overhead shows.
 PROBE_SMALL = 4
-# Measured calls per probed length (after the one left out); the fastest
-# counts: noise on a shared machine only adds time.
+# Measured calls per probed length (after the one left out); the median
+# counts, so that neither one slow call (another job) nor one fast call
+# decides.
 PROBE_CALLS = 3
-# 'auto' keeps a call this short, so that a preemption notice, a time-based
-# save or a progress line waits at most about this long.
-AUTO_MAX_CALL_SECONDS = 0.5
-# The overhead left per step at the chosen length, as a fraction of a
-# step's time.
-AUTO_OVERHEAD_FRACTION = 0.01
+# 'auto' keeps a call this short, so that a preemption notice (30 s of
+# grace on GCE and Kubernetes by default), a time-based save or a progress
+# line waits at most about this long.
+AUTO_MAX_CALL_SECONDS = 2.0
+# A shorter length is chosen over a longer one only if it is this much
+# faster per step.
+AUTO_SHORTER_MARGIN = 0.05
 # Time per step at the chosen length moving by this factor (either way)
 # over WATCH_CALLS calls: measure again.
 AUTO_REGIME_CHANGE = 1.5
@@ -56,27 +64,27 @@ AUTO_MAX_PROBES = 4
 class Choice:
   """One measurement and what it decided."""
   step: int
-  seconds_per_call: Dict[int, float]  # Fastest measured call by length.
-  host_overhead_s: float
-  step_s: float
+  seconds_per_call: Dict[int, float]  # Median measured call by length.
+  host_overhead_s: Optional[float]  # The fit's H and D, where it has one.
+  step_s: Optional[float]
   chosen: int
   reason: str
 
   def to_dict(self) -> Dict[str, Any]:
+    rounded = lambda v: None if v is None else round(v, 7)
     return {'step': self.step,
             'seconds_per_call': {str(k): round(v, 7) for k, v in
                                  sorted(self.seconds_per_call.items())},
-            'host_overhead_s': round(self.host_overhead_s, 7),
-            'step_s': round(self.step_s, 7), 'chosen': self.chosen,
+            'host_overhead_s': rounded(self.host_overhead_s),
+            'step_s': rounded(self.step_s), 'chosen': self.chosen,
             'reason': self.reason}
 
 
 def fit(seconds_per_call: Dict[int, float]
        ) -> Optional[Tuple[float, float]]:
   """(H, D) of `t = H + k * D` through the shortest and longest lengths;
-  None with one length, or where noise gives D <= 0 or an H below
-  AUTO_OVERHEAD_FRACTION of the shortest call (no host overhead is that
-  small: it is lost in the noise)."""
+  None with one length, or where the calls do not follow the model (D <= 0
+  or H < 0)."""
   lengths = sorted(seconds_per_call)
   if len(lengths) < 2:
     return None
@@ -84,8 +92,7 @@ def fit(seconds_per_call: Dict[int, float]
   step = ((seconds_per_call[longest] - seconds_per_call[shortest]) /
           (longest - shortest))
   overhead = seconds_per_call[shortest] - shortest * step
-  if step <= 0 or overhead < (AUTO_OVERHEAD_FRACTION *
-                              seconds_per_call[shortest]):
+  if step <= 0 or overhead < 0:
     return None
   return overhead, step
 
@@ -98,54 +105,37 @@ def candidates(max_call: Optional[int] = None) -> Tuple[int, ...]:
   return tuple(k for k in AUTO_CANDIDATES if k < max_call) + (max_call,)
 
 
-def longest_within(step_s: float, overhead_s: float,
+def longest_within(step_s: float,
                    lengths: Tuple[int, ...] = AUTO_CANDIDATES) -> int:
-  """The longest of `lengths` whose call stays within
+  """The longest of `lengths` whose call, at `step_s` a step, stays within
   AUTO_MAX_CALL_SECONDS (at least the shortest)."""
-  fitting = [k for k in lengths
-             if overhead_s + k * step_s <= AUTO_MAX_CALL_SECONDS]
+  fitting = [k for k in lengths if k * step_s <= AUTO_MAX_CALL_SECONDS]
   return max(fitting) if fitting else lengths[0]
 
 
-def choose(seconds_per_call: Dict[int, float],
-           lengths: Tuple[int, ...] = AUTO_CANDIDATES
-          ) -> Tuple[int, float, float, str]:
-  """(k, H, D, reason) from the fastest call of each measured length.
+def long_probes(small_step_s: float, small: int,
+                lengths: Tuple[int, ...] = AUTO_CANDIDATES) -> List[int]:
+  """The lengths to measure after the short calls: the longest within the
+  call bound at the short calls' time per step (an upper bound on a
+  step's time), then the candidate below it, both longer than `small`."""
+  longest = longest_within(small_step_s, lengths)
+  below = [k for k in lengths if small < k < longest]
+  return ([longest] if longest > small else []) + below[-1:]
 
-  Without a usable fit the overhead counts as 0 and a step as the longest
-  calls' time per step (an upper bound), and the choice is the longest call
-  within the bound: a longer call is never slower, so doubt goes that way.
-  """
-  fitted = fit(seconds_per_call)
-  if fitted is None:
-    longest = max(seconds_per_call)
-    step = seconds_per_call[longest] / longest
-    k = longest_within(step, 0.0, lengths)
-    return k, 0.0, step, (
-        f'{step * 1e3:.4f} ms per step at {longest} steps per call, the '
-        f'overhead not measurable apart (calls of '
-        f'{sorted(seconds_per_call)} steps): {k} steps per call, the '
-        f'longest call within {AUTO_MAX_CALL_SECONDS} s')
-  overhead, step = fitted
-  cap = longest_within(step, overhead, lengths)
-  # Not shorter than the calls measured: one step per call runs another
-  # function, whose overhead was not measured.
-  enough = [k for k in lengths
-            if min(seconds_per_call) <= k <= cap and
-            overhead <= AUTO_OVERHEAD_FRACTION * k * step]
-  if enough:
-    k = min(enough)
-    why = (f'host overhead {overhead * 1e3:.3f} ms per call vs '
-           f'{step * 1e3:.4f} ms per step: at {k} steps per call the '
-           f'overhead is {100 * overhead / (k * step):.2f}% of a step '
-           f'(target <= {100 * AUTO_OVERHEAD_FRACTION:g}%)')
-  else:
-    k = cap
-    why = (f'host overhead {overhead * 1e3:.3f} ms per call vs '
-           f'{step * 1e3:.4f} ms per step: {k} steps per call, the longest '
-           f'call within {AUTO_MAX_CALL_SECONDS} s (overhead '
-           f'{100 * overhead / (k * step):.2f}% of a step)')
-  return k, overhead, step, why
+
+def choose(seconds_per_call: Dict[int, float]) -> Tuple[int, str]:
+  """(k, reason): the longest measured length, unless a shorter one is
+  faster per step by more than AUTO_SHORTER_MARGIN (by the call model the
+  longer is faster, so noise alone must not pick the shorter)."""
+  per_step = {k: seconds_per_call[k] / k for k in sorted(seconds_per_call)}
+  k = max(per_step)
+  for shorter in sorted(per_step, reverse=True)[1:]:
+    if per_step[shorter] < (1 - AUTO_SHORTER_MARGIN) * per_step[k]:
+      k = shorter
+  measured = ', '.join(f'{n}: {s * 1e3:.4f}' for n, s in per_step.items())
+  return k, (f'ms per step by steps per call (median of {PROBE_CALLS} '
+             f'calls) {measured}: {k}, the longest unless a shorter one is '
+             f'more than {100 * AUTO_SHORTER_MARGIN:g}% faster')
 
 
 class CallSizer:
@@ -171,17 +161,17 @@ class CallSizer:
     if self.auto:
       self._start_probe()
 
-  @property
-  def searching(self) -> bool:
-    return self._probe is not None
-
   def _start_probe(self) -> None:
     self._probe = [min(PROBE_SMALL, self.lengths[-1])]
     self._samples = {}
     self._watch = []
 
   def size(self) -> int:
-    return self._probe[0] if self._probe else self.chosen
+    """While measuring: the length with the fewest measured calls (the
+    longest on a tie), so that the long lengths' calls alternate."""
+    if not self._probe:
+      return self.chosen
+    return min(self._probe, key=lambda k: len(self._samples.get(k, ())))
 
   def observe(self, steps: int, seconds: float, step: int,
               measured: bool = True) -> None:
@@ -199,27 +189,37 @@ class CallSizer:
       self._watch_call(steps, seconds, step)
 
   def _probe_call(self, steps: int, seconds: float, step: int) -> None:
-    samples = self._samples.setdefault(steps, [])
-    samples.append(seconds)
-    if len(samples) < PROBE_CALLS:
+    self._samples.setdefault(steps, []).append(seconds)
+    if any(len(self._samples.get(k, ())) < PROBE_CALLS for k in self._probe):
       return
-    self._probe.pop(0)
-    if len(self._samples) == 1:
-      # The longest length worth measuring: what fits the call bound at
-      # the short calls' time per step (an upper bound on a step's time).
-      large = longest_within(min(samples) / steps, 0.0, self.lengths)
-      if large > steps:
-        self._probe.append(large)
-    if self._probe:
-      return
-    fastest = {k: min(v) for k, v in self._samples.items()}
-    k, overhead, step_s, why = choose(fastest, self.lengths)
+    medians = {k: statistics.median(v) for k, v in self._samples.items()}
+    if len(medians) == 1:  # The short calls: now the long lengths.
+      small_step = medians[steps] / steps
+      fitting = longest_within(small_step, self.lengths)
+      if fitting < steps:  # Even the short calls exceed the bound.
+        self._decide(step, medians, fitting, (
+            f'{small_step * 1e3:.1f} ms per step at {steps} steps per call: '
+            f'{fitting}, the longest call within {AUTO_MAX_CALL_SECONDS} s'))
+        return
+      self._probe = long_probes(small_step, steps, self.lengths)
+      if self._probe:
+        return
+    # The short calls only bound the long ones: they ran at another time.
+    small = min(medians)
+    compared = {k: v for k, v in medians.items() if k != small} or medians
+    self._decide(step, medians, *choose(compared))
+
+  def _decide(self, step: int, medians: Dict[int, float], k: int,
+              why: str) -> None:
+    fitted = fit(medians) or (None, None)
     self.chosen = k
-    self.choices.append(Choice(step, fastest, overhead, step_s, k, why))
+    self.choices.append(Choice(step, medians, *fitted, k, why))
     progress.LOGGER.info('steps_per_execution=auto chose %d at step %d: %s.',
                          k, step, why)
     self._probe = None
-    self._expected = (overhead + k * step_s) / k
+    per_step = {n: seconds / n for n, seconds in medians.items()}
+    # A length shorter than the measured ones: the shortest's, as a start.
+    self._expected = per_step.get(k, per_step[min(per_step)])
 
   def _watch_call(self, steps: int, seconds: float, step: int) -> None:
     self._watch.append(seconds / steps)
