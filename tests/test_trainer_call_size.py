@@ -34,17 +34,32 @@ def _train(sizer, machine, train_steps, save_every=None):
   return sizer
 
 
-def test_where_longer_calls_are_faster_the_longest_within_the_bound_wins():
+def test_where_longer_calls_are_faster_auto_climbs_to_the_bound():
   # 2 ms per call, 20 us per step: the short calls' 0.52 ms per step bounds
-  # a call of 2 s at 3846 steps -> 1024, then 256; 1024 is faster.
+  # a call of 2 s at 3846 steps -> 1024 against 256; 1024 wins and 4096
+  # fits at its 22 us per step -> 4096 against 1024.
   sizer = _train(call_size.CallSizer('auto'),
                  _Machine(2e-3, lambda step: 2e-5), 100_000)
   [choice] = sizer.describe()['steps_per_execution_auto']
-  assert sizer.chosen == 1024 == choice['chosen']
-  assert sorted(map(int, choice['seconds_per_call'])) == [4, 256, 1024]
+  assert sizer.chosen == 4096 == choice['chosen']
+  assert sorted(map(int, choice['seconds_per_call'])) == [4, 256, 1024, 4096]
   assert choice['host_overhead_s'] == pytest.approx(2e-3)
   assert choice['step_s'] == pytest.approx(2e-5)
-  assert '1024, the longest' in choice['reason']
+  assert choice['reason'].count('the longest unless') == 2
+  assert choice['reason'].endswith(
+      '4096, the longest unless a shorter one is more than 5% faster')
+
+
+def test_slow_short_calls_do_not_hold_the_choice_down():
+  # The first steps read the first epoch (10 ms a step), so the short
+  # calls bound a call at 195 steps -> 64 against 16; the climb goes on
+  # at the long calls' own time per step to 1024 (4096 would take 4 s).
+  sizer = _train(call_size.CallSizer('auto'),
+                 _Machine(1e-3, lambda step: 1e-2 if step < 50 else 1e-3),
+                 50_000)
+  [choice] = sizer.choices
+  assert sorted(choice.seconds_per_call) == [4, 16, 64, 256, 1024]
+  assert sizer.chosen == 1024
 
 
 class _SlowerLongCalls(_Machine):
@@ -154,10 +169,10 @@ def test_a_regime_change_measures_again():
   first, second = sizer.choices
   assert first.chosen == 256 and first.step < 3000
   assert sorted(first.seconds_per_call) == [4, 64, 256]
-  assert second.chosen == 1024 and second.step > 3000
-  assert sizer.chosen == 1024
+  assert second.chosen == 4096 and second.step > 3000
+  assert sizer.chosen == 4096
   assert [c['chosen'] for c in sizer.describe()[
-      'steps_per_execution_auto']] == [256, 1024]
+      'steps_per_execution_auto']] == [256, 4096]
 
 
 def test_a_speed_that_keeps_changing_is_measured_a_bounded_number_of_times():

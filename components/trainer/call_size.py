@@ -16,9 +16,12 @@ is timed by what it sustains), the first call of each new length left out
 (it may trace): a few calls of PROBE_SMALL steps give an upper bound of a
 step's time, which sets the longest candidate whose call stays within
 AUTO_MAX_CALL_SECONDS; then calls of that length and of the candidate below
-it alternate, and the longer is chosen unless the shorter's median time per
-step is lower by more than AUTO_SHORTER_MARGIN. The fit's H and D are
-recorded beside it. The time per step of the chosen calls is then watched:
+it alternate, and the longer wins unless the shorter's median time per
+step is lower by more than AUTO_SHORTER_MARGIN. That bound is loose (the
+short calls carry the overhead and, early on, the first epoch's reads), so
+while the longer wins and the next candidate fits the bound at the
+winner's own time per step, the next is compared with it the same way. The
+fit's H and D are recorded beside the choice. The time per step of the chosen calls is then watched:
 when it moves by more than AUTO_REGIME_CHANGE (the first epoch filling the
 input cache, another job taking the CPU), 'auto' measures again. Every
 measurement and the reason of each choice are kept (`describe`) for
@@ -154,7 +157,7 @@ class CallSizer:
     self.chosen = self.lengths[-1] if self.auto else int(setting)
     self.choices: List[Choice] = []
     self._probe: Optional[List[int]] = None  # Lengths still to measure.
-    self._samples: Dict[int, List[float]] = {}
+    self._samples: Dict[int, List[float]] = {}  # Calls of the lengths compared.
     self._seen: set = set()  # Lengths run at least once (traced).
     self._watch: List[float] = []
     self._expected: Optional[float] = None  # Seconds per step when chosen.
@@ -164,6 +167,8 @@ class CallSizer:
   def _start_probe(self) -> None:
     self._probe = [min(PROBE_SMALL, self.lengths[-1])]
     self._samples = {}
+    self._measured: Dict[int, float] = {}  # Median call by length.
+    self._reasons: List[str] = []
     self._watch = []
 
   def size(self) -> int:
@@ -192,32 +197,42 @@ class CallSizer:
     self._samples.setdefault(steps, []).append(seconds)
     if any(len(self._samples.get(k, ())) < PROBE_CALLS for k in self._probe):
       return
-    medians = {k: statistics.median(v) for k, v in self._samples.items()}
-    if len(medians) == 1:  # The short calls: now the long lengths.
-      small_step = medians[steps] / steps
+    compared = {k: statistics.median(self._samples[k]) for k in self._probe}
+    self._measured.update(compared)
+    self._samples = {}
+    if len(self._measured) == 1:  # The short calls: now the long lengths.
+      small_step = compared[steps] / steps
       fitting = longest_within(small_step, self.lengths)
+      self._probe = long_probes(small_step, steps, self.lengths)
       if fitting < steps:  # Even the short calls exceed the bound.
-        self._decide(step, medians, fitting, (
+        self._decide(step, fitting, (
             f'{small_step * 1e3:.1f} ms per step at {steps} steps per call: '
             f'{fitting}, the longest call within {AUTO_MAX_CALL_SECONDS} s'))
-        return
-      self._probe = long_probes(small_step, steps, self.lengths)
-      if self._probe:
-        return
-    # The short calls only bound the long ones: they ran at another time.
-    small = min(medians)
-    compared = {k: v for k, v in medians.items() if k != small} or medians
-    self._decide(step, medians, *choose(compared))
+      elif not self._probe:
+        self._decide(step, steps, f'{steps}, the longest call within '
+                     f'{AUTO_MAX_CALL_SECONDS} s')
+      return
+    k, why = choose(compared)
+    self._reasons.append(why)
+    # The short calls' bound is loose (their overhead, and early on the
+    # first epoch's reads): where the longer won and the next length fits
+    # at its time per step, that one is compared with it the same way.
+    longer = [n for n in self.lengths if n > k]
+    if (k == max(compared) and longer and
+        longer[0] * compared[k] / k <= AUTO_MAX_CALL_SECONDS):
+      self._probe = [longer[0], k]
+      return
+    self._decide(step, k, '; '.join(self._reasons))
 
-  def _decide(self, step: int, medians: Dict[int, float], k: int,
-              why: str) -> None:
-    fitted = fit(medians) or (None, None)
+  def _decide(self, step: int, k: int, why: str) -> None:
+    measured = self._measured
+    fitted = fit(measured) or (None, None)
     self.chosen = k
-    self.choices.append(Choice(step, medians, *fitted, k, why))
+    self.choices.append(Choice(step, dict(measured), *fitted, k, why))
     progress.LOGGER.info('steps_per_execution=auto chose %d at step %d: %s.',
                          k, step, why)
     self._probe = None
-    per_step = {n: seconds / n for n, seconds in medians.items()}
+    per_step = {n: seconds / n for n, seconds in measured.items()}
     # A length shorter than the measured ones: the shortest's, as a start.
     self._expected = per_step.get(k, per_step[min(per_step)])
 
