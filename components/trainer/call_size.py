@@ -21,11 +21,11 @@ step is lower by more than AUTO_SHORTER_MARGIN. That bound is loose (the
 short calls carry the overhead and, early on, the first epoch's reads), so
 while the longer wins and the next candidate fits the bound at the
 winner's own time per step, the next is compared with it the same way. The
-fit's H and D are recorded beside the choice. The time per step of the chosen calls is then watched:
-when it moves by more than AUTO_REGIME_CHANGE (the first epoch filling the
-input cache, another job taking the CPU), 'auto' measures again. Every
-measurement and the reason of each choice are kept (`describe`) for
-`model_run`.
+fit's H and D are recorded beside the choice. The time per step of the
+chosen calls is then watched: when it moves by more than AUTO_REGIME_CHANGE
+(the first epoch filling the input cache, another job taking the CPU),
+'auto' measures again. Every measurement and the reason of each choice are
+kept (`describe`) for `model_run`.
 
 Pure logic, no TensorFlow: tested with synthetic timings. Workers of a
 multi-worker cluster must run the same calls, so they do not use 'auto'
