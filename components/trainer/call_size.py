@@ -116,12 +116,12 @@ def longest_within(step_s: float,
   return max(fitting) if fitting else lengths[0]
 
 
-def long_probes(small_step_s: float, small: int,
+def long_probes(longest: int, small: int,
                 lengths: Tuple[int, ...] = AUTO_CANDIDATES) -> List[int]:
-  """The lengths to measure after the short calls: the longest within the
-  call bound at the short calls' time per step (an upper bound on a
-  step's time), then the candidate below it, both longer than `small`."""
-  longest = longest_within(small_step_s, lengths)
+  """The lengths to measure after the short calls: `longest` (the longest
+  within the call bound at the short calls' time per step, an upper bound
+  on a step's time), then the candidate below it, both longer than
+  `small`."""
   below = [k for k in lengths if small < k < longest]
   return ([longest] if longest > small else []) + below[-1:]
 
@@ -203,7 +203,7 @@ class CallSizer:
     if len(self._measured) == 1:  # The short calls: now the long lengths.
       small_step = compared[steps] / steps
       fitting = longest_within(small_step, self.lengths)
-      self._probe = long_probes(small_step, steps, self.lengths)
+      self._probe = long_probes(fitting, steps, self.lengths)
       if fitting < steps:  # Even the short calls exceed the bound.
         self._decide(step, fitting, (
             f'{small_step * 1e3:.1f} ms per step at {steps} steps per call: '
