@@ -166,9 +166,19 @@ def run_trainer(root: str, trainer_args: Dict[str, Any]) -> Dict[str, Any]:
   return {'examples_per_sec': result['examples_per_sec'],
           'steps_per_execution': result['steps_per_execution'],
           'auto': result.get('steps_per_execution_auto'),
+          'steps_by_call_length': result.get('steps_by_call_length'),
           'timing': result.get('timing'),
           'trainer_wall_s': {e.node_id: e.wall_s
                              for e in run.executions}['Trainer']}
+
+
+def _auto_label(run: Dict[str, Any]) -> str:
+  """The length 'auto' chose, or for a run that ended while it measured,
+  the length most of its steps ran at."""
+  if run['steps_per_execution'] is not None:
+    return str(run['steps_per_execution'])
+  ran = run.get('steps_by_call_length') or {'?': 0}
+  return f'none yet (most steps at {max(ran, key=ran.get)})'
 
 
 def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
@@ -446,7 +456,7 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
     by_k = {k: _median([r['examples_per_sec'] for r in m[f'k{k}']])
             for k in ks}
     best_k = max(by_k, key=by_k.get)
-    chosen = ', '.join(str(r['steps_per_execution']) for r in m['auto'])
+    chosen = ', '.join(map(_auto_label, m['auto']))
     rows.append([strategy, batch, ' / '.join(f'{c:,.0f}' for c in pools),
                  f'{auto:,.0f}',
                  f'{auto / ceiling:.2f}', chosen,

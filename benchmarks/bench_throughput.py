@@ -83,7 +83,9 @@ def _run_variant(root: str, variant: Dict[str, Any], train_steps: int,
     with open(os.path.join(model_run, 'training_result.json')) as f:
       result = json.load(f)
     assert result['steps'] == train_steps, result
-    steady, chosen = result['examples_per_sec'], result['steps_per_execution']
+    steady = result['examples_per_sec']
+    # None where training ended before 'auto' chose a length.
+    chosen = result['steps_per_execution'] or 'none yet'
   return {'steady_examples_per_sec': steady,
           'trainer_wall_s': {e.node_id: e.wall_s
                              for e in run.executions}['Trainer'],

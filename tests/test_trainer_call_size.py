@@ -191,6 +191,22 @@ def test_calls_never_cross_the_checkpoint_interval():
   assert sizer.chosen == 100
 
 
+def test_a_run_that_ends_while_measuring_reports_what_it_ran():
+  # 0.45 ms per step in 4-step calls bounds a call at 4096 steps; 2,500
+  # steps end in the first call of 4096 (cut to 2,484), before 4096 and
+  # 1024 are compared: no length is reported as chosen, only the pending
+  # comparison.
+  sizer = _train(call_size.CallSizer('auto'),
+                 _Machine(1e-3, lambda step: 2e-4), 2_500)
+  described = sizer.describe()
+  assert sizer.chosen is None and described['steps_per_execution'] is None
+  assert described['steps_per_execution_auto'] == []
+  pending = described['steps_per_execution_auto_pending']
+  assert pending['comparing'] == [1024, 4096]
+  assert pending['seconds_per_call'] == {'4': pytest.approx(1.8e-3)}
+  assert pending['calls_needed'] == call_size.PROBE_CALLS
+
+
 def test_a_fixed_setting_is_kept():
   sizer = _train(call_size.CallSizer(7), _Machine(1e-3, lambda s: 1e-3), 100)
   assert sizer.size() == 7

@@ -16,7 +16,6 @@ import pytest
 import tensorflow as tf
 
 from components.trainer import accumulation
-from components.trainer import call_size
 from components.trainer import evaluation
 from components.trainer import export
 from components.trainer.checkpoint import location as location_lib
@@ -64,15 +63,18 @@ def test_one_device_trains_evaluates_exports_and_reports(tmp_path, data):
   assert np.isfinite(result['train_loss'])
   assert set(result['eval']) == {'loss', 'binary_accuracy'}
   assert result['resume_events'] == []
-  # The fixed cost by part, and 'auto''s measurements (none complete in
-  # calls capped at 5 steps: it then keeps the longest, 5).
+  # The fixed cost by part, and 'auto''s measurements: none complete in
+  # calls capped at 5 steps, so no length is reported as chosen, only the
+  # steps run at each and the comparison it was in.
   assert set(result['timing']) == {
       'setup_s', 'build_model_s', 'restore_s', 'train_s', 'eval_s',
       'export_s', 'first_call_s'}
   assert all(v >= 0 for v in result['timing'].values())
   assert result['timing']['first_call_s'] <= result['timing']['train_s']
-  assert result['steps_per_execution'] == 5
+  assert result['steps_per_execution'] is None
   assert result['steps_per_execution_auto'] == []
+  assert result['steps_by_call_length'] == {'1': 4, '4': 12}
+  assert result['steps_per_execution_auto_pending']['comparing'] == [4]
   # Checkpoints at 5, 10, 15 and the final 16; the last two are kept.
   assert result['checkpoints_saved'] == 4
   assert sorted(os.listdir(task.checkpoint_dir))[:2] == [
@@ -375,7 +377,10 @@ def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):
     results[setting]['ids'] = tt.ids_by_step(
         tt.read_id_log(task.hparams['id_log']))
   assert results[5]['steps_per_execution'] == 5
-  assert results['auto']['steps_per_execution'] in call_size.candidates(4)
+  assert results[5]['steps_by_call_length'] == {'1': 1, '4': 12}
+  # 13 steps end before 'auto' has measured enough 4-step calls to choose.
+  assert results['auto']['steps_per_execution'] is None
+  assert results['auto']['steps_by_call_length'] == {'4': 12, '1': 1}
   for setting in (5, 'auto'):
     assert results[setting]['ids'] == results[1]['ids']
     for name, value in weights[1].items():

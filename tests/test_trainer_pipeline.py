@@ -150,6 +150,10 @@ def test_in_process_launcher_trains_in_the_executor(shared_taxi_root,
   result = _assert_trained_and_blessed(run, model_run, 'one_device', 1,
                                        'managed')
   assert result['steps'] == TRAIN_STEPS and 0 < result['train_loss'] < 10
+  # What ran at each call length, on model_run too.
+  assert sum(result['steps_by_call_length'].values()) == TRAIN_STEPS
+  assert json.loads(model_run.custom_properties[
+      'steps_by_call_length'].string_value) == result['steps_by_call_length']
   assert model_run.custom_properties['launcher'].string_value == 'in_process'
   assert model_run.custom_properties['seed'].int_value == 11
   assert model_run.custom_properties['deterministic'].int_value == 0

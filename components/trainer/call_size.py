@@ -25,7 +25,9 @@ fit's H and D are recorded beside the choice. The time per step of the
 chosen calls is then watched: when it moves by more than AUTO_REGIME_CHANGE
 (the first epoch filling the input cache, another job taking the CPU),
 'auto' measures again. Every measurement and the reason of each choice are
-kept (`describe`) for `model_run`.
+kept (`describe`) for `model_run`; a run that ends before the first
+choice records no length but the comparison it was in (the loop records
+the steps run at each length).
 
 Pure logic, no TensorFlow: tested with synthetic timings. Workers of a
 multi-worker cluster must run the same calls, so they do not use 'auto'
@@ -154,7 +156,10 @@ class CallSizer:
                max_call: Optional[int] = None):
     self.auto = setting == AUTO
     self.lengths = candidates(max_call)
-    self.chosen = self.lengths[-1] if self.auto else int(setting)
+    # None until 'auto' first decides: a run that ends while measuring
+    # reports what it ran (`steps_by_call_length`), not a length it never
+    # chose.
+    self.chosen: Optional[int] = None if self.auto else int(setting)
     self.choices: List[Choice] = []
     self._probe: Optional[List[int]] = None  # Lengths still to measure.
     self._samples: Dict[int, List[float]] = {}  # Calls of the lengths compared.
@@ -251,9 +256,22 @@ class CallSizer:
       self._expected = now
 
   def describe(self) -> Dict[str, Any]:
-    """What training_result.json records."""
-    described = {'steps_per_execution': self.chosen}
-    if self.auto:
-      described['steps_per_execution_auto'] = [c.to_dict()
-                                               for c in self.choices]
+    """What training_result.json records: for 'auto' each choice and,
+    where training ended while measuring, the comparison it was in
+    (lengths, median calls so far)."""
+    described: Dict[str, Any] = {'steps_per_execution': self.chosen}
+    if not self.auto:
+      return described
+    described['steps_per_execution_auto'] = [c.to_dict()
+                                             for c in self.choices]
+    if self._probe:
+      medians = dict(self._measured)
+      medians.update({k: statistics.median(v)
+                      for k, v in self._samples.items() if v})
+      described['steps_per_execution_auto_pending'] = {
+          'comparing': sorted(self._probe),
+          'seconds_per_call': {str(k): round(v, 7)
+                               for k, v in sorted(medians.items())},
+          'calls': {str(k): len(v) for k, v in sorted(self._samples.items())},
+          'calls_needed': PROBE_CALLS}
     return described

@@ -72,10 +72,10 @@ def record_result(model_run, result: Dict[str, Any]) -> None:
   if isinstance(result.get('steps_per_execution'), int):
     model_run.set_int_custom_property('steps_per_execution',
                                       result['steps_per_execution'])
-  if result.get('steps_per_execution_auto'):
-    model_run.set_string_custom_property(
-        'steps_per_execution_auto',
-        json.dumps(result['steps_per_execution_auto']))
+  for key in ('steps_per_execution_auto', 'steps_per_execution_auto_pending',
+              'steps_by_call_length'):
+    if result.get(key):
+      model_run.set_string_custom_property(key, json.dumps(result[key]))
   if result.get('intra_op_threads'):  # What the op pool got, and why.
     model_run.set_string_custom_property(
         'intra_op_threads', json.dumps(result['intra_op_threads']))

@@ -34,11 +34,16 @@ class StepStats:
     self.first_step_time = None
     self.first = None  # (monotonic time, steps) when the first call ended.
     self.last = None
+    # What ran, for the record: a call is cut at save boundaries and the
+    # end, and 'auto' measures lengths before it chooses one.
+    self.steps_by_call_length: Dict[int, int] = {}
 
   def steps_done(self, count: int) -> None:
     if not count:
       return
     self.steps += count
+    self.steps_by_call_length[count] = (
+        self.steps_by_call_length.get(count, 0) + count)
     now = time.monotonic()
     if self.first is None:
       self.first_step_seconds = now - self.began
@@ -66,6 +71,8 @@ class StepStats:
             'first_step_time': self.first_step_time,
             'steps_per_sec': steps_per_sec,
             'rate_includes_first_step': whole_attempt,
+            'steps_by_call_length': {
+                str(k): n for k, n in sorted(self.steps_by_call_length.items())},
             'preempted': preempted}
 
 
