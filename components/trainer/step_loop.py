@@ -72,7 +72,8 @@ class StepStats:
             'steps_per_sec': steps_per_sec,
             'rate_includes_first_step': whole_attempt,
             'steps_by_call_length': {
-                str(k): n for k, n in sorted(self.steps_by_call_length.items())},
+                str(k): n
+                for k, n in sorted(self.steps_by_call_length.items())},
             'preempted': preempted}
 
 
