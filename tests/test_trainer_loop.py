@@ -10,17 +10,20 @@ import json
 import logging
 import os
 import time
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from components.trainer import accumulation
+from components.trainer import call_size
 from components.trainer import evaluation
 from components.trainer import export
 from components.trainer.checkpoint import location as location_lib
 from components.trainer.checkpoint import records as records_lib
 from components.trainer import loop
+from components.trainer import preemption
 from components.trainer import progress
 from components.trainer import step_loop
 from tests.support import trainer_testing as tt
@@ -312,6 +315,47 @@ def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
   assert two_joins['steps_per_sec'] > 0
   assert two_joins['rate_includes_first_step'] is False
   assert step_loop.StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0
+
+
+class _SlowSaves:
+  """What `drive` asks of a checkpointer: a save every `every` steps that
+  takes `save_s` seconds."""
+
+  def __init__(self, every, save_s):
+    self.config = types.SimpleNamespace(save_every_seconds=0)
+    self.progress = types.SimpleNamespace(pausing=lambda step, why: None)
+    self.every, self.save_s, self.last_save_time = every, save_s, 0.0
+
+  def next_save_step(self, step):
+    return (step // self.every + 1) * self.every
+
+  def due_by_time(self):
+    return False
+
+  def save(self, step):
+    del step
+    time.sleep(self.save_s)
+
+
+def test_auto_times_a_call_without_the_checkpoint_saved_after_it():
+  # Saves every 100 steps, 50 ms each: calls of 100 steps all end in one,
+  # calls of 64 never do (the 36 after them do). Timed with its save, 100
+  # looked 3x slower per step than 64 and the default job ran two calls
+  # per checkpoint interval; without, 100's 10 ms call overhead spread over
+  # more steps wins.
+  def runner(current, k):
+    time.sleep(10e-3 + k * 1e-4)
+    return current + k, 0.0
+
+  sizer = call_size.CallSizer('auto', max_call=100)
+  step_loop.drive(runner, _SlowSaves(100, 0.05),
+                  preemption.SigtermWatcher(lambda: None), start=0,
+                  train_steps=1_000, sizer=sizer,
+                  record_progress=lambda *args: None)
+  [choice] = sizer.choices
+  assert sorted(choice.seconds_per_call) == [4, 64, 100]
+  assert choice.seconds_per_call[100] < 0.05
+  assert sizer.chosen == 100
 
 
 def test_progress_is_written_at_most_once_a_second(tmp_path, data,

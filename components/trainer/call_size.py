@@ -11,23 +11,31 @@ measured one after the other follows that noise.
 
 So 'auto' compares lengths by what they sustain, their calls interleaved.
 It times the loop's own calls, each from its start to the next call's
-start (the driver's work between calls counts, and an asynchronous device
-is timed by what it sustains), the first call of each new length left out
-(it may trace): a few calls of PROBE_SMALL steps give an upper bound of a
+start less any checkpoint saved in between (the driver's work between calls
+counts, and an asynchronous device is timed by what it sustains; saves come
+on their own schedule, whatever the length), the first call of each traced
+function left out (the runners trace one function for single steps and one
+for longer calls, whose length is a tensor argument, so a new length does
+not trace). A few calls of PROBE_SMALL steps give an upper bound of a
 step's time, which sets the longest candidate whose call stays within
 AUTO_MAX_CALL_SECONDS; then calls of that length and of the candidate below
-it alternate, and the longer wins unless the shorter's median time per
-step is lower by more than AUTO_SHORTER_MARGIN. That bound is loose (the
-short calls carry the overhead and, early on, the first epoch's reads), so
-while the longer wins and the next candidate fits the bound at the
-winner's own time per step, the next is compared with it the same way. The
-fit's H and D are recorded beside the choice. The time per step of the
-chosen calls is then watched: when it moves by more than AUTO_REGIME_CHANGE
-(the first epoch filling the input cache, another job taking the CPU),
-'auto' measures again. Every measurement and the reason of each choice are
-kept (`describe`) for `model_run`; a run that ends before the first
-choice records no length but the comparison it was in (the loop records
-the steps run at each length).
+it alternate, and the longer wins unless the shorter is faster per step by
+more than AUTO_SHORTER_MARGIN in every pair of neighbouring calls (here a
+median of three picked the shorter by noise, 64 over 256 at batch 256).
+That bound is loose (the short calls carry the overhead and, early on, the
+first epoch's reads), so while the longer wins and the next candidate fits
+the bound at the winner's own time per step, the next is compared with it
+the same way, unless it cannot pay: a short call's whole time bounds H, so
+going from k to the next length n saves at most `T_short * (1/k - 1/n)` a
+step, and below AUTO_MIN_GAIN of the winner's time per step that is not
+worth the calls of n steps it takes to measure (4096 against 1024: 15,360
+steps). The fit's H and D are recorded beside the choice. The time per
+step of the chosen calls is then watched: when it moves by more than
+AUTO_REGIME_CHANGE (the first epoch filling the input cache, another job
+taking the CPU), 'auto' measures again. Every measurement and the reason
+of each choice are kept (`describe`) for `model_run`; a run that ends
+before the first choice records no length but the comparison it was in
+(the loop records the steps run at each length).
 
 Pure logic, no TensorFlow: tested with synthetic timings. Workers of a
 multi-worker cluster must run the same calls, so they do not use 'auto'
@@ -56,6 +64,9 @@ AUTO_MAX_CALL_SECONDS = 2.0
 # A shorter length is chosen over a longer one only if it is this much
 # faster per step.
 AUTO_SHORTER_MARGIN = 0.05
+# The climb stops where the next length could save at most this fraction
+# of a step's time (with the short calls' time as the overhead).
+AUTO_MIN_GAIN = 0.01
 # Time per step at the chosen length moving by this factor (either way)
 # over WATCH_CALLS calls: measure again.
 AUTO_REGIME_CHANGE = 1.5
@@ -122,25 +133,32 @@ def long_probes(longest: int, small: int,
                 lengths: Tuple[int, ...] = AUTO_CANDIDATES) -> List[int]:
   """The lengths to measure after the short calls: `longest` (the longest
   within the call bound at the short calls' time per step, an upper bound
-  on a step's time), then the candidate below it, both longer than
-  `small`."""
-  below = [k for k in lengths if small < k < longest]
-  return ([longest] if longest > small else []) + below[-1:]
+  on a step's time) and the candidate below it (`small` itself where none
+  is between); none where `longest` is not longer than `small`."""
+  if longest <= small:
+    return []
+  return [longest, max(k for k in lengths if small <= k < longest)]
 
 
-def choose(seconds_per_call: Dict[int, float]) -> Tuple[int, str]:
-  """(k, reason): the longest measured length, unless a shorter one is
-  faster per step by more than AUTO_SHORTER_MARGIN (by the call model the
-  longer is faster, so noise alone must not pick the shorter)."""
-  per_step = {k: seconds_per_call[k] / k for k in sorted(seconds_per_call)}
-  k = max(per_step)
-  for shorter in sorted(per_step, reverse=True)[1:]:
-    if per_step[shorter] < (1 - AUTO_SHORTER_MARGIN) * per_step[k]:
-      k = shorter
-  measured = ', '.join(f'{n}: {s * 1e3:.4f}' for n, s in per_step.items())
-  return k, (f'ms per step by steps per call (median of {PROBE_CALLS} '
-             f'calls) {measured}: {k}, the longest unless a shorter one is '
-             f'more than {100 * AUTO_SHORTER_MARGIN:g}% faster')
+def choose(calls: Dict[int, List[float]]) -> Tuple[int, str]:
+  """(k, reason) from the interleaved calls (seconds, in order) of two
+  lengths: the longer, unless the shorter is faster per step by more than
+  AUTO_SHORTER_MARGIN in every pair of neighbouring calls. By the call model
+  the longer is faster, and on a VM whose speed moves for stretches a slow
+  stretch lands more often on the longer calls (they last longer), so a
+  median or two alone must not pick the shorter."""
+  shorter, longer = sorted(calls)
+  pairs = list(zip(calls[longer], calls[shorter]))
+  wins = sum(s / shorter < (1 - AUTO_SHORTER_MARGIN) * l / longer
+             for l, s in pairs)
+  k = shorter if wins == len(pairs) else longer
+  medians = ', '.join(f'{n}: {statistics.median(calls[n]) / n * 1e3:.4f}'
+                      for n in (shorter, longer))
+  return k, (f'ms per step by steps per call (median of {len(pairs)} '
+             f'calls) {medians}; {shorter} more than '
+             f'{100 * AUTO_SHORTER_MARGIN:g}% faster in {wins} of '
+             f'{len(pairs)} neighbouring calls: {k}, the longer unless the '
+             f'shorter is in all')
 
 
 class CallSizer:
@@ -148,8 +166,9 @@ class CallSizer:
 
   The driver asks `size()` before each call and reports every call with
   `observe(steps, seconds, step)`; calls it could not run at the asked
-  length (a save boundary, the end of training) and calls that saved are
-  reported with `measured=False`.
+  length (a save boundary, the end of training) are reported with
+  `measured=False`, and a call's seconds leave out a checkpoint saved after
+  it.
   """
 
   def __init__(self, setting: Union[int, str],
@@ -163,7 +182,7 @@ class CallSizer:
     self.choices: List[Choice] = []
     self._probe: Optional[List[int]] = None  # Lengths still to measure.
     self._samples: Dict[int, List[float]] = {}  # Calls of the lengths compared.
-    self._seen: set = set()  # Lengths run at least once (traced).
+    self._traced: set = set()  # Functions run once: 1 (k=1), 2 (k>1).
     self._watch: List[float] = []
     self._expected: Optional[float] = None  # Seconds per step when chosen.
     if self.auto:
@@ -189,9 +208,10 @@ class CallSizer:
     ended at `step`."""
     if not self.auto or steps <= 0:
       return
-    first_of_length = steps not in self._seen
-    self._seen.add(steps)
-    if not measured or first_of_length or steps != self.size():
+    function = min(steps, 2)
+    first_of_function = function not in self._traced
+    self._traced.add(function)
+    if not measured or first_of_function or steps != self.size():
       return
     if self._probe:
       self._probe_call(steps, seconds, step)
@@ -202,9 +222,9 @@ class CallSizer:
     self._samples.setdefault(steps, []).append(seconds)
     if any(len(self._samples.get(k, ())) < PROBE_CALLS for k in self._probe):
       return
-    compared = {k: statistics.median(self._samples[k]) for k in self._probe}
+    calls, self._samples = self._samples, {}
+    compared = {k: statistics.median(calls[k]) for k in self._probe}
     self._measured.update(compared)
-    self._samples = {}
     if len(self._measured) == 1:  # The short calls: now the long lengths.
       small_step = compared[steps] / steps
       fitting = longest_within(small_step, self.lengths)
@@ -217,17 +237,31 @@ class CallSizer:
         self._decide(step, steps, f'{steps}, the longest call within '
                      f'{AUTO_MAX_CALL_SECONDS} s')
       return
-    k, why = choose(compared)
+    k, why = choose(calls)
     self._reasons.append(why)
     # The short calls' bound is loose (their overhead, and early on the
     # first epoch's reads): where the longer won and the next length fits
-    # at its time per step, that one is compared with it the same way.
+    # at its time per step, that one is compared with it the same way if
+    # it can pay.
     longer = [n for n in self.lengths if n > k]
     if (k == max(compared) and longer and
         longer[0] * compared[k] / k <= AUTO_MAX_CALL_SECONDS):
-      self._probe = [longer[0], k]
-      return
+      gain = self._gain_bound(k, longer[0]) / (compared[k] / k)
+      if gain > AUTO_MIN_GAIN:
+        self._probe = [longer[0], k]
+        return
+      short = min(self._measured)
+      self._reasons.append(
+          f'{longer[0]} not measured: it would save at most {gain:.2%} of '
+          f'a step (the {short}-step calls, '
+          f'{self._measured[short] * 1e3:.2f} ms, bound the per-call '
+          f'overhead)')
     self._decide(step, k, '; '.join(self._reasons))
+
+  def _gain_bound(self, k: int, n: int) -> float:
+    """Seconds a step saves at most in calls of n steps instead of k: a
+    short call's whole time bounds the per-call overhead."""
+    return self._measured[min(self._measured)] * (1 / k - 1 / n)
 
   def _decide(self, step: int, k: int, why: str) -> None:
     measured = self._measured

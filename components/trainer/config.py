@@ -95,12 +95,13 @@ class DistributionConfig(JsonConfig):
       mode), so the host round trip of a call and its loss read-back are
       paid once per call: an int >= 1, or 'auto', which measures the
       per-call overhead against the time of a step and picks the length
-      (`call_size`), keeping a call under about half a second. Checkpoints, preemption checks and
-      progress happen between calls; a call never crosses a
-      `save_every_steps` boundary, so checkpoints stay exactly where they
-      would be with 1. For parameter servers it is the closures scheduled
-      between two joins ('auto': 50); for multi_worker_mirrored 'auto' is 1
-      (a multi-step call hung with workers reading gs:// here).
+      (`call_size`), keeping a call under about 2 s. Checkpoints,
+      preemption checks and progress happen between calls; a call never
+      crosses a `save_every_steps` boundary, so checkpoints stay exactly
+      where they would be with 1. For parameter servers it is the
+      closures scheduled between two joins ('auto': 50); for
+      multi_worker_mirrored 'auto' is 1 (a multi-step call hung with
+      workers reading gs:// here).
     intra_op_threads: Threads of TensorFlow's op pool in each training
       process: an int >= 1, 0 (TensorFlow's default, every core) or 'auto'
       (`cpu_threads`: one core left to the input pipeline without a GPU).

@@ -101,15 +101,15 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
   stats = StepStats(start)
   checkpointer.last_save_time = time.monotonic()
   current, pending, loss = start, None, math.nan
-  # The previous call, timed from its start to this one's: (steps, start,
-  # whether it ran at the asked length without a time-based save).
+  # The previous call, timed from its start to this one's less its save:
+  # (steps, start, whether it ran at the asked length, seconds saving).
   timed = None
   traced = set()
   try:
     while current < train_steps:
       began, previous = time.monotonic(), current
       if timed:
-        sizer.observe(timed[0], began - timed[1], previous,
+        sizer.observe(timed[0], began - timed[1] - timed[3], previous,
                       measured=timed[2])
       next_save = checkpointer.next_save_step(current)
       asked = sizer.size()
@@ -134,10 +134,13 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
       by_time = not by_steps and not last and bool(
           checkpointer.config.save_every_seconds and
           any_worker(checkpointer.due_by_time()))
+      saved_s = 0.0
       if by_steps or by_time or last:
+        saving = time.monotonic()
         checkpointer.save(current)
+        saved_s = time.monotonic() - saving
       record_progress(previous, current, loss, stats)
-      timed = (current - previous, began, k == asked and not by_time)
+      timed = (current - previous, began, k == asked, saved_s)
   except preemption.Preempted:
     step = read_step() if read_step else current
     return stats.summary(step, loss, preempted=True)
