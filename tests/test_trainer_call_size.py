@@ -15,8 +15,10 @@ class _Machine:
     # longer call (its length a tensor).
     self.first_call_extra = first_call_extra
     self._traced = set()
+    self.lengths = []  # Of every call, in order.
 
   def seconds(self, k, step):
+    self.lengths.append(k)
     extra = 0.0 if min(k, 2) in self._traced else self.first_call_extra
     self._traced.add(min(k, 2))
     return extra + self.overhead + k * self.step_at(step)
@@ -109,16 +111,8 @@ def test_the_long_lengths_alternate_so_both_see_the_same_machine():
   # part only. Interleaved, each length has calls on both sides.
   machine = _Machine(1e-3, lambda step: 3e-3 if 1500 <= step < 4000
                      else 1e-3)
-  lengths = []
-  seconds = machine.seconds
-
-  def recorded(k, step):
-    lengths.append(k)
-    return seconds(k, step)
-
-  machine.seconds = recorded
   sizer = _train(call_size.CallSizer('auto'), machine, 20_000)
-  assert lengths[:10] == [4] * 4 + [1024, 256] * 3
+  assert machine.lengths[:10] == [4] * 4 + [1024, 256] * 3
   assert sizer.chosen == 1024
 
 
@@ -160,14 +154,6 @@ def test_the_first_call_of_each_traced_function_is_left_out():
   # A 5 s trace on the first multi-step call would otherwise decide; a new
   # length does not trace, so its first call counts.
   machine = _Machine(1e-3, lambda step: 1e-3, first_call_extra=5.0)
-  lengths = []
-  seconds = machine.seconds
-
-  def recorded(k, step):
-    lengths.append(k)
-    return seconds(k, step)
-
-  machine.seconds = recorded
   sizer = _train(call_size.CallSizer('auto'), machine, 50_000)
   [choice] = sizer.choices
   assert choice.seconds_per_call[4] == pytest.approx(1e-3 + 4e-3)
@@ -175,7 +161,7 @@ def test_the_first_call_of_each_traced_function_is_left_out():
   assert sizer.chosen == 1024
   # 1 + 3 calls of 4 steps, then 3 each of 1024 and 256: no call of a new
   # length spent unmeasured.
-  assert lengths[:10] == [4] * 4 + [1024, 256] * 3
+  assert machine.lengths[:10] == [4] * 4 + [1024, 256] * 3
   assert choice.step == 16 + 3 * (1024 + 256)
 
 
