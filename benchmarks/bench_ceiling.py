@@ -177,7 +177,7 @@ def _auto_label(run: Dict[str, Any]) -> str:
   the length most of its steps ran at."""
   if run['steps_per_execution'] is not None:
     return str(run['steps_per_execution'])
-  ran = run.get('steps_by_call_length') or {'?': 0}
+  ran = run['steps_by_call_length']  # Recorded by every managed run.
   return f'none yet (most steps at {max(ran, key=ran.get)})'
 
 
