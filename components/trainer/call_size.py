@@ -113,6 +113,13 @@ def fit(seconds_per_call: Dict[int, float]
   return overhead, step
 
 
+def traced_function(steps: int) -> int:
+  """Which of a step runner's traced functions a call of `steps` runs: 1
+  (single steps) or 2 (longer calls, their length a tensor argument, so a
+  new length does not trace again)."""
+  return min(steps, 2)
+
+
 def candidates(max_call: Optional[int] = None) -> Tuple[int, ...]:
   """AUTO_CANDIDATES up to `max_call` (the checkpoint interval: no call
   crosses it), and `max_call` itself."""
@@ -182,7 +189,7 @@ class CallSizer:
     self.choices: List[Choice] = []
     self._probe: Optional[List[int]] = None  # Lengths still to measure.
     self._samples: Dict[int, List[float]] = {}  # Calls of the lengths compared.
-    self._traced: set = set()  # Functions run once: 1 (k=1), 2 (k>1).
+    self._traced: set = set()  # traced_function()s run at least once.
     self._watch: List[float] = []
     self._expected: Optional[float] = None  # Seconds per step when chosen.
     if self.auto:
@@ -208,7 +215,7 @@ class CallSizer:
     ended at `step`."""
     if not self.auto or steps <= 0:
       return
-    function = min(steps, 2)
+    function = traced_function(steps)
     first_of_function = function not in self._traced
     self._traced.add(function)
     if not measured or first_of_function or steps != self.size():
@@ -246,22 +253,19 @@ class CallSizer:
     longer = [n for n in self.lengths if n > k]
     if (k == max(compared) and longer and
         longer[0] * compared[k] / k <= AUTO_MAX_CALL_SECONDS):
-      gain = self._gain_bound(k, longer[0]) / (compared[k] / k)
+      # A short call's whole time bounds the per-call overhead.
+      short = min(self._measured)
+      gain = (self._measured[short] * (1 / k - 1 / longer[0]) /
+              (compared[k] / k))
       if gain > AUTO_MIN_GAIN:
         self._probe = [longer[0], k]
         return
-      short = min(self._measured)
       self._reasons.append(
           f'{longer[0]} not measured: it would save at most {gain:.2%} of '
           f'a step (the {short}-step calls, '
           f'{self._measured[short] * 1e3:.2f} ms, bound the per-call '
           f'overhead)')
     self._decide(step, k, '; '.join(self._reasons))
-
-  def _gain_bound(self, k: int, n: int) -> float:
-    """Seconds a step saves at most in calls of n steps instead of k: a
-    short call's whole time bounds the per-call overhead."""
-    return self._measured[min(self._measured)] * (1 / k - 1 / n)
 
   def _decide(self, step: int, k: int, why: str) -> None:
     measured = self._measured

@@ -115,10 +115,10 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
       asked = sizer.size()
       k = min(asked, train_steps - current,
               (next_save or train_steps) - current)
-      # A runner traces one function for single steps and one for k > 1:
-      # the first call of each records no step for a while.
-      if min(k, 2) not in traced:
-        traced.add(min(k, 2))
+      # The first call of each traced function records no step for a while.
+      function = call_size.traced_function(k)
+      if function not in traced:
+        traced.add(function)
         checkpointer.progress.pausing(current, 'tracing')
       current, call_loss = watcher.run(runner, current, k)
       stats.steps_done(current - previous)
