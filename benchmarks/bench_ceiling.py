@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_ceiling [--train-steps N] [--rounds R]
         [--batches 32,256] [--strategies one_device,mirrored] [--ks 64,256,1024]
+        [--preflight N]
 
 Side by side in one run, on the full taxi data transformed once by
 OptimizedTransform (one pipeline root, MLMD cache), the taxi model
@@ -27,6 +28,13 @@ over rounds is reported. Each round also runs the default job twice:
 tolerance are the defaults of `pipelines/cli.py` and the component), whose
 time outside training is the issue's goal. Writes
 benchmarks/results/ceiling.md.
+
+The ratios compare processes run minutes apart, so they hold only on a
+machine whose speed holds: the report gives each ceiling's range over the
+rounds and says when it moved more than MAX_CEILING_SPREAD.
+`--preflight N` first measures the batch-32 ceiling N times and stops,
+writing nothing, when those moved more than that (a full run takes about
+40 minutes at 3 rounds).
 """
 
 import argparse
@@ -56,6 +64,10 @@ GOAL_VS_BEST_K = 0.95
 GOAL_OUTSIDE_TRAINING_S = 5.0
 DEFAULT_JOB_RUNS = 2  # per round: it varies more than the rest.
 SAVE_EVERY_SECONDS = 60
+# Largest max/min of one ceiling over the rounds (or the preflight's runs)
+# under which the ratios can judge the goals.
+MAX_CEILING_SPREAD = 1.10
+PREFLIGHT_STEPS = 8192
 
 
 def steps_at(batch: int, train_steps: int) -> int:
@@ -452,6 +464,9 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
     strategy, batch = key.split('@')
     pools = _median(m['ceiling']), _median(m['ceiling_tf_default'])
     ceiling = max(pools)
+    fastest_pool = m['ceiling' if pools[0] >= pools[1] else
+                     'ceiling_tf_default']
+    spread = max(fastest_pool) / min(fastest_pool)
     auto = _median([r['examples_per_sec'] for r in m['auto']])
     by_k = {k: _median([r['examples_per_sec'] for r in m[f'k{k}']])
             for k in ks}
@@ -464,12 +479,20 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
     vs_best_whole = whole['auto'] / whole[f'k{best_whole}']
     chosen = ', '.join(map(_auto_label, m['auto']))
     rows.append([strategy, batch, ' / '.join(f'{c:,.0f}' for c in pools),
+                 (f'{min(fastest_pool):,.0f}-{max(fastest_pool):,.0f} '
+                  f'({spread:.2f}x)' if len(fastest_pool) > 1 else
+                  'one round: unknown'),
                  f'{auto:,.0f}',
                  f'{auto / ceiling:.2f}', chosen,
                  ', '.join(f'k={k}: {v / ceiling:.2f}'
                            for k, v in by_k.items()),
                  f'{auto / by_k[best_k]:.2f} (k={best_k})',
                  f'{vs_best_whole:.2f} (k={best_whole})'])
+    if spread > MAX_CEILING_SPREAD:
+      verdicts.append(
+          f'{strategy} batch {batch}: NOT STEADY, the ceiling moved '
+          f'{spread:.2f}x between rounds (at most {MAX_CEILING_SPREAD:.2f}x '
+          'lets the ratios judge the goals).')
     if strategy == 'one_device':
       verdicts.append(
           f'batch {batch}: defaults {auto / ceiling:.2f} of the ceiling '
@@ -497,6 +520,7 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
       f'before/after: {load[0]:.1f} / {load[1]:.1f}.\n\n' +
       report.table(['strategy', 'global batch',
                     "ceiling ex/s (trainer's pool / TF default)",
+                    'faster ceiling over rounds (max/min)',
                     'defaults (auto) ex/s', 'defaults / ceiling',
                     'auto chose k', 'explicit k / ceiling',
                     'defaults / best k, steady',
@@ -504,12 +528,33 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
       '\n\n' + '\n'.join(f'- {v}' for v in verdicts) + '\n')
 
 
+def preflight(root: str, inputs: Dict[str, str], runs: int) -> None:
+  """Measures the one_device batch-32 ceiling `runs` times; raises
+  SystemExit when they moved more than MAX_CEILING_SPREAD."""
+  rates = [_in_process(root, 'ceiling', {
+      'inputs': inputs, 'strategy': 'one_device', 'batch': BATCHES[0],
+      'train_steps': PREFLIGHT_STEPS,
+      'intra_op_threads': 'auto'})['examples_per_sec'] for _ in range(runs)]
+  spread = max(rates) / min(rates)
+  print(f'[bench_ceiling] preflight: batch {BATCHES[0]} ceiling '
+        f'{", ".join(f"{r:,.0f}" for r in rates)} ex/s ({spread:.2f}x)',
+        flush=True)
+  if spread > MAX_CEILING_SPREAD:
+    raise SystemExit(
+        f'bench_ceiling: the ceiling moved {spread:.2f}x over {runs} runs '
+        f'(allowed: {MAX_CEILING_SPREAD:.2f}x); this machine is not steady '
+        'enough for the ratios, nothing written. Rerun when it is idle.')
+
+
 def main(results_dir: str = 'benchmarks/results',
          train_steps: int = TRAIN_STEPS, rounds: int = ROUNDS,
-         batches=BATCHES, strategies=STRATEGIES, ks=EXPLICIT_KS) -> str:
+         batches=BATCHES, strategies=STRATEGIES, ks=EXPLICIT_KS,
+         preflight_runs: int = 0) -> str:
   root = tempfile.mkdtemp(prefix='bench_ceiling_')
   load_before = os.getloadavg()[0]
   inputs = _in_process(root, 'prepare', {})
+  if preflight_runs:
+    preflight(root, inputs, preflight_runs)
   measured, default_runs = {}, []
   for round_index in range(rounds):
     cells = [(s, b) for s in strategies for b in batches]
@@ -581,6 +626,10 @@ if __name__ == '__main__':
   parser.add_argument('--batches', default=','.join(map(str, BATCHES)))
   parser.add_argument('--strategies', default=','.join(STRATEGIES))
   parser.add_argument('--ks', default=','.join(map(str, EXPLICIT_KS)))
+  parser.add_argument(
+      '--preflight', type=int, default=0, metavar='N',
+      help='first measure the batch-32 ceiling N times; stop, writing '
+      f'nothing, if it moved more than {MAX_CEILING_SPREAD}x')
   # One measurement in this process (used by `main`).
   parser.add_argument('--mode', help=argparse.SUPPRESS)
   parser.add_argument('--root', help=argparse.SUPPRESS)
@@ -590,7 +639,7 @@ if __name__ == '__main__':
   if args.mode is None:
     print(main(args.results_dir, args.train_steps, args.rounds,
                _ints(args.batches), args.strategies.split(','),
-               _ints(args.ks)))
+               _ints(args.ks), args.preflight))
   else:
     os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
     spec = json.loads(args.spec)
