@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_ceiling [--train-steps N] [--rounds R]
         [--batches 32,256] [--strategies one_device,mirrored] [--ks 64,256,1024]
-        [--preflight N]
+        [--preflight N] [--report-name NAME]
 
 Side by side in one run, on the full taxi data transformed once by
 OptimizedTransform (one pipeline root, MLMD cache), the taxi model
@@ -607,7 +607,7 @@ def preflight(root: str, inputs: Dict[str, str], runs: int) -> None:
 def main(results_dir: str = 'benchmarks/results',
          train_steps: int = TRAIN_STEPS, rounds: int = ROUNDS,
          batches=BATCHES, strategies=STRATEGIES, ks=EXPLICIT_KS,
-         preflight_runs: int = 0) -> str:
+         preflight_runs: int = 0, report_name: str = 'ceiling') -> str:
   root = tempfile.mkdtemp(prefix='bench_ceiling_')
   load_before = os.getloadavg()[0]
   inputs = _in_process(root, 'prepare', {})
@@ -671,7 +671,7 @@ def main(results_dir: str = 'benchmarks/results',
     body += ('\nThe runs with the defaults above (every strategy and batch, '
              f'{EVAL_STEPS} eval steps):\n\n' +
              render_fixed_cost(auto_runs) + '\n')
-  return report.write(results_dir, 'ceiling',
+  return report.write(results_dir, report_name,
                       'Training at the ceiling: HighPerfTrainer vs the '
                       'in-memory loop', body)
 
@@ -692,6 +692,10 @@ if __name__ == '__main__':
       '--preflight', type=int, default=0, metavar='N',
       help='first measure the batch-32 ceiling N times; stop, writing '
       f'nothing, if it moved more than {MAX_CEILING_SPREAD}x')
+  parser.add_argument(
+      '--report-name', default='ceiling',
+      help='the report is <results-dir>/<name>.md (a run of a subset of '
+      'strategies or batches need not replace the full one)')
   # One measurement in this process (used by `main`).
   parser.add_argument('--mode', help=argparse.SUPPRESS)
   parser.add_argument('--root', help=argparse.SUPPRESS)
@@ -701,7 +705,7 @@ if __name__ == '__main__':
   if args.mode is None:
     print(main(args.results_dir, args.train_steps, args.rounds,
                _ints(args.batches), args.strategies.split(','),
-               _ints(args.ks), args.preflight))
+               _ints(args.ks), args.preflight, args.report_name))
   else:
     os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
     spec = json.loads(args.spec)
