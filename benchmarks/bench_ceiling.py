@@ -506,16 +506,13 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
     advantage = _pool_advantage(m)
     ratios: Dict[str, List[float]] = {name: [] for name in names}
     whole: Dict[str, List[float]] = {name: [] for name in names}
-    steady = 0
     for name in names:
       for run in m[name]:
         ceiling = bracket_ceiling(run, advantage)
-        if ceiling is None:
-          continue
-        steady += 1
-        ratios[name].append(run['examples_per_sec'] / ceiling)
-        whole[name].append(_whole_rate(run, steps, int(batch)) / ceiling)
-    judged = [n for n in names if ratios[n]]
+        if ceiling is not None:
+          ratios[name].append(run['examples_per_sec'] / ceiling)
+          whole[name].append(_whole_rate(run, steps, int(batch)) / ceiling)
+    steady = sum(map(len, ratios.values()))
     by_k = {k: _median(ratios[f'k{k}']) for k in ks if ratios[f'k{k}']}
     ceilings = m['ceiling']
     chosen = ', '.join(map(_auto_label, m['auto']))
@@ -526,11 +523,11 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
            f'{steady} of {sum(len(m[n]) for n in names)}',
            f'{_median([r["examples_per_sec"] for r in m["auto"]]):,.0f}',
            chosen]
-    if 'auto' not in judged or not by_k:
+    if not ratios['auto'] or not by_k:
       rows.append(row + ['-'] * 4)
       verdicts.append(
           f'{strategy} batch {batch}: NOT STEADY, no trainer run of '
-          f"{'auto' if 'auto' not in judged else 'an explicit k'} had a "
+          f"{'an explicit k' if ratios['auto'] else 'auto'} had a "
           f'bracket within {MAX_CEILING_SPREAD:.2f}x; nothing to judge.')
       continue
     auto = _median(ratios['auto'])
@@ -589,10 +586,9 @@ def render(measured: Dict[str, Any], train_steps: int, rounds: int,
 def preflight(root: str, inputs: Dict[str, str], runs: int) -> None:
   """Measures the one_device batch-32 ceiling `runs` times; raises
   SystemExit when they moved more than MAX_CEILING_SPREAD."""
-  rates = [_in_process(root, 'ceiling', {
-      'inputs': inputs, 'strategy': 'one_device', 'batch': BATCHES[0],
-      'train_steps': PREFLIGHT_STEPS,
-      'intra_op_threads': 'auto'})['examples_per_sec'] for _ in range(runs)]
+  spec = {'inputs': inputs, 'strategy': 'one_device', 'batch': BATCHES[0],
+          'train_steps': PREFLIGHT_STEPS}
+  rates = [_ceiling(root, spec, 'auto') for _ in range(runs)]
   spread = max(rates) / min(rates)
   print(f'[bench_ceiling] preflight: batch {BATCHES[0]} ceiling '
         f'{", ".join(f"{r:,.0f}" for r in rates)} ex/s ({spread:.2f}x)',
