@@ -8,6 +8,7 @@ TFX import, so config validation tests run without TFX.
 import dataclasses
 import json
 import math
+import typing
 from typing import Any, Dict, Optional, Union
 
 
@@ -52,11 +53,61 @@ def check_int(name: str, value: Any, minimum: int) -> None:
     raise ValueError(f'{name}={value!r} must be an integer >= {minimum}.')
 
 
-class JsonConfig:
-  """Mixin for dataclass configs: to/from dict and JSON, strict keys.
+def _matches(value: Any, annotation: Any) -> bool:
+  """Whether a JSON value fits a field's annotation: int (not bool), float
+  (finite; an int is a float), bool, str, Optional/Union, List, Dict and
+  Any."""
+  if annotation is Any:
+    return True
+  origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+  if origin is Union:
+    return any(_matches(value, arg) for arg in args)
+  if annotation is type(None):
+    return value is None
+  if annotation is bool:
+    return isinstance(value, bool)
+  if annotation is int:
+    return is_int(value)
+  if annotation is float:
+    return is_number(value)
+  if annotation is str:
+    return isinstance(value, str)
+  if origin in (list, tuple):
+    return isinstance(value, (list, tuple)) and all(
+        _matches(item, args[0]) for item in value)
+  if origin is dict:
+    return isinstance(value, dict) and all(
+        _matches(k, args[0]) and _matches(v, args[1])
+        for k, v in value.items())
+  raise TypeError(f'No JSON check for the annotation {annotation!r}.')
 
-  Subclasses are dataclasses that define `validate()` (returning self) and
-  `OPTIONS_NAME`, the name errors use for their options.
+
+_SCALARS = {int: ('an integer', 'integers'),
+            float: ('a finite number', 'finite numbers'),
+            bool: ('true or false', 'booleans'), str: ('a string', 'strings'),
+            type(None): ('null', 'nulls'), Any: ('any JSON value', 'values')}
+
+
+def _describe(annotation: Any, plural: bool = False) -> str:
+  """An annotation as the error names what is allowed."""
+  if annotation in _SCALARS:
+    return _SCALARS[annotation][plural]
+  origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+  if origin is Union:
+    return ' or '.join(_describe(arg, plural) for arg in args)
+  if origin in (list, tuple):
+    return f'{"lists" if plural else "a list"} of {_describe(args[0], True)}'
+  return (f'{"objects" if plural else "an object"} mapping '
+          f'{_describe(args[0], True)} to {_describe(args[1], True)}')
+
+
+class JsonConfig:
+  """Mixin for dataclass configs: to/from dict and JSON, strict keys, each
+  field's value of its annotated type.
+
+  Subclasses are dataclasses that define `validate()` (returning self; the
+  checks beyond the types) and `OPTIONS_NAME`, the name errors use for their
+  options.
   """
   OPTIONS_NAME = 'config'
 
@@ -83,7 +134,25 @@ class JsonConfig:
     if unknown:
       raise ValueError(f'Unknown {cls.OPTIONS_NAME} option(s) {unknown}; '
                        f'allowed: {known}.')
-    return cls(**values).validate()
+    config = cls(**values)
+    try:
+      config.validate()  # Its messages name the allowed values.
+    except TypeError:  # A comparison met a value of another type.
+      config.check_types()
+      raise
+    config.check_types()  # What validate let through: NaN, a str, a list.
+    return config
+
+  def check_types(self) -> None:
+    """Raises ValueError naming the first field whose value is not of its
+    annotated type (a string where a number belongs, NaN, a list)."""
+    hints = typing.get_type_hints(type(self))
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if not _matches(value, hints[field.name]):
+        raise ValueError(
+            f'{self.OPTIONS_NAME} option {field.name}={value!r} must be '
+            f'{_describe(hints[field.name])}.')
 
   @classmethod
   def from_json(cls, text: Optional[str]):

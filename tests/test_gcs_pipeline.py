@@ -378,6 +378,8 @@ def test_hpm_multi_worker_resumes_from_gcs_after_worker_killed(
   assert props['strategy'] == 'multi_worker_mirrored', props
   assert props['num_replicas'] == 2, props
   assert props['restarts'] == 1 and props['resumes'] == 1, props
+  assert props['preemption_relaunches'] == 0, props
+  assert props['membership_relaunches'] == 0, props
   [event] = json.loads(props['resume_events'])
   assert event['event'] == 'resumed', event
   assert event['from_step'] > 0 and event['from_step'] % SAVE_EVERY_STEPS == 0
@@ -387,9 +389,10 @@ def test_hpm_multi_worker_resumes_from_gcs_after_worker_killed(
     result = json.load(f)
   assert result['steps'] == TRAIN_STEPS, result  # Exact across attempts.
   assert result['start_step'] == event['from_step'], result
-  [restart] = result['launch']['restarts']
+  [restart] = result['launch']['relaunches']
   assert restart['process'] == 'worker-1', restart
   assert restart['exit_code'] == -signal.SIGKILL, restart
+  assert restart['cause'] == 'failure', restart
   # The killed worker's log was uploaded next to the model run.
   assert restart['log_path'].startswith(f'{model_run.uri}/'), restart
   assert tf.io.gfile.exists(restart['log_path'])

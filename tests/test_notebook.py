@@ -174,7 +174,7 @@ def test_trainer_notebook_trains_kills_resumes_and_evaluates():
   with open(model_run) as f:
     result = json.load(f)
   assert [e['event'] for e in result['resume_events']] == ['resumed']
-  assert result['launch']['restarts'][0]['exit_code'] == -9  # SIGKILL
+  assert result['launch']['relaunches'][0]['exit_code'] == -9  # SIGKILL
   # The Evaluator's bound is met, and beats the majority class.
   accuracy = float(re.search(r'binary_accuracy: ([0-9.]+)', text).group(1))
   majority = float(re.search(r'the majority class alone scores ([0-9.]+)',

@@ -112,26 +112,3 @@ def test_autograph_rule_lasts_only_while_installed():
     assert config.CONVERSION_RULES[0].matches('tf_keras.src.engine')
     assert config.CONVERSION_RULES[1:] == before
   assert config.CONVERSION_RULES == before
-
-
-def test_saves_without_layer_traces_only_inside_the_block(tmp_path):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tf_keras.src.saving.legacy.saved_model import utils  # pylint: disable=g-import-not-at-top
-  model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
-  serve = tf.function(lambda x: {'y': model(x)},
-                      input_signature=[tf.TensorSpec([None, 2], tf.float32)])
-  with patches.saving_without_layer_traces():
-    assert not utils.should_save_traces()
-    tf.saved_model.save(model, str(tmp_path / 'lean'), signatures=serve)
-  assert utils.should_save_traces()
-  tf.saved_model.save(model, str(tmp_path / 'traced'), signatures=serve)
-
-  lean = tf.saved_model.load(str(tmp_path / 'lean'))
-  traced = tf.saved_model.load(str(tmp_path / 'traced'))
-  # Keras's traced layer functions live under `keras_api`; the signature
-  # serves the same numbers without them.
-  assert hasattr(traced, 'keras_api') and not hasattr(lean, 'keras_api')
-  x = tf.constant([[1., 2.], [3., -4.]])
-  np_lean = lean.signatures['serving_default'](x=x)['y'].numpy()
-  np_traced = traced.signatures['serving_default'](x=x)['y'].numpy()
-  assert (np_lean == np_traced).all() and (np_lean == model(x).numpy()).all()

@@ -31,6 +31,12 @@ def test_a_config_written_before_the_version_field_reads_as_version_1(
     ({'format_version': 1, 'prefetch': 1},
      r"Unknown input pipeline option\(s\) \['prefetch'\]"),
     ([1, 2], r'holds \[1, 2\], not a JSON object'),
+    # Edited by hand into a bad value: the file and the field are named.
+    ({'format_version': 1, 'read_batch_size': 'x'},
+     r"tuned input pipeline .*config.json is not a valid config: input "
+     r"pipeline option read_batch_size='x' must be an integer\."),
+    ({'format_version': 1, 'prefetch_batches': float('nan')},
+     r'prefetch_batches=nan must be an integer'),
 ])
 def test_bad_tuned_configs_fail_naming_the_file(tmp_path, content, message):
   (tmp_path / tuned_input_pipeline.CONFIG_FILE).write_text(json.dumps(content))

@@ -146,7 +146,7 @@ def test_mwms_worker_killed_then_stopped_cluster_relaunches_each_time(
   launch = tt.run_cluster(task, root, hang_timeout_s=4)
 
   assert launch.attempts == 3
-  lost, hung = launch.restarts
+  lost, hung = launch.relaunches
   assert (lost.process, lost.exit_code) == ('worker-1', -signal.SIGKILL)
   assert (hung.process, hung.exit_code) == ('worker-0', None)
   assert 'No new training step' in hung.log_tail
@@ -202,7 +202,7 @@ def test_elastic_cluster_of_2_runs_on_1_and_back_with_the_same_updates(
                           num_workers=[2, 1, 2])
 
   assert launch.attempts == 3
-  assert [r.exit_code for r in launch.restarts] == [
+  assert [r.exit_code for r in launch.relaunches] == [
       -signal.SIGKILL, preemption.PREEMPTED_EXIT_CODE]
   result = tt.read_result(task)
   assert (result['num_workers'], result['gradient_accumulation_steps'],
@@ -247,7 +247,7 @@ def test_mwms_sigterm_checkpoints_on_every_worker_and_loses_nothing(
 
   # Both workers saved at the agreed step and exited "preempted".
   assert launch.attempts == 2
-  assert launch.restarts[0].exit_code == preemption.PREEMPTED_EXIT_CODE
+  assert launch.relaunches[0].exit_code == preemption.PREEMPTED_EXIT_CODE
   events = tt.read_result(task)['resume_events']
   assert [e['event'] for e in events] == ['preempted', 'resumed']
   assert events[1]['from_step'] == events[0]['at_step']
@@ -316,7 +316,7 @@ def test_ps_coordinator_killed_cluster_relaunches_and_resumes(
   launch = tt.run_cluster(task, root, strategy='parameter_server', num_ps=1,
                          max_restarts=1)
 
-  assert launch.attempts == 2 and launch.restarts[0].process == 'chief'
+  assert launch.attempts == 2 and launch.relaunches[0].process == 'chief'
   result = tt.read_result(task)
   [event] = result['resume_events']
   assert event['event'] == 'resumed' and event['from_step'] in (10, 20)

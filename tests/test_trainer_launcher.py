@@ -79,7 +79,7 @@ def test_all_trainers_succeed(tmp_path):
            for i in range(2)]
   result = launcher.run_supervised(lambda attempt: specs, str(tmp_path))
   assert result.attempts == 1
-  assert result.restarts == []
+  assert result.relaunches == []
   log = tmp_path / 'attempt-0' / 'worker-1.log'
   assert log.read_text().strip() == 'done 1'
 
@@ -189,7 +189,7 @@ def test_restart_relaunches_the_whole_cluster(tmp_path):
   result = launcher.run_supervised(make, str(tmp_path), max_restarts=2)
   assert attempts == [0, 1]
   assert result.attempts == 2
-  assert [(r.process, r.exit_code, r.attempt) for r in result.restarts] == [
+  assert [(r.process, r.exit_code, r.attempt) for r in result.relaunches] == [
       ('worker-0', 5, 0)]
 
 
@@ -198,7 +198,7 @@ def test_restarts_run_out(tmp_path):
   with pytest.raises(supervisor.ClusterFailedError, match='attempt 2') as error:
     launcher.run_supervised(lambda attempt: specs, str(tmp_path),
                             max_restarts=2)
-  assert len(error.value.restarts) == 2
+  assert len(error.value.relaunches) == 2
 
 
 def test_a_not_retryable_failure_is_not_relaunched(tmp_path):
@@ -209,7 +209,7 @@ def test_a_not_retryable_failure_is_not_relaunched(tmp_path):
                      match='exited with code 78 .attempt 0') as error:
     launcher.run_supervised(lambda attempt: specs, str(tmp_path),
                             max_restarts=2)
-  assert error.value.restarts == []
+  assert error.value.relaunches == []
   assert not (tmp_path / 'attempt-1').exists()
 
 
@@ -226,13 +226,15 @@ def test_a_preempted_exit_relaunches_without_using_a_restart(tmp_path):
   with pytest.raises(supervisor.ClusterFailedError,
                      match='exited with code 4 .attempt 2') as error:
     launcher.run_supervised(make, str(tmp_path), max_restarts=0)
-  assert [r.exit_code for r in error.value.restarts] == [75, 75]
+  assert [r.exit_code for r in error.value.relaunches] == [75, 75]
 
   result = launcher.run_supervised(make, str(tmp_path / 'again'),
                                    max_restarts=1)
   assert result.attempts == 4
-  assert [(r.exit_code, r.attempt) for r in result.restarts] == [
-      (75, 0), (75, 1), (4, 2)]
+  assert [(r.exit_code, r.attempt, r.cause) for r in result.relaunches] == [
+      (75, 0, 'preemption'), (75, 1, 'preemption'), (4, 2, 'failure')]
+  assert supervisor.count_by_cause(result.relaunches) == {
+      'failure': 1, 'preemption': 2, 'membership': 0}
 
 
 def test_one_judge_for_every_backend():
@@ -296,7 +298,7 @@ def test_sigterm_is_forwarded_and_fails_as_preempted(tmp_path):
                                 max_restarts=3)
       except supervisor.ClusterPreemptedError as e:
         print('PREEMPTED', e.failure.process, e.failure.exit_code,
-              len(e.restarts))
+              len(e.relaunches))
       """), cwd=os.path.dirname(os.path.dirname(__file__)),
                                 stdout=subprocess.PIPE, text=True)
   _wait_for_file(pid_file)
@@ -436,7 +438,7 @@ def test_a_chief_recording_no_new_step_is_hung_killed_and_relaunched(
       make, str(tmp_path / 'logs'), max_restarts=1, hang_timeout_s=hang_s,
       read_progress=read, progress_every_s=0.1)
   assert result.attempts == 2
-  [hung] = result.restarts
+  [hung] = result.relaunches
   assert (hung.process, hung.exit_code, hung.attempt) == ('chief', None, 0)
   assert re.search(r'No new training step for \d+ s \(hang_timeout_s=1\)',
                    hung.log_tail), hung.log_tail
@@ -507,8 +509,10 @@ def test_a_smaller_attempt_grows_back_at_a_checkpoint(tmp_path, caplog):
       progress_every_s=0.1)
   assert result.attempts == 2 and attempts[0].checks == 2
   assert os.path.exists(stopped)  # It got the notice.
-  [rescaled] = result.restarts
+  [rescaled] = result.relaunches
   assert rescaled.exit_code == exit_codes.PREEMPTED_EXIT_CODE
+  # Not a restart: a relaunch of its own cause.
+  assert rescaled.cause == 'membership'
   assert [(e.attempt, e.from_workers, e.to_workers, e.full_workers,
            e.reason) for e in result.membership] == [
                (0, 2, 1, 2, 'only 1 of 2 fit'),

@@ -93,12 +93,18 @@ def test_one_device_trains_evaluates_exports_and_reports(tmp_path, data):
 
   assert 'loss' in _summary_tags(os.path.join(task.model_run_dir, 'train'))
   assert {'loss', 'binary_accuracy'} <= _summary_tags(
-      os.path.join(task.model_run_dir, 'eval'))
+      os.path.join(task.model_run_dir, 'validation'))
 
   served = tf.saved_model.load(task.serving_model_dir)
   outputs = served.signatures['serving_default'](
       x=tf.zeros([3, 4]), id=tf.constant([1, 2, 3], tf.int64))
   assert list(outputs.values())[0].shape == (3, 1)
+  # A Keras SavedModel, as `model.save` writes it: its root has the
+  # variables (warm starts, fine-tuning), and Keras metadata.
+  assert served.variables and served.trainable_variables
+  assert hasattr(served, 'keras_api')
+  assert tf.io.gfile.exists(
+      os.path.join(task.serving_model_dir, 'keras_metadata.pb'))
 
 
 def test_eval_in_one_call_matches_keras_evaluate(tmp_path):
@@ -122,7 +128,7 @@ def test_eval_in_one_call_matches_keras_evaluate(tmp_path):
   whole = model.evaluate(dataset, return_dict=True, verbose=0)
   assert ours['loss'] != pytest.approx(whole['loss'], rel=1e-6)
   assert {'loss', 'binary_accuracy'} <= _summary_tags(
-      os.path.join(str(tmp_path), 'eval'))
+      os.path.join(str(tmp_path), 'validation'))
 
 
 def _write_transform_graph(path: str) -> None:
@@ -156,8 +162,11 @@ def _write_transform_graph(path: str) -> None:
 
 
 class _SignFlip(tf.keras.layers.Layer):
-  """A Python `if` on a tensor: traced only through autograph."""
+  """A Python `if` on a tensor: traced only through autograph, which Keras'
+  saving turns off for layer calls, so the call is a tf.function (with a
+  plain `call`, `model.save` and `tf.saved_model.save` fail alike)."""
 
+  @tf.function
   def call(self, x):
     if tf.reduce_sum(x) > 0:
       return x
@@ -169,7 +178,8 @@ def test_serving_signatures_apply_the_transform_and_keep_the_models_autograph(
   """The transform graph is applied without autograph (converting TF
   Transform's Python was most of the export), the model's call with it, as
   under stock TFX: a model with control flow on tensors exports and serves,
-  and both signatures apply the same transform."""
+  both signatures apply the same transform, and the Keras model loaded from
+  the export predicts what `serving_default` serves."""
   import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
   transform_dir = str(tmp_path / 'transform')
   _write_transform_graph(transform_dir)
@@ -191,6 +201,12 @@ def test_serving_signatures_apply_the_transform_and_keep_the_models_autograph(
                                     3.5 / np.std(range(8))], rel=1e-5)
   # The batch sums to 0: the `if` took its tensor branch, -x.
   assert outputs['outputs'].numpy() == pytest.approx(-z_scores, rel=1e-6)
+  # Keras loads it (the custom layer revived from its traces) and predicts
+  # what `serving_default` answers for the same raw examples.
+  keras_model = tf.keras.models.load_model(str(tmp_path / 'serving'))
+  predicted = keras_model({'x_xf': transformed['x_xf']})
+  assert predicted.numpy() == pytest.approx(outputs['outputs'].numpy(),
+                                            rel=1e-6)
 
 
 def test_delete_after_export_removes_the_checkpoints(tmp_path, data):

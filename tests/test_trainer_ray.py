@@ -284,7 +284,7 @@ def test_mwms_over_two_ray_hosts_matches_the_local_launcher(
   task = tt.mwms_task(gcs_root, gcs_data, id_log=str(tmp_path / 'ids.jsonl'))
   launch = ray_training.run_on_ray(task, root)
 
-  assert launch.attempts == 1 and not launch.restarts
+  assert launch.attempts == 1 and not launch.relaunches
   assert sorted(launch.placement) == ['worker-0', 'worker-1']
   # Two hosts, two addresses: the recorded placement says so.
   _assert_on_two_hosts(launch.placement, ray_hosts_driver)
@@ -415,7 +415,7 @@ def test_killed_actor_dead_host_and_partition_the_cluster_resumes_each_time(
   assert [kind for kind, _, _ in faults] == list(steps)
   assert restored['host_pids'] and launch.attempts == 4
   assert not restored['left_behind']
-  actor_restart, host_restart, partition_restart = launch.restarts
+  actor_restart, host_restart, partition_restart = launch.relaunches
   # Seen from Ray: the actor died.
   assert actor_restart.process == 'worker-1'
   assert actor_restart.exit_code is None and '[Ray]' in actor_restart.log_tail
@@ -513,10 +513,11 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
     hold.unlink(missing_ok=True)
 
   assert launch.attempts == 3
-  lost, rescaled = launch.restarts
+  lost, rescaled = launch.relaunches
   assert (lost.exit_code is None and '[Ray]' in lost.log_tail) or (
       'Collective ops is aborted' in lost.log_tail), lost
   assert rescaled.exit_code == 75, rescaled
+  assert (lost.cause, rescaled.cause) == ('failure', 'membership')
   shrink, grow = launch.membership
   assert (shrink.attempt, shrink.from_workers, shrink.to_workers) == (1, 2, 1)
   assert 'places only 1 of 2 workers' in shrink.reason

@@ -32,6 +32,7 @@ from pipelines import data
 from pipelines import taxi_module
 from pipelines import taxi_pipeline
 from tests.support import mlmd
+from tests.support import output_conformance
 from tests.support import taxi_runs
 
 # Extended: the core set proves OptimizedTransform end to end in the gs://
@@ -39,6 +40,7 @@ from tests.support import taxi_runs
 # with the stock Transform and the tuning reuse (about 5 min).
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
+README = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'README.md')
 NUM_SHARDS = 4
 BATCH = 64
 TUNING = {'time_budget_s': 4.0, 'num_output_shards': NUM_SHARDS,
@@ -197,6 +199,26 @@ def test_every_stock_output_is_produced(run):
   assert not glob.glob(os.path.join(run.metadata_path, '..',
                                     'OnTheFlyTransform',
                                     'transformed_examples', '*', '*'))
+
+
+def test_outputs_differ_from_stock_only_where_the_readme_says(run):
+  """Files and formats of every stock output, their MLMD properties; the
+  transform graph's SavedModel as a loader sees it (its signatures)."""
+  stock = output_conformance.node_outputs(run.metadata_path, taxi_runs.NAME,
+                                          'StockTransform')
+  ours = output_conformance.node_outputs(run.metadata_path, taxi_runs.NAME,
+                                         'OptimizedTransform')
+  differences, _ = output_conformance.compare_outputs(
+      stock, ours, saved_models={'transform_graph': 'transform_fn'})
+  documented = output_conformance.documented_differences(
+      README, 'OptimizedTransform')
+  assert set(differences) == documented, (
+      'not in the README:\n' + output_conformance.first_lines(
+          sorted(set(differences) - documented)) +
+      '\nin the README, not found:\n' + output_conformance.first_lines(
+          sorted(documented - set(differences))))
+  # What only ours has: the tuned input pipeline.
+  assert 'tuned_input_pipeline' in ours and 'tuned_input_pipeline' not in stock
 
 
 def test_tuned_pipeline_yields_stock_readers_multiset(run):

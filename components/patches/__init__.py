@@ -26,9 +26,8 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 # The library versions (major.minor) every patch here was written against;
 # setup.py pins the same.
-EXPECTED_VERSIONS = {'tfx': '1.16', 'tensorflow': '2.16', 'tf_keras': '2.16'}
-_LIBRARY_NAMES = {'tfx': 'TFX', 'tensorflow': 'TensorFlow',
-                  'tf_keras': 'tf-keras'}
+EXPECTED_VERSIONS = {'tfx': '1.16', 'tensorflow': '2.16'}
+_LIBRARY_NAMES = {'tfx': 'TFX', 'tensorflow': 'TensorFlow'}
 
 
 class PatchError(RuntimeError):
@@ -50,7 +49,7 @@ class Patch:
 
   Attributes:
     name: what the patch is called in errors.
-    library: 'tfx', 'tensorflow' or 'tf_keras' (keys of EXPECTED_VERSIONS).
+    library: 'tfx' or 'tensorflow' (keys of EXPECTED_VERSIONS).
     why: one line, for the error message.
     symbols: the private symbols it relies on.
     install: swaps the library's object(s); returns the undo. None for
@@ -271,30 +270,6 @@ ARTIFACT_TYPES_BY_TITLE = Patch(
             ('class_path',))),
     _artifact_type_module)
 
-# `tf.saved_model.save` of a tf-keras model also traces every layer's call
-# functions for Keras loaders (about 4 of the 7 s of the taxi model's
-# export), yet such a SavedModel has no Keras metadata, so no Keras loader
-# can use them. Exports that serve through explicit signatures skip them;
-# tf-keras's own `save_traces=False` switch is a private scope.
-KERAS_SAVE_WITHOUT_LAYER_TRACES = Patch(
-    'keras_save_without_layer_traces', 'tf_keras',
-    'signature-only SavedModels skip the Keras layer traces',
-    (Symbol('tf_keras.src.saving.legacy.saved_model.utils:keras_option_scope',
-            ('save_traces', 'in_tf_saved_model_scope')),
-     Symbol('tf_keras.src.saving.legacy.saved_model.utils:'
-            'should_save_traces', ())))
-
-
-@contextlib.contextmanager
-def saving_without_layer_traces() -> Iterator[None]:
-  """`tf.saved_model.save` in the block writes no Keras layer traces (this
-  thread; the model's signatures and variables are saved as always)."""
-  with installed(KERAS_SAVE_WITHOUT_LAYER_TRACES):
-    scope = resolve(KERAS_SAVE_WITHOUT_LAYER_TRACES.symbols[0].path)
-    with scope(save_traces=False, in_tf_saved_model_scope=False):
-      yield
-
-
 ALL = (SHARDED_TRANSFORM_WRITES, TRANSFORM_EXECUTOR_HOOKS,
        UNZIPPED_WHEEL_INSTALLS, AUTOGRAPH_SKIPS_TF_KERAS, STOCK_FN_ARGS,
-       ARTIFACT_TYPES_BY_TITLE, KERAS_SAVE_WITHOUT_LAYER_TRACES)
+       ARTIFACT_TYPES_BY_TITLE)

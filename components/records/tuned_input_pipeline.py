@@ -45,4 +45,9 @@ def read(uri: str) -> InputPipelineConfig:
     raise ValueError(
         f'{path} has format_version {version!r}; this version of tfx-hpm '
         f'reads version {FORMAT_VERSION}. Run OptimizedTransform again.')
-  return InputPipelineConfig.from_dict(values)
+  try:
+    return InputPipelineConfig.from_dict(values)
+  except ValueError as e:
+    raise ValueError(f'The tuned input pipeline {path} is not a valid '
+                     f'config: {e} Run OptimizedTransform again, or fix the '
+                     'file.') from e

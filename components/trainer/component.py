@@ -86,10 +86,10 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
   """Trains a model with a tf.distribute strategy chosen by configuration.
 
   Component `outputs`, as the stock Trainer: `model` (SavedModel under
-  `Format-Serving`, with `serving_default` and `transform_features`
-  signatures in managed mode) and `model_run` (TensorBoard logs, the
-  strategy decision and training result as files and custom properties,
-  cluster logs). Its executions are recorded in MLMD under the stock
+  `Format-Serving`; in managed mode the Keras SavedModel, with
+  `serving_default` and `transform_features` signatures) and `model_run`
+  (TensorBoard logs, the strategy decision and training result as files and
+  custom properties, cluster logs). Its executions are recorded in MLMD under the stock
   Trainer's type (see `components.drop_in`).
   """
   STOCK_TYPE_NAME = trainer_component.Trainer.get_class_type()
@@ -129,7 +129,8 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
       transform_graph: Transform output; its feature spec parses the
         examples and its graph goes into the serving signature.
       schema: Schema of the examples (when there is no transform graph).
-      base_model: Model to warm-start from (`fn_args.base_model`).
+      base_model: Model to warm-start from: `fn_args.base_model` in run_fn
+        mode; managed mode starts a fresh training from its weights.
       hyperparameters: Tuner output; its values override
         `custom_config['hparams']` in managed mode.
       module_file: Module with `build_model(hparams)` (managed mode) and/or

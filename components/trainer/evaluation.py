@@ -5,6 +5,9 @@ from typing import Callable, Dict, Optional
 
 import tensorflow as tf
 
+# model_run's folder of the eval metrics (TensorBoard's "validation" run).
+VALIDATION_LOGS = 'validation'
+
 
 def evaluate(model: tf.keras.Model, strategy: tf.distribute.Strategy,
              dataset_fn: Optional[Callable[[tf.distribute.InputContext],
@@ -17,7 +20,8 @@ def evaluate(model: tf.keras.Model, strategy: tf.distribute.Strategy,
   `model.test_step` in our own tf.function rather than `model.evaluate`:
   TF 2.16's autograph does not skip tf_keras (only `keras`), and converting
   it makes every Keras-traced function take seconds to build. The metrics go
-  to TensorBoard under `summary_dir/eval` (the chief's model_run) at `step`.
+  to TensorBoard under `summary_dir/validation` (the chief's model_run) at
+  `step`, where Keras' TensorBoard callback writes a stock run_fn's.
   """
   if dataset_fn is None:
     return {}
@@ -46,7 +50,8 @@ def evaluate(model: tf.keras.Model, strategy: tf.distribute.Strategy,
   metrics = {name: float(value)
              for name, value in model.get_metrics_result().items()}
   if summary_dir:
-    writer = tf.summary.create_file_writer(os.path.join(summary_dir, 'eval'))
+    writer = tf.summary.create_file_writer(
+        os.path.join(summary_dir, VALIDATION_LOGS))
     with writer.as_default():
       for name, value in metrics.items():
         tf.summary.scalar(name, value, step=step)

@@ -258,6 +258,7 @@ class Executor(base_executor.BaseExecutor):
         input_pipeline=input_pipeline,
         partition_plan_uri=(artifact_utils.get_single_uri(partition_plan)
                             if partition_plan else None),
+        base_model=stock_args.base_model or None,
         executor_io={
             'input_dict': artifact_utils.jsonify_artifact_dict(input_dict),
             'output_dict': artifact_utils.jsonify_artifact_dict(output_dict),
@@ -312,7 +313,7 @@ class Executor(base_executor.BaseExecutor):
     except supervisor.ClusterFailedError as e:
       # The same error, naming the uploaded logs instead of the local ones.
       raise type(e)(str(e).replace(local_logs, logs), e.failure,
-                    e.restarts) from e
+                    e.relaunches) from e
     finally:
       storage.upload_tree(local_logs, logs)
       shutil.rmtree(local_dir, ignore_errors=True)

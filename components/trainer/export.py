@@ -1,8 +1,12 @@
-"""Serving signatures that apply the transform graph to raw tf.Examples.
+"""The exported model: a Keras SavedModel with transform-aware signatures.
 
-Both the managed training loop and module-provided `run_fn`s export through
-these, so every SavedModel the suite writes is usable by the stock Evaluator
-(`transform_features` preprocessing) and by serving (`serving_default`).
+The managed training loop (and `pipelines/taxi_module.py`'s `run_fn`) export
+through `export_saved_model`: what `model.save(dir, save_format='tf',
+signatures=...)` writes, as TFX's Keras templates export. Keras loaders
+(`tf.keras.models.load_model`, warm starts, `hub.KerasLayer`) read it, its
+`tf.saved_model.load` root has the variables, and its signatures serve raw
+tf.Examples (`serving_default`) and feed the stock Evaluator
+(`transform_features`).
 """
 
 import shutil
@@ -11,8 +15,6 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 import tensorflow_transform as tft
-
-from components import patches
 
 
 def serving_signatures(model: tf.keras.Model,
@@ -68,16 +70,14 @@ def export_saved_model(model: tf.keras.Model,
   """Saves `model` with transform-aware signatures to `export_dir`."""
   if signatures is None:
     signatures = serving_signatures(model, tf_transform_output, raw_label_key)
-  save_with_signatures(model, export_dir, signatures)
+  save_keras_model(model, export_dir, signatures)
 
 
-def save_with_signatures(model: tf.keras.Model, export_dir: str,
-                         signatures: Dict[str, object]) -> None:
-  """A SavedModel that serves through `signatures`, without the Keras layer
-  traces (no Keras loader can read them: `tf.saved_model.save` writes no
-  Keras metadata), which take over half of the export's time."""
-  with patches.saving_without_layer_traces():
-    tf.saved_model.save(model, export_dir, signatures=signatures)
+def save_keras_model(model: tf.keras.Model, export_dir: str,
+                     signatures: Optional[Dict[str, object]] = None) -> None:
+  """The Keras SavedModel, with the Keras metadata and layer traces that
+  Keras loaders need and the given serving signatures."""
+  model.save(export_dir, save_format='tf', signatures=signatures)
 
 
 def export_trained_model(model: tf.keras.Model, module, tf_transform_output,
@@ -92,14 +92,13 @@ def export_trained_model(model: tf.keras.Model, module, tf_transform_output,
     export_dir = tempfile.mkdtemp(prefix='hpm-nonchief-export-')
   try:
     if hasattr(module, 'serving_signatures'):
-      save_with_signatures(
-          model, export_dir,
-          module.serving_signatures(model, tf_transform_output))
+      save_keras_model(model, export_dir,
+                       module.serving_signatures(model, tf_transform_output))
     elif tf_transform_output is not None:
       export_saved_model(model, tf_transform_output, raw_label_key,
                          export_dir)
     else:
-      tf.saved_model.save(model, export_dir)
+      save_keras_model(model, export_dir)
   finally:
     if not is_chief:
       shutil.rmtree(export_dir, ignore_errors=True)

@@ -52,6 +52,7 @@ from components.trainer import step_runners
 from components.trainer import strategy as strategy_lib
 from components.trainer.task import TrainingTask
 from components.trainer import user_module
+from components.trainer import warm_start
 
 # Parameter-server closures scheduled per call (between two joins) for
 # steps_per_execution='auto': the closures run asynchronously, so there is
@@ -192,12 +193,21 @@ class ManagedTraining:
         collective_saves=self.kind == 'multi_worker_mirrored')
 
   def restore(self) -> int:
-    """Takes the checkpoint folder's lease (chief), then restores."""
+    """Takes the checkpoint folder's lease (chief), then restores; a
+    training with nothing to resume starts from the base model, if any."""
     self.checkpointer.acquire_lease()
     # No worker reads checkpoints before the chief holds the lease: until
     # then another run may still be pruning them.
     self.all_workers(True)
-    return self.checkpointer.restore()
+    start = self.checkpointer.restore()
+    self.warm_start = None
+    if start == 0 and self.task.base_model:
+      # Every worker reads the same base model: their copies stay equal.
+      self.warm_start = warm_start.warm_start(self.model,
+                                              self.task.base_model)
+      progress.LOGGER.info('Warm start: %d weights from %s.',
+                           self.warm_start['weights'], self.task.base_model)
+    return start
 
   def _save_now(self) -> None:
     self.checkpointer.save(int(self.step.numpy()))
@@ -340,6 +350,7 @@ class ManagedTraining:
         'checkpoints_saved': self.checkpointer.saves,
         'checkpoint_seconds': round(self.checkpointer.save_seconds, 4),
         'resume_events': self.checkpointer.events,
+        'warm_start': self.warm_start,
         'wall_seconds': round(time.monotonic() - self.started, 3),
         'timing': {**self.timing,
                    'first_call_s': summary.get('first_step_seconds')},

@@ -15,6 +15,7 @@ from typing import Any, Dict
 from components import storage
 from components.trainer import config as config_lib
 from components.trainer import strategy as strategy_lib
+from components.trainer import supervisor
 
 DECISION_FILE = 'distribution_decision.json'
 
@@ -57,7 +58,8 @@ def record_decision(model_run,
 
 
 def record_result(model_run, result: Dict[str, Any]) -> None:
-  """The training result's key numbers, restarts and resume events."""
+  """The training result's key numbers, relaunches, resume events and warm
+  start."""
   for key in ('num_replicas', 'global_batch_size', 'train_steps'):
     if isinstance(result.get(key), int):
       model_run.set_int_custom_property(key, result[key])
@@ -79,8 +81,20 @@ def record_result(model_run, result: Dict[str, Any]) -> None:
   if result.get('intra_op_threads'):  # What the op pool got, and why.
     model_run.set_string_custom_property(
         'intra_op_threads', json.dumps(result['intra_op_threads']))
-  restarts = len(result.get('launch', {}).get('restarts', []))
-  model_run.set_int_custom_property('restarts', restarts)
+  # `restarts`: relaunches after failures (what max_restarts bounds);
+  # preemptions and membership changes are counted apart.
+  counts = supervisor.count_by_cause([
+      supervisor.ProcessExit(**r)
+      for r in result.get('launch', {}).get('relaunches', [])])
+  model_run.set_int_custom_property('restarts', counts[supervisor.FAILURE])
+  model_run.set_int_custom_property('preemption_relaunches',
+                                    counts[supervisor.PREEMPTION])
+  model_run.set_int_custom_property('membership_relaunches',
+                                    counts[supervisor.MEMBERSHIP])
+  # Where a fresh managed training started from the base model.
+  if result.get('warm_start'):
+    model_run.set_string_custom_property(
+        'warm_start', json.dumps(result['warm_start'], sort_keys=True))
   # An elastic cluster's worker-count changes: when, why, from and to.
   membership = result.get('launch', {}).get('membership') or []
   model_run.set_string_custom_property('membership', json.dumps(membership))

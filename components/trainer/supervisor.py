@@ -100,6 +100,14 @@ class Attempt(Protocol):
 StartAttempt = Callable[[int, str], Attempt]
 
 
+# Why an attempt ended in a relaunch: a failure (a restart, counted against
+# max_restarts), a preemption (a task exited PREEMPTED_EXIT_CODE) or a
+# membership change (stopped at a checkpoint to relaunch at full size).
+FAILURE = 'failure'
+PREEMPTION = 'preemption'
+MEMBERSHIP = 'membership'
+
+
 @dataclasses.dataclass
 class ProcessExit:
   """How one process ended, with the end of its log."""
@@ -109,13 +117,21 @@ class ProcessExit:
   log_tail: str
   attempt: int
   time: float
+  cause: str = FAILURE
+
+
+def count_by_cause(relaunches: List[ProcessExit]) -> Dict[str, int]:
+  """How many relaunches each cause made (every cause, 0 included)."""
+  return {cause: sum(1 for r in relaunches if r.cause == cause)
+          for cause in (FAILURE, PREEMPTION, MEMBERSHIP)}
 
 
 @dataclasses.dataclass
 class LaunchResult:
   attempts: int
-  # Why each relaunch happened (preemptions, exit 75, included).
-  restarts: List[ProcessExit]
+  # Every relaunch and its cause: restarts after failures, relaunches
+  # after a preemption or a membership change.
+  relaunches: List[ProcessExit]
   wall_s: float
   log_dir: str
   # Launcher 'ray': where each task of the last attempt ran (node id, IP).
@@ -135,18 +151,18 @@ class LaunchResult:
           log_dir) else path
     return dataclasses.replace(
         self, log_dir=move(self.log_dir),
-        restarts=[dataclasses.replace(r, log_path=move(r.log_path))
-                  for r in self.restarts])
+        relaunches=[dataclasses.replace(r, log_path=move(r.log_path))
+                    for r in self.relaunches])
 
 
 class ClusterFailedError(RuntimeError):
   """A training process failed (and no restart was left)."""
 
   def __init__(self, message: str, failure: ProcessExit,
-               restarts: List[ProcessExit]):
+               relaunches: List[ProcessExit]):
     super().__init__(message)
     self.failure = failure
-    self.restarts = restarts
+    self.relaunches = relaunches
 
 
 class ClusterTimeoutError(ClusterFailedError):
@@ -317,7 +333,7 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
     ClusterPreemptedError: SIGTERM arrived; the processes have stopped.
   """
   start = time.monotonic()
-  restarts: List[ProcessExit] = []
+  relaunches: List[ProcessExit] = []
   membership: List[membership_lib.MembershipEvent] = []
   index = 0
   workers = 0
@@ -332,7 +348,8 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
       try:
         forwarder.tasks = attempt.names
         relay = progress_relay.ProgressRelay(
-            read_progress, progress_every_s, len(restarts),
+            read_progress, progress_every_s,
+            count_by_cause(relaunches)[FAILURE],
             (attempt.workers, attempt.full_workers)
             if attempt.workers != attempt.full_workers else None)
         try:
@@ -345,29 +362,38 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
         # Hung processes would not checkpoint in any grace period.
         attempt.stop(0 if outcome is Outcome.HUNG else grace_s)
       if outcome is Outcome.DONE:
-        return LaunchResult(index + 1, restarts, time.monotonic() - start,
+        return LaunchResult(index + 1, relaunches, time.monotonic() - start,
                             log_dir, attempt.placement, membership)
       # Read after stop: a remote task's last lines arrive with it.
       path = attempt.log_path(task.name)
       failure = ProcessExit(task.name, task.exit_code, path,
-                            log_tail.read_tail(path) + task.note, index, time.time())
+                            log_tail.read_tail(path) + task.note, index,
+                            time.time(), _cause(outcome, task.exit_code))
       _raise_or_log_relaunch(
           outcome, failure,
           _describe(failure, tasks, outcome is Outcome.HUNG),
-          restarts, max_restarts, timeout_s)
-      restarts.append(failure)
+          relaunches, max_restarts, timeout_s)
+      relaunches.append(failure)
       index += 1
 
 
+def _cause(outcome: Outcome, exit_code: Optional[int]) -> str:
+  if outcome is Outcome.RESCALED:
+    return MEMBERSHIP
+  if outcome is Outcome.PREEMPTED or exit_code == PREEMPTED_EXIT_CODE:
+    return PREEMPTION
+  return FAILURE
+
+
 def _raise_or_log_relaunch(outcome: Outcome, failure: ProcessExit,
-                           message: str, restarts: List[ProcessExit],
+                           message: str, relaunches: List[ProcessExit],
                            max_restarts: int, timeout_s: float) -> None:
   """The one mapping from an attempt's end to an error, else a relaunch."""
   if outcome is Outcome.TIMEOUT:
     raise ClusterTimeoutError(
         f'Training exceeded timeout_s={timeout_s} and was killed. Last '
         f'lines of {failure.process} ({failure.log_path}):\n'
-        f'{failure.log_tail}', failure, restarts)
+        f'{failure.log_tail}', failure, relaunches)
   if outcome is Outcome.RESCALED:
     logging.warning('Relaunching at full size; it resumes from its '
                     'checkpoint (not counted against max_restarts=%d).',
@@ -376,14 +402,15 @@ def _raise_or_log_relaunch(outcome: Outcome, failure: ProcessExit,
   if outcome is Outcome.PREEMPTED:
     raise ClusterPreemptedError(
         'Preempted (SIGTERM): the training processes were told to '
-        f'checkpoint and stop; a rerun resumes. {message}', failure, restarts)
-  if failure.exit_code == PREEMPTED_EXIT_CODE:
+        f'checkpoint and stop; a rerun resumes. {message}', failure,
+        relaunches)
+  if failure.cause == PREEMPTION:
     logging.warning('Relaunching the preempted cluster; it resumes from its '
                     'checkpoint (not counted against max_restarts=%d): %s',
                     max_restarts, message)
     return
-  used = sum(1 for r in restarts if r.exit_code != PREEMPTED_EXIT_CODE)
+  used = count_by_cause(relaunches)[FAILURE]
   if used >= max_restarts or failure.exit_code == NOT_RETRYABLE_EXIT_CODE:
-    raise ClusterFailedError(message, failure, restarts)
+    raise ClusterFailedError(message, failure, relaunches)
   logging.warning('Restarting the cluster (%d of %d): %s', used + 1,
                   max_restarts, message)

@@ -42,6 +42,9 @@ class TrainingTask:
   input_pipeline: Optional[Dict[str, Any]] = None
   # URI of a PartitionPlan artifact, or None.
   partition_plan_uri: Optional[str] = None
+  # The `base_model` input's SavedModel (`fn_args.base_model`): a fresh
+  # managed training starts from its weights; None starts from scratch.
+  base_model: Optional[str] = None
   # The full TFX executor inputs, for `run_fn` mode: the training process
   # rebuilds the stock `fn_args` from them (artifacts as JSON).
   executor_io: Optional[Dict[str, Any]] = None
