@@ -113,7 +113,7 @@ def test_run_fn_mode_leaves_what_the_stock_trainer_leaves_and_more(runs):
   """The module's own export, untouched; model_run gains our records."""
   metadata_path, _ = runs
   differences, additions = _differences(metadata_path, RUN_FN_NODE)
-  assert differences == [], output_conformance.first_lines(differences)
+  assert differences == [], differences
   assert not [a for a in additions if a.startswith('model:')], additions
   assert 'model_run: training_result.json added (text)' in additions
 
@@ -121,13 +121,8 @@ def test_run_fn_mode_leaves_what_the_stock_trainer_leaves_and_more(runs):
 def test_managed_mode_differs_from_stock_only_where_the_readme_says(runs):
   metadata_path, _ = runs
   differences, additions = _differences(metadata_path, MANAGED_NODE)
-  documented = output_conformance.documented_differences(
-      README, 'HighPerfTrainer')
-  assert set(differences) == documented, (
-      'not in the README:\n' + output_conformance.first_lines(
-          sorted(set(differences) - documented)) +
-      '\nin the README, not found:\n' + output_conformance.first_lines(
-          sorted(documented - set(differences))))
+  output_conformance.assert_documented(differences, README,
+                                       'HighPerfTrainer')
   # Beyond stock: Keras loads the managed export.
   assert 'model: keras load added (works)' in additions, additions
 

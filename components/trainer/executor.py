@@ -10,6 +10,7 @@ this process only, recorded with the reason on `model_run`). It then checks
 the exported model and records the training result on `model_run`.
 """
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -19,6 +20,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
+import tensorflow as tf
 from tfx import types
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_executor
@@ -51,6 +53,8 @@ TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
 PARTITION_PLAN_KEY = 'partition_plan'
 
 TASK_FILE = 'training_task.json'
+# A failed training's class and message, in model_run.
+FAILURE_FILE = 'failure.json'
 CLUSTER_LOG_DIR = 'cluster_logs'
 # This node's pipeline name and id where the executor's context has none:
 # TFX's Kubeflow V2 entrypoint gives executors no pipeline or node, so
@@ -83,6 +87,22 @@ def _hparams(fn_args) -> Dict[str, Any]:
   tuned = fn_args.hyperparameters or {}
   hparams.update(tuned.get('values', tuned))
   return hparams
+
+
+def _record_failure(model_run_dir: str,
+                    error: supervisor.ClusterFailedError) -> None:
+  """FAILURE_FILE in model_run: the failure's class and message (the
+  execution fails, so MLMD gets no properties; the folder stays)."""
+  try:
+    storage.write_json(os.path.join(model_run_dir, FAILURE_FILE), {
+        'failure_class': error.failure.failure_class or error.failure.cause,
+        'process': error.failure.process,
+        'exit_code': error.failure.exit_code,
+        'message': str(error).split('\n', 1)[0],
+        'relaunches': [dataclasses.asdict(r) for r in error.relaunches]})
+  except (OSError, tf.errors.OpError) as e:
+    logging.warning('Could not record the failure in %s: %s', model_run_dir,
+                    e)
 
 
 def check_module_contract(module_file: Optional[str],
@@ -312,10 +332,18 @@ class Executor(base_executor.BaseExecutor):
             read_progress=read_progress)
     except supervisor.ClusterFailedError as e:
       # The same error, naming the uploaded logs instead of the local ones.
-      raise type(e)(str(e).replace(local_logs, logs), e.failure,
-                    e.relaunches) from e
+      error = type(e)(str(e).replace(local_logs, logs), e.failure,
+                      e.relaunches)
+      _record_failure(task.model_run_dir, error)
+      raise error from e
     finally:
-      storage.upload_tree(local_logs, logs)
+      try:
+        storage.upload_tree(local_logs, logs)
+      except (OSError, tf.errors.OpError) as upload_error:
+        # E.g. the location is full: the training's own error stays the
+        # one raised.
+        logging.warning('Could not upload the cluster logs to %s: %s',
+                        logs, upload_error)
       shutil.rmtree(local_dir, ignore_errors=True)
     result = training_result.read(task.model_run_dir)
     if result is None:

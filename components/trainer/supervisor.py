@@ -6,7 +6,9 @@ reports each task's state; `supervise` is the one loop that watches an
 attempt, judges its outcome and decides what follows: done, relaunch (while
 `max_restarts` lasts; a task that exits PREEMPTED_EXIT_CODE stopped at a
 checkpoint, so its relaunch resumes and is not counted), or fail with the
-error of the outcome (NOT_RETRYABLE_EXIT_CODE at once). A SIGTERM to the
+error of the outcome (NOT_RETRYABLE_EXIT_CODE at once: the process found a
+failure no relaunch can cure, `failures.CLASSES`, and its record leads the
+error). A SIGTERM to the
 supervisor (a preemption notice) is passed on to every task, which
 checkpoints and stops; the run then fails as preempted, so that the
 orchestrator's retry resumes. While an attempt runs, the chief's progress
@@ -32,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 from absl import logging
 
+from components.trainer import failures
 from components.trainer import log_tail
 from components.trainer import membership as membership_lib
 from components.trainer import progress
@@ -118,6 +121,9 @@ class ProcessExit:
   attempt: int
   time: float
   cause: str = FAILURE
+  # For a failure: its class (`failures.CLASSES`; 'transient' where the
+  # process wrote no failure record: it crashed or was lost).
+  failure_class: str = ''
 
 
 def count_by_cause(relaunches: List[ProcessExit]) -> Dict[str, int]:
@@ -284,9 +290,12 @@ def _describe(failure: ProcessExit, tasks: List[TaskStatus],
          'was lost with its host or actor' if code is None else
          f'was killed by signal {-code}' if code < 0 else
          f'exited with code {code}')
-  return (f'Training process {failure.process!r} {how} (attempt '
-          f'{failure.attempt}); other processes: {others or "none"}. '
-          f'Log {failure.log_path}, last lines:\n{failure.log_tail}')
+  described = (f'Training process {failure.process!r} {how} (attempt '
+               f'{failure.attempt}); other processes: {others or "none"}. '
+               f'Log {failure.log_path}, last lines:\n{failure.log_tail}')
+  record = failures.read_record(failure.log_tail)
+  # What broke and what to do first, then where it was seen.
+  return f'{record[1]}\n{described}' if record else described
 
 
 def supervise(start_attempt: StartAttempt, log_dir: str, *,
@@ -366,9 +375,13 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
                             log_dir, attempt.placement, membership)
       # Read after stop: a remote task's last lines arrive with it.
       path = attempt.log_path(task.name)
-      failure = ProcessExit(task.name, task.exit_code, path,
-                            log_tail.read_tail(path) + task.note, index,
-                            time.time(), _cause(outcome, task.exit_code))
+      tail = log_tail.read_tail(path) + task.note
+      cause = _cause(outcome, task.exit_code)
+      record = failures.read_record(tail) if cause == FAILURE else None
+      failure = ProcessExit(
+          task.name, task.exit_code, path, tail, index, time.time(), cause,
+          (record[0] if record else failures.TRANSIENT).name
+          if cause == FAILURE else '')
       _raise_or_log_relaunch(
           outcome, failure,
           _describe(failure, tasks, outcome is Outcome.HUNG),

@@ -32,13 +32,14 @@ from absl import logging as absl_logging
 import tensorflow as tf
 
 from components.data import input_pipeline
+from components.data import shard_check
 from components.records import training_result
 from components.trainer import cpu_threads
+from components.trainer import failures
 from components.trainer import membership
 from components.trainer import preemption
 from components.trainer import strategy as strategy_lib
 from components.trainer import tf_cluster
-from components.trainer.checkpoint.lease import LeaseHeldError
 from components.trainer.config import DistributionConfig
 from components.trainer.exit_codes import NOT_RETRYABLE_EXIT_CODE
 from components.trainer.task import TrainingTask
@@ -201,16 +202,53 @@ def main(argv=None) -> int:
   log_at_info()
   if args.role == 'server':
     run_server()
+  task = TrainingTask.load(args.task)
   try:
-    result = train(TrainingTask.load(args.task))
-  except LeaseHeldError:
-    # Another run trains into this checkpoint folder: a relaunch would
-    # only meet it again.
-    absl_logging.exception('Not retryable:')
+    result = train(task)
+  except Exception as e:  # pylint: disable=broad-except
+    failure_class = failures.classify(e)
+    if failure_class.retry:
+      raise  # A traceback and exit 1: the supervisor relaunches.
+    absl_logging.exception('Not retryable (%s):', failure_class.name)
+    # The last line of the log: the supervisor's error starts with it.
+    print(failures.record_line(failure_class,
+                               describe_failure(task, failure_class, e)),
+          flush=True)
     return NOT_RETRYABLE_EXIT_CODE
   # A preempted run stopped at a checkpoint: tell the launcher that a rerun
   # resumes.
   return preemption.exit_code(result)
+
+
+def describe_failure(task: TrainingTask,
+                     failure_class: failures.FailureClass,
+                     error: BaseException) -> str:
+  """What broke and where: for damaged data, the file and the record, found
+  by reading the task's files once (TF's error names neither); for storage,
+  which of the task's locations."""
+  where = failures.short_text(error)
+  roles = {'checkpoint': task.checkpoint_dir, 'model': task.serving_model_dir,
+           'model_run': task.model_run_dir}
+  problems = {failures.STORAGE_FULL: 'is full',
+              failures.STORAGE_READ_ONLY: 'is read-only',
+              failures.PERMISSION_DENIED: 'cannot be written by this job'}
+  for role, path in roles.items():
+    if (failure_class in problems and path in where and
+        not where.startswith('The ')):
+      where = (f'The {role} location {path} {problems[failure_class]} '
+               f'({type(error).__name__}: {where})')
+      break
+  if failure_class is failures.CORRUPT_DATA:
+    config = input_pipeline.InputPipelineConfig.from_dict(
+        task.input_pipeline or {})
+    damaged = shard_check.first_damaged(
+        list(task.train_files) + list(task.eval_files),
+        config.compression_type)
+    if damaged:
+      where = (f'The data file {damaged["path"]} is damaged after record '
+               f'{damaged["readable_records"]} (the records before it read '
+               f'fine): {damaged["error"]}')
+  return failures.describe(failure_class, where)
 
 
 def finish(code: int) -> None:

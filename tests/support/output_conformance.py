@@ -182,7 +182,18 @@ def documented_differences(readme_path: str, component: str) -> Set[str]:
                         flags=re.MULTILINE))
 
 
-def first_lines(items: Iterable[str], limit: int = 40) -> str:
+def _first_lines(items: Iterable[str], limit: int = 40) -> str:
   items = list(items)
   return '\n'.join(items[:limit]) + (
       f'\n... and {len(items) - limit} more' if len(items) > limit else '')
+
+
+def assert_documented(differences: List[str], readme_path: str,
+                      component: str) -> None:
+  """The differences found are exactly those the README lists."""
+  documented = documented_differences(readme_path, component)
+  assert set(differences) == documented, (
+      'not in the README:\n' + _first_lines(
+          sorted(set(differences) - documented)) +
+      '\nin the README, not found:\n' + _first_lines(
+          sorted(documented - set(differences))))

@@ -18,6 +18,7 @@ that keeps every checkpoint.
 """
 
 import dataclasses
+import errno
 import hashlib
 import re
 import shutil
@@ -29,6 +30,7 @@ from absl import logging
 import tensorflow as tf
 
 from components import storage
+from components.trainer import failures
 from components.trainer.checkpoint import location
 from components.trainer.checkpoint import records
 from components.trainer.checkpoint.lease import CheckpointLease
@@ -56,6 +58,28 @@ class CheckpointStorageError(OSError):
 
 class CheckpointMismatchError(ValueError):
   """A good checkpoint does not fit the model: its structure changed."""
+
+
+class CheckpointLocationError(OSError):
+  """The checkpoint location cannot take a save (full, read-only,
+  forbidden); the message says where, what the save needs, and which
+  checkpoint is the last good one (kept)."""
+
+  def __init__(self, number: int, message: str):
+    super().__init__(number, message)
+    self.message = message
+
+  def __str__(self) -> str:
+    return self.message
+
+
+# How a location that cannot take a save says so, by failure class.
+_LOCATION_PROBLEMS = {
+    failures.STORAGE_FULL: (errno.ENOSPC, 'is full'),
+    failures.STORAGE_READ_ONLY: (errno.EROFS, 'is read-only'),
+    failures.PERMISSION_DENIED: (errno.EACCES, 'cannot be written by this '
+                                 'job'),
+}
 
 
 @dataclasses.dataclass
@@ -195,21 +219,60 @@ class CheckpointStore:
       self._remove_if_exists(final_dir)
       self._checkpoint.write(prefix)
 
-    if self._collective_saves:
-      self._io('clear checkpoint', self._remove_if_exists, final_dir)
-      self._checkpoint.write(prefix)
-    else:
-      self._io('write checkpoint', write)
-    manifest = {'version': _MANIFEST_VERSION, 'step': int(step),
-                'created': time.time(),
-                'files': self._io('describe checkpoint', self._describe_files,
-                                  final_dir),
-                'extra': extra or {}}
-    # Publishing: without its manifest a checkpoint is never restored.
-    self._io('publish checkpoint', storage.write_json,
-             location.join(final_dir, MANIFEST_NAME), manifest, True)
+    try:
+      if self._collective_saves:
+        self._io('clear checkpoint', self._remove_if_exists, final_dir)
+        self._checkpoint.write(prefix)
+      else:
+        self._io('write checkpoint', write)
+      manifest = {'version': _MANIFEST_VERSION, 'step': int(step),
+                  'created': time.time(),
+                  'files': self._io('describe checkpoint',
+                                    self._describe_files, final_dir),
+                  'extra': extra or {}}
+      # Publishing: without its manifest a checkpoint is never restored.
+      self._io('publish checkpoint', storage.write_json,
+               location.join(final_dir, MANIFEST_NAME), manifest, True)
+    except (OSError, tf.errors.OpError) as e:
+      problem = _LOCATION_PROBLEMS.get(failures.classify(e))
+      if problem is None:
+        raise
+      raise self._location_error(step, final_dir, e, *problem) from e
     self._prune()
     return final_dir
+
+  def _newest_published(self) -> Optional[Dict[str, Any]]:
+    """Step, path and bytes of the newest checkpoint with a manifest."""
+    for path in self.checkpoint_dirs():
+      manifest = storage.read_json(location.join(path, MANIFEST_NAME))
+      if manifest:
+        return {'step': manifest['step'], 'path': path, 'bytes': sum(
+            f['size'] for f in manifest['files'].values())}
+    return None
+
+  def _location_error(self, step: int, partial_dir: str, error: BaseException,
+                      number: int, problem: str) -> CheckpointLocationError:
+    """The error that says where, what the save needs and what is kept;
+    the unpublished files of this save are removed (they only take space:
+    without a manifest they are never restored)."""
+    try:
+      self._remove_if_exists(partial_dir)
+    except (OSError, tf.errors.OpError):
+      pass
+    last = self._newest_published()
+    needs = (f'; a checkpoint takes about {last["bytes"]:,} bytes (step '
+             f'{last["step"]}\'s)' if last else '')
+    free = ''
+    if storage.is_local(self.directory):
+      free = (f', {shutil.disk_usage(self.directory).free:,} bytes are free '
+              'there')
+    kept = (f'The last good checkpoint is step {last["step"]} ({last["path"]}),'
+            ' kept: a rerun resumes from it.' if last else
+            'No checkpoint was saved yet: a rerun starts from step 0.')
+    return CheckpointLocationError(number, (
+        f'The checkpoint location {self.directory} {problem}: saving step '
+        f'{step} failed ({type(error).__name__}: '
+        f'{failures.short_text(error)}){needs}{free}. {kept}'))
 
   def _has_manifest(self, path: str) -> bool:
     return self._io('check manifest', tf.io.gfile.exists,
