@@ -72,6 +72,20 @@ def test_the_cause_of_a_wrapping_error_decides():
     assert failures.classify(wrapped) is failures.STORAGE_FULL
 
 
+def test_the_short_text_is_the_errors_own_line():
+  graph_error = tf.errors.NotFoundError(None, None, (
+      'Graph execution error:\n\nDetected at node IteratorGetNext defined '
+      'at (most recent call last):\n  File "x.py", line 1, in <module>\n\n'
+      '/d/a.gz; No such file or directory\n\t [[{{node IteratorGetNext}}]]'))
+  assert failures.short_text(graph_error) == (
+      '/d/a.gz; No such file or directory')
+  eager_error = tf.errors.DataLossError(None, None, (
+      '{{function_node __wrapped__ReduceDataset_device_/job:localhost}} '
+      'truncated record at 10 [Op:ReduceDataset]'))
+  assert failures.short_text(eager_error) == (
+      'truncated record at 10 [Op:ReduceDataset]')
+
+
 def test_the_failure_record_leads_the_error_and_stops_relaunches(tmp_path):
   """A process that wrote a record and exited 78 is not relaunched, and the
   error starts with what to fix; one that crashed is relaunched as
@@ -98,6 +112,10 @@ def test_the_failure_record_leads_the_error_and_stops_relaunches(tmp_path):
 
 
 def _damage(path: str, how: str) -> None:
+  if how == 'missing':  # Listed (a link), gone when read.
+    os.remove(path)
+    os.symlink(path + '.gone', path)
+    return
   with open(path, 'rb') as f:
     data = bytearray(f.read())
   if how == 'truncated':
@@ -173,8 +191,8 @@ def _published_steps(checkpoint_dir: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('how', ['truncated', 'flipped'])
-def test_a_damaged_shard_fails_at_once_naming_it_then_resumes_exactly(
+@pytest.mark.parametrize('how', ['truncated', 'flipped', 'missing'])
+def test_a_damaged_or_missing_shard_fails_at_once_naming_it_then_resumes(
     tmp_path, dataset, baseline, how):
   data = tt.copy_dataset(dataset, str(tmp_path / 'data'))
   last_file = sorted(tf.io.gfile.glob(data['pattern']))[-1]
@@ -187,14 +205,19 @@ def test_a_damaged_shard_fails_at_once_naming_it_then_resumes_exactly(
     _train(task, root)
 
   message = str(error.value)
-  assert message.startswith(f'The data file {last_file} is damaged after '
-                            'record '), message
-  assert '(corrupt_data: not retried). Replace the damaged file' in message
+  if how == 'missing':
+    assert message.startswith(f'{last_file}; No such file or directory')
+    assert '(missing_file: not retried). Restore the file' in message
+  else:
+    assert message.startswith(f'The data file {last_file} is damaged after '
+                              'record '), message
+    assert '(corrupt_data: not retried). Replace the damaged file' in message
   assert error.value.relaunches == []  # No relaunch: it could not help.
   assert not os.path.exists(os.path.join(root, 'logs', 'attempt-1'))
   kept = _published_steps(task.checkpoint_dir)
 
-  with open(last_file, 'wb') as f:  # The file copied again.
+  os.remove(last_file)  # The file copied again.
+  with open(last_file, 'wb') as f:
     f.write(good_bytes)
   _train(task, root)
   result = tt.read_result(task)

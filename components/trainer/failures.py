@@ -67,6 +67,7 @@ _FULL_TEXT = ('No space left on device', 'Disk quota exceeded')
 _READ_ONLY_TEXT = 'Read-only file system'
 _FILE_NOT_FOUND_TEXT = ('No such file or directory', 'gs://', 's3://')
 _TF_FUNCTION_PREFIX = re.compile(r'\{\{function_node [^}]*\}\}\s*')
+_TF_HEADERS = ('Graph execution error', 'Detected at node')
 
 
 def _names(error: BaseException) -> Tuple[str, ...]:
@@ -130,9 +131,13 @@ def read_record(log_tail: str) -> Optional[Tuple[FailureClass, str]]:
 
 
 def short_text(error: BaseException) -> str:
-  """The error's first line, without TF's `{{function_node ...}}` prefix."""
+  """The error's own first line: without TF's `{{function_node ...}}`
+  prefix, and past a graph execution error's header and stack."""
   text = _TF_FUNCTION_PREFIX.sub('', str(error)).strip()
-  return text.splitlines()[0] if text else type(error).__name__
+  lines = [line for line in text.splitlines()
+           if line.strip() and not line.startswith((' ', '\t'))
+           and not line.startswith(_TF_HEADERS)]
+  return lines[0] if lines else type(error).__name__
 
 
 def describe(failure_class: FailureClass, where: str) -> str:
