@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 from components.data import shard_check
+from components.data import shard_index
 from components.trainer import failures
 from components.trainer import launcher
 from components.trainer import supervisor
@@ -56,6 +57,10 @@ NUM_FILES = 4
     (tf.errors.UnavailableError(None, None, 'Socket closed'),
      failures.TRANSIENT),
     (RuntimeError('worker lost'), failures.TRANSIENT),
+    # Found against the shard index before training.
+    (shard_index.ShardChangedError('/d/a.gz has 3 bytes'),
+     failures.CORRUPT_DATA),
+    (shard_index.ShardMissingError('/d/a.gz is gone'), failures.MISSING_FILE),
 ])
 def test_one_table_tells_what_a_relaunch_can_cure(error, expected):
   assert failures.classify(error) is expected
@@ -224,6 +229,39 @@ def test_a_damaged_or_missing_shard_fails_at_once_naming_it_then_resumes(
   assert result['steps'] == TRAIN_STEPS
   assert result['start_step'] == (kept[-1] if kept else 0)
   _assert_same_tensors(task, baseline)
+
+
+@pytest.mark.slow
+def test_a_shard_changed_since_the_last_attempt_fails_before_any_step(
+    tmp_path, dataset):
+  """The first attempt indexed the data (beside its checkpoints); a rerun
+  finds a shard cut short before training, names it, and counts nothing
+  again."""
+  data = tt.copy_dataset(dataset, str(tmp_path / 'data'))
+  root = str(tmp_path / 'run')
+  first = _task(root, data)
+  first.train_steps = 8
+  _train(first, root)
+  indexed = tt.read_result(first)['shard_index']['train']
+  assert indexed['records'] == NUM_EXAMPLES
+  assert indexed['source'].startswith('built now (')
+  shard = sorted(tf.io.gfile.glob(data['pattern']))[1]
+  size = os.path.getsize(shard)
+  with open(shard, 'r+b') as f:
+    f.truncate(size - 100)
+  task = _task(root, data)
+
+  with pytest.raises(supervisor.ClusterFailedError) as error:
+    _train(task, root)
+
+  message = str(error.value)
+  assert message.startswith(f'The data file {shard} has {size - 100:,} bytes; '
+                            f'the shard index {task.checkpoint_dir}'), message
+  assert '(corrupt_data: not retried)' in message
+  assert error.value.relaunches == []
+  # Before any step: the id log has only the first attempt's 8 steps.
+  steps = {r['step'] for r in tt.read_id_log(task.hparams['id_log'])}
+  assert steps == set(range(8))
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from tfx_bsl.public import tfxio
 
 from components import OptimizedTransform
 from components.data import input_pipeline
+from components.data import shard_index
 from components.data.input_pipeline import InputPipelineConfig
 from components.records import tuned_input_pipeline
 from components.transform import decisions
@@ -158,6 +159,13 @@ def test_transformed_examples_identical_to_stock(run, split):
   # The same tf.Examples (the feature map's serialized order may differ
   # between two Beam runs, and Beam spreads the records over the shards).
   assert len(ours) == len(stock) > 0
+  # The shard index written with them counts each file's records.
+  split_dir = os.path.dirname(our_files[0])
+  index = shard_index.read(split_dir,
+                           shard_index.artifact_index_path(split_dir))
+  assert [s.name for s in index.shards] == [os.path.basename(f)
+                                            for f in our_files]
+  assert index.records == len(ours)
   canonical = lambda records: sorted(  # pylint: disable=g-long-lambda
       tf.train.Example.FromString(r).SerializeToString(deterministic=True)
       for r in records)
@@ -194,8 +202,13 @@ def test_every_stock_output_is_produced(run):
                  'updated_analyzer_cache', 'pre_transform_schema',
                  'pre_transform_stats', 'post_transform_schema',
                  'post_transform_stats', 'post_transform_anomalies'):
-    stock = sorted(os.listdir(run('StockTransform', output)))
-    assert sorted(os.listdir(run('OptimizedTransform', output))) == stock
+    stock = set(os.listdir(run('StockTransform', output)))
+    ours = set(os.listdir(run('OptimizedTransform', output)))
+    # Ours adds the shard index of each split it wrote.
+    assert sorted(ours - stock) == (
+        ['shard_index-eval.json', 'shard_index-train.json']
+        if output == 'transformed_examples' else []), output
+    assert stock <= ours
   assert not glob.glob(os.path.join(run.metadata_path, '..',
                                     'OnTheFlyTransform',
                                     'transformed_examples', '*', '*'))

@@ -226,6 +226,19 @@ def disk_cache_prefix(config: InputPipelineConfig, what: List[Any]) -> str:
   return prefix
 
 
+def _indexed_rows(files: List[str], records_per_file: Optional[Dict[str, int]],
+                  global_order: bool, shard_batches: bool,
+                  num_pipelines: int, pipeline_id: int) -> Optional[int]:
+  """The rows of one epoch of this pipeline from the files' record counts;
+  None where they do not say (a file not indexed, read batches sharded)."""
+  if not records_per_file or shard_batches or any(
+      f not in records_per_file for f in files):
+    return None
+  mine = files if global_order or num_pipelines == 1 else (
+      files[pipeline_id::num_pipelines])
+  return sum(records_per_file[f] for f in mine)
+
+
 def build_dataset(file_patterns: List[str],
                   feature_spec: Dict[str, Any],
                   label_key: Optional[str],
@@ -239,7 +252,9 @@ def build_dataset(file_patterns: List[str],
                   skip_batches: int = 0,
                   drop_remainder: bool = True,
                   split: Optional[str] = None,
-                  global_order: bool = False) -> tf.data.Dataset:
+                  global_order: bool = False,
+                  records_per_file: Optional[Dict[str, int]] = None
+                 ) -> tf.data.Dataset:
   """Batched `(features, label)` (or `features` if no label_key) dataset.
 
   Args:
@@ -265,7 +280,8 @@ def build_dataset(file_patterns: List[str],
       files inside the per-epoch `flat_map` (FILE fails) and its DATA
       rewrite breaks the batch shapes.
     skip_batches: Batches to skip from the start (exact resume), at a cost
-      of at most one epoch of reading.
+      of at most one epoch of reading (two without `records_per_file`: the
+      epoch's rows are counted first).
     drop_remainder: Keep batch shapes static (needed for sync replicas).
     split: Split name for an on-the-fly config; by default taken from the
       `Split-<name>` folder of `file_patterns`.
@@ -276,6 +292,8 @@ def build_dataset(file_patterns: List[str],
       the same rows, in pipeline order, for any n with the same global
       batch (n times the reading). Otherwise each pipeline reads its share
       of the files.
+    records_per_file: Each file's record count (its shard index), so that
+      a resume need not count an epoch's rows by reading it.
   """
   config = (config or InputPipelineConfig()).validate()
   compression_type = config.compression_type
@@ -357,9 +375,12 @@ def build_dataset(file_patterns: List[str],
   # training ran.
   first_epoch, first_row = 0, 0
   if skip_batches:
-    rows_per_epoch = int(serialized(names).reduce(
-        tf.constant(0, tf.int64),
-        lambda count, batch: count + tf.shape(batch, out_type=tf.int64)[0]))
+    rows_per_epoch = _indexed_rows(files, records_per_file, global_order,
+                                   shard_batches, num_pipelines, pipeline_id)
+    if rows_per_epoch is None:
+      rows_per_epoch = int(serialized(names).reduce(
+          tf.constant(0, tf.int64),
+          lambda count, batch: count + tf.shape(batch, out_type=tf.int64)[0]))
     if not rows_per_epoch:
       raise ValueError(f'No examples in {file_patterns} for input pipeline '
                        f'{pipeline_id} of {num_pipelines}.')

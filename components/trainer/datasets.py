@@ -77,12 +77,15 @@ def _clock_seed() -> tf.Tensor:
 
 def train_dataset_fn(task: TrainingTask, data: TrainingData,
                      examples_per_step: int, start_step: int, seed,
-                     config: input_pipeline.InputPipelineConfig
+                     config: input_pipeline.InputPipelineConfig,
+                     records_per_file: Optional[Dict[str, int]] = None
                     ) -> Callable[[tf.distribute.InputContext],
                                   tf.data.Dataset]:
   """A `dataset_fn` for `distribute_datasets_from_function`.
 
-  `seed`: an int, or PER_WORKER_SEED for a new seed per dataset.
+  `seed`: an int, or PER_WORKER_SEED for a new seed per dataset;
+  `records_per_file`: the train split's shard index (a resume then does not
+  count the epoch's rows).
   """
   # An elastic cluster's data order is the same at every worker count.
   global_order = DistributionConfig.from_dict(task.distribution).elastic
@@ -97,7 +100,7 @@ def train_dataset_fn(task: TrainingTask, data: TrainingData,
         seed=_clock_seed() if seed is PER_WORKER_SEED else seed,
         input_context=input_context,
         skip_batches=start_step * batches_per_step,
-        global_order=global_order)
+        global_order=global_order, records_per_file=records_per_file)
   return dataset_fn
 
 

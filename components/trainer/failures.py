@@ -82,7 +82,8 @@ def _has_errno(error: BaseException, numbers) -> bool:
 CLASSES: Tuple[Tuple[FailureClass, Callable[[BaseException], bool]], ...] = (
     (LEASE_HELD, lambda e: 'LeaseHeldError' in _names(e)),
     (BAD_BASE_MODEL, lambda e: 'WarmStartError' in _names(e)),
-    (CORRUPT_DATA, lambda e: 'DataLossError' in _names(e)),
+    (CORRUPT_DATA, lambda e: 'DataLossError' in _names(e) or (
+        'ShardChangedError' in _names(e))),
     (STORAGE_FULL, lambda e: _has_errno(e, _FULL) or any(
         text in str(e) for text in _FULL_TEXT)),
     (STORAGE_READ_ONLY, lambda e: _has_errno(e, (errno.EROFS,)) or (

@@ -26,11 +26,13 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
 from components import patches
+from components.data import input_pipeline
+from components.data import shard_index
 from components.pipeline_parallel import placement
 from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
@@ -128,6 +130,11 @@ class ManagedTraining:
     self._events_due = progress.Every(EVENTS_FLUSH_SECONDS)
     self._line_due = progress.Every(progress.LINE_EVERY_SECONDS)
     self.sizer = None
+    # Set by restore: the data checked against its shard indexes (chief),
+    # and the warm start, if any.
+    self.shard_indexes: Dict[str, Any] = {}
+    self.train_records: Optional[Dict[str, int]] = None
+    self.warm_start = None
 
   def _check_plan_fits(self) -> None:
     """The plan's pipeline does its own data parallelism (its copies) and
@@ -199,8 +206,8 @@ class ManagedTraining:
     # No worker reads checkpoints before the chief holds the lease: until
     # then another run may still be pruning them.
     self.all_workers(True)
+    self.shard_indexes = self._check_data()
     start = self.checkpointer.restore()
-    self.warm_start = None
     if start == 0 and self.task.base_model:
       # Every worker reads the same base model: their copies stay equal.
       self.warm_start = warm_start.warm_start(self.model,
@@ -208,6 +215,34 @@ class ManagedTraining:
       progress.LOGGER.info('Warm start: %d weights from %s.',
                            self.warm_start['weights'], self.task.base_model)
     return start
+
+  def _check_data(self) -> Dict[str, Any]:
+    """Each split's files against its shard index (written with the
+    examples, else built once beside the checkpoints by the chief): a
+    changed or missing shard fails here, before any step, naming it. The
+    train split's record counts spare a resume counting its epoch."""
+    config = self.data.config
+    if config.transform_placement == 'on_the_fly':
+      return {}
+    checked = {}
+    for split, patterns in (('train', self.task.train_files),
+                            ('eval', self.task.eval_files)):
+      if not patterns:
+        continue
+      if not self.is_chief:
+        self.all_workers(True)  # The chief has written the index.
+      index, source = shard_index.ensure(
+          patterns, input_pipeline.list_files(patterns),
+          config.compression_type, self.task.checkpoint_dir,
+          build_missing=self.is_chief)
+      if self.is_chief:
+        self.all_workers(True)
+      checked[split] = {'source': source} if index is None else {
+          'shards': len(index.shards), 'records': index.records,
+          'source': source}
+      if split == 'train' and index is not None:
+        self.train_records = index.records_by_path()
+    return checked
 
   def _save_now(self) -> None:
     self.checkpointer.save(int(self.step.numpy()))
@@ -257,7 +292,8 @@ class ManagedTraining:
       return runner, preemption.SigtermWatcher(self._save_now)
     dataset_fn = datasets.train_dataset_fn(
         self.task, self.data, self.examples_per_step, start,
-        datasets.data_seed(self.distribution.seed), self.data.config)
+        datasets.data_seed(self.distribution.seed), self.data.config,
+        self.train_records)
     if self.pipeline_runner is None:
       runner = step_runners.SynchronousSteps(self.strategy, dataset_fn,
                                              replica_step, self.step)
@@ -351,6 +387,7 @@ class ManagedTraining:
         'checkpoint_seconds': round(self.checkpointer.save_seconds, 4),
         'resume_events': self.checkpointer.events,
         'warm_start': self.warm_start,
+        'shard_index': self.shard_indexes,
         'wall_seconds': round(time.monotonic() - self.started, 3),
         'timing': {**self.timing,
                    'first_call_s': summary.get('first_step_seconds')},

@@ -42,6 +42,7 @@ from tensorflow_metadata.proto.v0 import schema_pb2
 from components import patches
 from components import storage
 from components.data import input_pipeline
+from components.data import shard_index
 from components.patches import transform as transform_patches
 from components.transform import artifact as artifact_lib
 from components.transform import consumer as consumer_lib
@@ -156,6 +157,8 @@ class Executor(transform_patches.TransformExecutorHooks):
           {k: v for k, v in output_dict.items()
            if k != TUNED_INPUT_PIPELINE_KEY},
           {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
+    _write_shard_indexes(output_dict.get(
+        standard_component_specs.TRANSFORMED_EXAMPLES_KEY) or [])
     if plan.tuned_artifact is None:
       logging.info('OptimizedTransform: no %s output to write, so the input '
                    'pipeline was not tuned.', TUNED_INPUT_PIPELINE_KEY)
@@ -393,3 +396,16 @@ def _stock_reader(patterns: List[str], schema: schema_pb2.Schema,
   return lambda: tfxio.TFExampleRecord(
       file_pattern=patterns, schema=schema).TensorFlowDataset(
           tfxio.TensorFlowDatasetOptions(batch_size=batch_size))
+
+
+def _write_shard_indexes(transformed: List[types.Artifact]) -> None:
+  """Each materialized split's shard index, beside its `Split-*` folder
+  (the trainer checks its data against it instead of counting)."""
+  for artifact in transformed:
+    for split in artifact_utils.decode_split_names(artifact.split_names):
+      folder = artifact_utils.get_split_uri([artifact], split)
+      files = tf.io.gfile.glob(os.path.join(folder, '*'))
+      if files:  # Not materialized: nothing to index.
+        shard_index.write(
+            shard_index.build(folder, files, 'GZIP'),
+            shard_index.artifact_index_path(folder))
