@@ -432,8 +432,11 @@ def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):
     task.distribution['steps_per_execution'] = setting
     results[setting] = train_here(task)
     weights[setting] = tt.latest_checkpoint_tensors(task.checkpoint_dir)
+    # Beside them: the progress marker and the data's shard index.
+    split = os.path.basename(os.path.dirname(data['pattern']))
     assert sorted(os.listdir(task.checkpoint_dir)) == [
-        f'ckpt-{s:012d}' for s in (4, 8, 12, 13)] + ['progress.json']
+        f'ckpt-{s:012d}' for s in (4, 8, 12, 13)] + [
+            'progress.json', f'shard_index-{split}.json']
     results[setting]['ids'] = tt.ids_by_step(
         tt.read_id_log(task.hparams['id_log']))
   assert results[5]['steps_per_execution'] == 5

@@ -238,7 +238,7 @@ def describe_failure(task: TrainingTask,
       where = (f'The {role} location {path} {problems[failure_class]} '
                f'({type(error).__name__}: {where})')
       break
-  if failure_class is failures.CORRUPT_DATA:
+  if isinstance(error, tf.errors.DataLossError):
     config = input_pipeline.InputPipelineConfig.from_dict(
         task.input_pipeline or {})
     damaged = shard_check.first_damaged(
