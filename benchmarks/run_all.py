@@ -14,7 +14,8 @@ import time
 from benchmarks import report
 
 BENCHMARKS = ['transform', 'trainer', 'throughput', 'ceiling', 'resume',
-              'resume_position', 'partitioner', 'pipeline', 'ray', 'elastic']
+              'resume_position', 'resume_index', 'partitioner', 'pipeline',
+              'ray', 'elastic']
 
 
 def main() -> None:
