@@ -1,4 +1,5 @@
-"""What the managed loop reads: parsing spec, train and eval datasets.
+"""What the managed loop reads: parsing spec, train and eval datasets, and
+the check of the data against its shard index.
 
 The train dataset is a pure function of the files, the input-pipeline config
 and the seed (`distribution.seed`, else DATA_SEED), so a resumed run that
@@ -9,12 +10,13 @@ dataset.
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
 
 from components.data import input_pipeline
+from components.data import shard_index
 from components.trainer import fn_args
 from components.trainer.config import DistributionConfig
 from components.trainer.task import TrainingTask
@@ -136,3 +138,34 @@ def eval_dataset_fn(task: TrainingTask, data: TrainingData, global_batch: int
         config=dataclasses.replace(data.config, cache='none'), shuffle=False,
         seed=DATA_SEED, input_context=input_context)
   return dataset_fn
+
+
+def check_data(task: TrainingTask, data: TrainingData, is_chief: bool,
+               all_workers: Callable[[bool], bool]
+              ) -> Tuple[Dict[str, Any], Optional[Dict[str, int]]]:
+  """Each split's files against its shard index (written with the
+  examples, else built once beside the checkpoints by the chief; the other
+  workers read it after `all_workers`): a changed or missing shard fails
+  here, before any step, naming it. Returns what was checked, and the train
+  split's record count per file (a resume then need not count its epoch)."""
+  if data.config.transform_placement == 'on_the_fly':
+    return {}, None
+  checked, train_records = {}, None
+  for split, patterns in (('train', task.train_files),
+                          ('eval', task.eval_files)):
+    if not patterns:
+      continue
+    if not is_chief:
+      all_workers(True)  # The chief has written the index.
+    index, source = shard_index.ensure(
+        patterns, input_pipeline.list_files(patterns),
+        data.config.compression_type, task.checkpoint_dir,
+        build_missing=is_chief)
+    if is_chief:
+      all_workers(True)
+    checked[split] = {'source': source} if index is None else {
+        'shards': len(index.shards), 'records': index.records,
+        'source': source}
+    if split == 'train' and index is not None:
+      train_records = index.records_by_path()
+  return checked, train_records

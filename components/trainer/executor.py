@@ -10,7 +10,6 @@ this process only, recorded with the reason on `model_run`). It then checks
 the exported model and records the training result on `model_run`.
 """
 
-import dataclasses
 import hashlib
 import os
 import shutil
@@ -53,8 +52,6 @@ TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
 PARTITION_PLAN_KEY = 'partition_plan'
 
 TASK_FILE = 'training_task.json'
-# A failed training's class and message, in model_run.
-FAILURE_FILE = 'failure.json'
 CLUSTER_LOG_DIR = 'cluster_logs'
 # This node's pipeline name and id where the executor's context has none:
 # TFX's Kubeflow V2 entrypoint gives executors no pipeline or node, so
@@ -87,22 +84,6 @@ def _hparams(fn_args) -> Dict[str, Any]:
   tuned = fn_args.hyperparameters or {}
   hparams.update(tuned.get('values', tuned))
   return hparams
-
-
-def _record_failure(model_run_dir: str,
-                    error: supervisor.ClusterFailedError) -> None:
-  """FAILURE_FILE in model_run: the failure's class and message (the
-  execution fails, so MLMD gets no properties; the folder stays)."""
-  try:
-    storage.write_json(os.path.join(model_run_dir, FAILURE_FILE), {
-        'failure_class': error.failure.failure_class or error.failure.cause,
-        'process': error.failure.process,
-        'exit_code': error.failure.exit_code,
-        'message': str(error).split('\n', 1)[0],
-        'relaunches': [dataclasses.asdict(r) for r in error.relaunches]})
-  except (OSError, tf.errors.OpError) as e:
-    logging.warning('Could not record the failure in %s: %s', model_run_dir,
-                    e)
 
 
 def check_module_contract(module_file: Optional[str],
@@ -334,7 +315,7 @@ class Executor(base_executor.BaseExecutor):
       # The same error, naming the uploaded logs instead of the local ones.
       error = type(e)(str(e).replace(local_logs, logs), e.failure,
                       e.relaunches)
-      _record_failure(task.model_run_dir, error)
+      model_run_lib.record_failure(task.model_run_dir, error)
       raise error from e
     finally:
       try:

@@ -31,8 +31,6 @@ from typing import Any, Dict, Optional
 import tensorflow as tf
 
 from components import patches
-from components.data import input_pipeline
-from components.data import shard_index
 from components.pipeline_parallel import placement
 from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
@@ -206,7 +204,8 @@ class ManagedTraining:
     # No worker reads checkpoints before the chief holds the lease: until
     # then another run may still be pruning them.
     self.all_workers(True)
-    self.shard_indexes = self._check_data()
+    self.shard_indexes, self.train_records = datasets.check_data(
+        self.task, self.data, self.is_chief, self.all_workers)
     start = self.checkpointer.restore()
     if start == 0 and self.task.base_model:
       # Every worker reads the same base model: their copies stay equal.
@@ -215,34 +214,6 @@ class ManagedTraining:
       progress.LOGGER.info('Warm start: %d weights from %s.',
                            self.warm_start['weights'], self.task.base_model)
     return start
-
-  def _check_data(self) -> Dict[str, Any]:
-    """Each split's files against its shard index (written with the
-    examples, else built once beside the checkpoints by the chief): a
-    changed or missing shard fails here, before any step, naming it. The
-    train split's record counts spare a resume counting its epoch."""
-    config = self.data.config
-    if config.transform_placement == 'on_the_fly':
-      return {}
-    checked = {}
-    for split, patterns in (('train', self.task.train_files),
-                            ('eval', self.task.eval_files)):
-      if not patterns:
-        continue
-      if not self.is_chief:
-        self.all_workers(True)  # The chief has written the index.
-      index, source = shard_index.ensure(
-          patterns, input_pipeline.list_files(patterns),
-          config.compression_type, self.task.checkpoint_dir,
-          build_missing=self.is_chief)
-      if self.is_chief:
-        self.all_workers(True)
-      checked[split] = {'source': source} if index is None else {
-          'shards': len(index.shards), 'records': index.records,
-          'source': source}
-      if split == 'train' and index is not None:
-        self.train_records = index.records_by_path()
-    return checked
 
   def _save_now(self) -> None:
     self.checkpointer.save(int(self.step.numpy()))

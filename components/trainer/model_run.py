@@ -1,6 +1,7 @@
 """What HighPerfTrainer records on its ModelRun artifact: the distribution
 decision (custom properties and `distribution_decision.json` beside the run's
-logs), the Ray placement, and the training result's key numbers.
+logs), the Ray placement, the training result's key numbers, and a failed
+training's `failure.json`.
 
 `model_run` is the TFX ModelRun artifact (anything with `uri` and the
 `set_*_custom_property` methods).
@@ -12,12 +13,18 @@ import math
 import os
 from typing import Any, Dict
 
+from absl import logging
+import tensorflow as tf
+
 from components import storage
 from components.trainer import config as config_lib
 from components.trainer import strategy as strategy_lib
 from components.trainer import supervisor
 
 DECISION_FILE = 'distribution_decision.json'
+# A failed training's class and message (the execution fails, so MLMD gets
+# no properties; the folder stays).
+FAILURE_FILE = 'failure.json'
 
 
 def record_placement(model_run,
@@ -106,3 +113,20 @@ def record_result(model_run, result: Dict[str, Any]) -> None:
   model_run.set_string_custom_property('resume_events', json.dumps(events))
   model_run.set_int_custom_property('resumes', sum(
       1 for e in events if e.get('event') == 'resumed'))
+
+
+def record_failure(model_run_dir: str,
+                   error: supervisor.ClusterFailedError) -> None:
+  """FAILURE_FILE: the failure's class, process, message and relaunches. A
+  location that cannot take it (full) is a warning: the training's own
+  error is the one raised."""
+  try:
+    storage.write_json(os.path.join(model_run_dir, FAILURE_FILE), {
+        'failure_class': error.failure.failure_class or error.failure.cause,
+        'process': error.failure.process,
+        'exit_code': error.failure.exit_code,
+        'message': str(error).split('\n', 1)[0],
+        'relaunches': [dataclasses.asdict(r) for r in error.relaunches]})
+  except (OSError, tf.errors.OpError) as e:
+    logging.warning('Could not record the failure in %s: %s', model_run_dir,
+                    e)
