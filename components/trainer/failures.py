@@ -97,6 +97,12 @@ CLASSES: Tuple[Tuple[FailureClass, Callable[[BaseException], bool]], ...] = (
             text in str(e) for text in _FILE_NOT_FOUND_TEXT))),
 )
 BY_NAME = {c.name: c for c, _ in CLASSES + ((TRANSIENT, None),)}
+# How a location that cannot take a write says so: its errno and words.
+LOCATION_PROBLEMS = {
+    STORAGE_FULL: (errno.ENOSPC, 'is full'),
+    STORAGE_READ_ONLY: (errno.EROFS, 'is read-only'),
+    PERMISSION_DENIED: (errno.EACCES, 'cannot be written by this job'),
+}
 
 
 def classify(error: BaseException) -> FailureClass:

@@ -132,7 +132,7 @@ class ManagedTraining:
     # and the warm start, if any.
     self.shard_indexes: Dict[str, Any] = {}
     self.train_records: Optional[Dict[str, int]] = None
-    self.warm_start = None
+    self.warm_started = None
 
   def _check_plan_fits(self) -> None:
     """The plan's pipeline does its own data parallelism (its copies) and
@@ -209,10 +209,10 @@ class ManagedTraining:
     start = self.checkpointer.restore()
     if start == 0 and self.task.base_model:
       # Every worker reads the same base model: their copies stay equal.
-      self.warm_start = warm_start.warm_start(self.model,
+      self.warm_started = warm_start.warm_start(self.model,
                                               self.task.base_model)
       progress.LOGGER.info('Warm start: %d weights from %s.',
-                           self.warm_start['weights'], self.task.base_model)
+                           self.warm_started['weights'], self.task.base_model)
     return start
 
   def _save_now(self) -> None:
@@ -357,7 +357,7 @@ class ManagedTraining:
         'checkpoints_saved': self.checkpointer.saves,
         'checkpoint_seconds': round(self.checkpointer.save_seconds, 4),
         'resume_events': self.checkpointer.events,
-        'warm_start': self.warm_start,
+        'warm_start': self.warm_started,
         'shard_index': self.shard_indexes,
         'wall_seconds': round(time.monotonic() - self.started, 3),
         'timing': {**self.timing,

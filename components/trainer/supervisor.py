@@ -279,8 +279,8 @@ def _watch(attempt: Attempt, start: float, timeout_s: float,
           'hangs, or its host was cut off.')), tasks
 
 
-def _describe(failure: ProcessExit, tasks: List[TaskStatus],
-              hung: bool) -> str:
+def _describe(failure: ProcessExit, tasks: List[TaskStatus], hung: bool,
+              record: Optional[Tuple[failures.FailureClass, str]]) -> str:
   others = ', '.join(
       f'{t.name}: ' + ('running' if t.running else
                        'lost' if t.exit_code is None else f'exit {t.exit_code}')
@@ -293,7 +293,6 @@ def _describe(failure: ProcessExit, tasks: List[TaskStatus],
   described = (f'Training process {failure.process!r} {how} (attempt '
                f'{failure.attempt}); other processes: {others or "none"}. '
                f'Log {failure.log_path}, last lines:\n{failure.log_tail}')
-  record = failures.read_record(failure.log_tail)
   # What broke and what to do first, then where it was seen.
   return f'{record[1]}\n{described}' if record else described
 
@@ -384,7 +383,7 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
           if cause == FAILURE else '')
       _raise_or_log_relaunch(
           outcome, failure,
-          _describe(failure, tasks, outcome is Outcome.HUNG),
+          _describe(failure, tasks, outcome is Outcome.HUNG, record),
           relaunches, max_restarts, timeout_s)
       relaunches.append(failure)
       index += 1

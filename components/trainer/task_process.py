@@ -227,17 +227,16 @@ def describe_failure(task: TrainingTask,
   by reading the task's files once (TF's error names neither); for storage,
   which of the task's locations."""
   where = failures.short_text(error)
-  roles = {'checkpoint': task.checkpoint_dir, 'model': task.serving_model_dir,
-           'model_run': task.model_run_dir}
-  problems = {failures.STORAGE_FULL: 'is full',
-              failures.STORAGE_READ_ONLY: 'is read-only',
-              failures.PERMISSION_DENIED: 'cannot be written by this job'}
-  for role, path in roles.items():
-    if (failure_class in problems and path in where and
-        not where.startswith('The ')):
-      where = (f'The {role} location {path} {problems[failure_class]} '
-               f'({type(error).__name__}: {where})')
-      break
+  # Our own errors say where already; TF's and the OS's name a file.
+  problem = failures.LOCATION_PROBLEMS.get(failure_class)
+  if problem and not type(error).__module__.startswith('components.'):
+    for role, path in (('checkpoint', task.checkpoint_dir),
+                       ('model', task.serving_model_dir),
+                       ('model_run', task.model_run_dir)):
+      if path in where:
+        where = (f'The {role} location {path} {problem[1]} '
+                 f'({type(error).__name__}: {where})')
+        break
   if isinstance(error, tf.errors.DataLossError):
     config = input_pipeline.InputPipelineConfig.from_dict(
         task.input_pipeline or {})

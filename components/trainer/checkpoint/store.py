@@ -18,7 +18,6 @@ that keeps every checkpoint.
 """
 
 import dataclasses
-import errno
 import hashlib
 import re
 import shutil
@@ -71,15 +70,6 @@ class CheckpointLocationError(OSError):
 
   def __str__(self) -> str:
     return self.message
-
-
-# How a location that cannot take a save says so, by failure class.
-_LOCATION_PROBLEMS = {
-    failures.STORAGE_FULL: (errno.ENOSPC, 'is full'),
-    failures.STORAGE_READ_ONLY: (errno.EROFS, 'is read-only'),
-    failures.PERMISSION_DENIED: (errno.EACCES, 'cannot be written by this '
-                                 'job'),
-}
 
 
 @dataclasses.dataclass
@@ -234,7 +224,7 @@ class CheckpointStore:
       self._io('publish checkpoint', storage.write_json,
                location.join(final_dir, MANIFEST_NAME), manifest, True)
     except (OSError, tf.errors.OpError) as e:
-      problem = _LOCATION_PROBLEMS.get(failures.classify(e))
+      problem = failures.LOCATION_PROBLEMS.get(failures.classify(e))
       if problem is None:
         raise
       raise self._location_error(step, final_dir, e, *problem) from e
