@@ -210,7 +210,7 @@ class ManagedTraining:
     if start == 0 and self.task.base_model:
       # Every worker reads the same base model: their copies stay equal.
       self.warm_started = warm_start.warm_start(self.model,
-                                              self.task.base_model)
+                                                self.task.base_model)
       progress.LOGGER.info('Warm start: %d weights from %s.',
                            self.warm_started['weights'], self.task.base_model)
     return start
