@@ -404,8 +404,10 @@ def _write_shard_indexes(transformed: List[types.Artifact]) -> None:
   for artifact in transformed:
     for split in artifact_utils.decode_split_names(artifact.split_names):
       folder = artifact_utils.get_split_uri([artifact], split)
-      files = tf.io.gfile.glob(os.path.join(folder, '*'))
-      if files:  # Not materialized: nothing to index.
+      # Gzipped TFRecords, as the Transform writes tf.Examples; not
+      # materialized, or in another format: nothing to index.
+      files = tf.io.gfile.glob(os.path.join(folder, '*.gz'))
+      if files:
         shard_index.write(
             shard_index.build(folder, files, 'GZIP'),
             shard_index.artifact_index_path(folder))
