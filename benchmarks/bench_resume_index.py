@@ -109,7 +109,8 @@ def main(results_dir: str = 'benchmarks/results',
 
 
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_resume_index')
+  parser = argparse.ArgumentParser(
+      prog='python -m benchmarks.bench_resume_index')
   parser.add_argument('--results-dir', default='benchmarks/results')
   parser.add_argument('--rows', default=','.join(map(str, SIZES)))
   args = parser.parse_args()

@@ -42,6 +42,18 @@ class StorageNotWritableError(OSError):
   """A path the component must write to cannot be written."""
 
 
+class ExplainedOSError(OSError):
+  """An OS error (its errno classifies it) whose message says what broke,
+  where, and what is kept, without an `[Errno N]` prefix."""
+
+  def __init__(self, number: int, message: str):
+    super().__init__(number, message)
+    self.message = message
+
+  def __str__(self) -> str:
+    return self.message
+
+
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
   """Exponential backoff for transient storage errors.

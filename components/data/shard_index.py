@@ -13,6 +13,7 @@ fails at once, naming it; no restart counts records again.
 
 import concurrent.futures
 import dataclasses
+import errno
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -23,6 +24,7 @@ from components.data import input_pipeline
 
 FORMAT_VERSION = 1
 INDEX_NAME = 'shard_index-{split}.json'
+_SPLIT_PREFIX = 'Split-'
 # Files counted at once: reading is I/O and decompression in TF's threads.
 _COUNTING_THREADS = 8
 
@@ -31,15 +33,11 @@ class ShardChangedError(ValueError):
   """A data file differs from what the shard index recorded of it."""
 
 
-class ShardMissingError(FileNotFoundError):
+class ShardMissingError(storage.ExplainedOSError):
   """An indexed data file is gone."""
 
   def __init__(self, message: str):
-    super().__init__(2, message)  # ENOENT
-    self.message = message
-
-  def __str__(self) -> str:
-    return self.message
+    super().__init__(errno.ENOENT, message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,12 +86,17 @@ def split_folder(file_patterns: Sequence[str]) -> Optional[str]:
   return None if any(c in folder for c in '*?[') else folder
 
 
+def _split_name(folder: str) -> Optional[str]:
+  """`<name>` of a `Split-<name>` folder (TFX's layout), else None."""
+  name = os.path.basename(folder.rstrip('/'))
+  return name[len(_SPLIT_PREFIX):] if name.startswith(_SPLIT_PREFIX) else None
+
+
 def artifact_index_path(folder: str) -> Optional[str]:
   """Where OptimizedTransform writes the index of a `Split-<name>` folder."""
-  parent, name = os.path.split(folder.rstrip('/'))
-  if not name.startswith('Split-'):
-    return None
-  return os.path.join(parent, INDEX_NAME.format(split=name[len('Split-'):]))
+  split = _split_name(folder)
+  return None if split is None else os.path.join(
+      os.path.dirname(folder.rstrip('/')), INDEX_NAME.format(split=split))
 
 
 def build(folder: str, files: Sequence[str], compression: str) -> ShardIndex:
@@ -158,9 +161,8 @@ def ensure(file_patterns: Sequence[str], files: List[str], compression: str,
   if folder is None:
     return None, 'the file patterns are not one folder'
   artifact_path = artifact_index_path(folder)
-  split = os.path.basename(folder)
   own_path = os.path.join(own_dir, INDEX_NAME.format(
-      split=split[len('Split-'):] if split.startswith('Split-') else split))
+      split=_split_name(folder) or os.path.basename(folder)))
   for source, path in (('written with the examples', artifact_path),
                        ('built by an earlier attempt', own_path)):
     index = read(folder, path) if path else None

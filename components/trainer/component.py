@@ -89,8 +89,8 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
   `Format-Serving`; in managed mode the Keras SavedModel, with
   `serving_default` and `transform_features` signatures) and `model_run`
   (TensorBoard logs, the strategy decision and training result as files and
-  custom properties, cluster logs). Its executions are recorded in MLMD under the stock
-  Trainer's type (see `components.drop_in`).
+  custom properties, cluster logs). Its executions are recorded in MLMD
+  under the stock Trainer's type (see `components.drop_in`).
   """
   STOCK_TYPE_NAME = trainer_component.Trainer.get_class_type()
 

@@ -59,17 +59,10 @@ class CheckpointMismatchError(ValueError):
   """A good checkpoint does not fit the model: its structure changed."""
 
 
-class CheckpointLocationError(OSError):
+class CheckpointLocationError(storage.ExplainedOSError):
   """The checkpoint location cannot take a save (full, read-only,
   forbidden); the message says where, what the save needs, and which
   checkpoint is the last good one (kept)."""
-
-  def __init__(self, number: int, message: str):
-    super().__init__(number, message)
-    self.message = message
-
-  def __str__(self) -> str:
-    return self.message
 
 
 @dataclasses.dataclass
