@@ -14,7 +14,7 @@ process:
   stacked), CEILING_K steps per `tf.function` call (a `tf.range` loop
   indexing the stacked tensors), no input pipeline, no checkpoints, the loss
   read back once per call; measured with the op pool the trainer's
-  `intra_op_threads='auto'` picks (`components.trainer.cpu_threads`) and,
+  `intra_op_threads='auto'` picks (`components.trainer.process.cpu_threads`) and,
   once a round, with TensorFlow's default, the faster counting;
 - HighPerfTrainer's executor (a LocalDagRunner run of the Trainer, its
   upstream cached) with the default `steps_per_execution='auto'`;
@@ -205,8 +205,8 @@ def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
   the op pool of `intra_op_threads` (as the trainer's option)."""
   # pylint: disable=g-import-not-at-top
   from components.data import input_pipeline
-  from components.trainer import cpu_threads
-  from components.trainer import strategy as strategy_lib
+  from components.trainer.process import cpu_threads
+  from components.trainer.strategies import choice as strategy_lib
   from components.trainer.config import DistributionConfig
   from components.records import tuned_input_pipeline
   from pipelines import taxi_module
@@ -291,12 +291,12 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
   trace of two of the runner's calls (`tf_trace`)."""
   # pylint: disable=g-import-not-at-top
   from benchmarks import tf_trace
-  from components.trainer import accumulation
-  from components.trainer import cpu_threads
-  from components.trainer import datasets
-  from components.trainer import step_runners
+  from components.trainer.managed import accumulation
+  from components.trainer.process import cpu_threads
+  from components.trainer.managed import datasets
+  from components.trainer.managed import step_runners
   from components.records import tuned_input_pipeline
-  from components.trainer.task import TrainingTask
+  from components.trainer.process.task import TrainingTask
   from pipelines import taxi_module
   import tensorflow as tf
   import tensorflow_transform as tft

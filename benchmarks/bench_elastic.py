@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, List
 import portpicker
 
 from benchmarks import report
-from components.trainer import ray_launcher
+from components.trainer.cluster import ray_backend
 from tests.support import gcs_emulator
 from tests.support import netns_hosts
 from tests.support import ray_cluster
@@ -107,12 +107,12 @@ class _Watcher:
 
 
 def _launch(task, logs: str, act=lambda records: False) -> Dict[str, Any]:
-  argv = [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
-          ray_launcher.TASK_FILE]
+  argv = [ray_backend.PYTHON, '-m', 'tests.support.trainer_testing',
+          ray_backend.TASK_FILE]
   elastic = 'min_workers' in task.distribution
   began = time.time()
   with _Watcher(task, act) as watcher:
-    launch = ray_launcher.run_on_ray(
+    launch = ray_backend.run_on_ray(
         'multi_worker_mirrored', WORKERS, 0, lambda role: argv,
         task.to_json(), logs,
         placement_strategy='SPREAD',

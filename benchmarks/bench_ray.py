@@ -24,9 +24,9 @@ from typing import Dict, List
 
 from benchmarks import bench_resume
 from benchmarks import report
-from components.trainer import launcher
-from components.trainer import ray_launcher
-from components.trainer import tf_cluster
+from components.trainer.cluster import local_backend
+from components.trainer.cluster import ray_backend
+from components.trainer.cluster import tf_cluster
 from tests.support import ray_cluster
 from tests.support import trainer_testing as tt
 
@@ -52,10 +52,10 @@ def _task(root: str, data):
 def _local(task, root: str) -> float:
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
-  argv = [sys.executable, '-m', 'components.trainer.task_process', '--task',
+  argv = [sys.executable, '-m', 'components.trainer.process.entry', '--task',
           task_path]
   began = time.time()
-  launcher.run_supervised(
+  local_backend.run_supervised(
       lambda attempt: tf_cluster.cluster_processes(
           'multi_worker_mirrored', WORKERS, 0, lambda role: argv),
       os.path.join(root, 'logs'), timeout_s=TIMEOUT_S)
@@ -63,10 +63,10 @@ def _local(task, root: str) -> float:
 
 
 def _ray(task, root: str) -> float:
-  argv = [ray_launcher.PYTHON, '-m', 'components.trainer.task_process',
-          '--task', ray_launcher.TASK_FILE]
+  argv = [ray_backend.PYTHON, '-m', 'components.trainer.process.entry',
+          '--task', ray_backend.TASK_FILE]
   began = time.time()
-  ray_launcher.run_on_ray(
+  ray_backend.run_on_ray(
       'multi_worker_mirrored', WORKERS, 0, lambda role: argv, task.to_json(),
       os.path.join(root, 'logs'), placement_strategy='SPREAD',
       resources={'cpus': 1, 'gpus': 0, 'memory_mb': 0}, local_paths={},

@@ -80,7 +80,7 @@ def keras_child(config_path: str) -> None:
   import types
   import tensorflow as tf
   from components.data import input_pipeline
-  from components.trainer import datasets
+  from components.trainer.managed import datasets
   from components.trainer import fn_args
   # pylint: enable=g-import-not-at-top
   with open(config_path) as f:

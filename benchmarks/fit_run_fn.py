@@ -15,7 +15,7 @@ import time
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from components.trainer import export
+from components.trainer.managed import export
 from pipelines import taxi_module
 
 TIMING_FILE = 'fit_timing.json'

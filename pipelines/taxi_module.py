@@ -140,7 +140,7 @@ def _input_fn(file_pattern: List[str], data_accessor, tf_transform_output,
 
 def run_fn(fn_args):
   """Stock TFX Trainer entry point: trains with model.fit and exports."""
-  from components.trainer import export  # pylint: disable=g-import-not-at-top
+  from components.trainer.managed import export  # pylint: disable=g-import-not-at-top
   tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
   batch_size = (fn_args.custom_config or {}).get('batch_size', 40)
   train_dataset = _input_fn(fn_args.train_files, fn_args.data_accessor,

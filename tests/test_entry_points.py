@@ -19,7 +19,7 @@ def _plain_env():
 
 @pytest.mark.parametrize('package', [
     'pipelines', 'benchmarks', 'kubeflow.runner', 'kubeflow.entrypoint',
-    'components.trainer.task_process'])
+    'components.trainer.process.entry'])
 def test_importing_an_entry_package_makes_tf_keras_keras_2(package):
   """What `python -m <package>.<module>` imports first sets the variable
   before anything imports TensorFlow (`kubeflow` is a namespace package, so

@@ -327,7 +327,7 @@ class _KillWorkerWhenCheckpointed:
     for child in children:
       try:
         argv = child.cmdline()
-        if 'components.trainer.task_process' not in argv or (
+        if 'components.trainer.process.entry' not in argv or (
             argv[argv.index('--role') + 1] != 'trainer'):
           continue
         tf_config = json.loads(child.environ().get('TF_CONFIG') or '{}')

@@ -14,7 +14,7 @@ import warnings
 from absl import logging as absl_logging
 import pytest
 
-from components.trainer import supervisor
+from components.trainer.cluster import supervisor
 from pipelines import console
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer import loop
+from components.trainer.managed import training
 from tests.support import trainer_testing as tt
 
 TRAIN_STEPS = 6
@@ -21,7 +21,7 @@ STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
 
 def _train(root, data, **kwargs):
   task = tt.make_task(root, data, train_steps=TRAIN_STEPS, **kwargs)
-  result = loop.run_managed_training(
+  result = training.run_managed_training(
       task, tf.distribute.OneDeviceStrategy('/cpu:0'))
   return result, tt.latest_checkpoint_tensors(task.checkpoint_dir)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from components.trainer import call_size
+from components.trainer.managed import call_size
 
 
 class _Machine:

@@ -16,7 +16,7 @@ from components.trainer import executor
 from components.trainer.config import DistributionConfig
 from components.trainer import fn_args as fn_args_lib
 from components.trainer import model_run as model_run_lib
-from components.trainer import strategy as strategy_lib
+from components.trainer.strategies import choice as strategy_lib
 from pipelines import data
 
 # The stock TFX taxi module shipped with tfx (next to the taxi data).

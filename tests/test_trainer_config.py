@@ -3,8 +3,8 @@
 import pytest
 
 from components.trainer import config as config_lib
-from components.trainer import cpu_threads
-from components.trainer import membership
+from components.trainer.process import cpu_threads
+from components.trainer.cluster import membership
 from components.trainer.config import DistributionConfig
 
 

@@ -1,7 +1,7 @@
 """Failures no relaunch can cure fail at once, naming what to fix; nothing
 good is lost, and the run resumes exactly once the cause is removed.
 
-The table (`components/trainer/failures.py`) per class; the supervisor's
+The table (`components/trainer/cluster/failures.py`) per class; the supervisor's
 use of a process's failure record; the damaged-file search; then the real
 thing in supervised training processes: a truncated shard and one with a
 flipped byte, a checkpoint location (a small tmpfs) that fills up
@@ -23,11 +23,11 @@ import tensorflow as tf
 
 from components.data import shard_check
 from components.data import shard_index
-from components.trainer import failures
-from components.trainer import launcher
-from components.trainer import supervisor
+from components.trainer.cluster import failures
+from components.trainer.cluster import local_backend
+from components.trainer.cluster import supervisor
 from components.trainer.checkpoint import store as store_lib
-from components.trainer.launcher import ProcessSpec
+from components.trainer.cluster.local_backend import ProcessSpec
 from tests.support import trainer_testing as tt
 
 TRAIN_STEPS = 80  # More than an epoch (64 steps): every file is read.
@@ -99,7 +99,7 @@ def test_the_failure_record_leads_the_error_and_stops_relaunches(tmp_path):
   failing = [ProcessSpec('worker-0', [sys.executable, '-c', (
       f'import sys; print({line!r}); sys.exit(78)')])]
   with pytest.raises(supervisor.ClusterFailedError) as error:
-    launcher.run_supervised(lambda attempt: failing, str(tmp_path / 'a'),
+    local_backend.run_supervised(lambda attempt: failing, str(tmp_path / 'a'),
                             max_restarts=2)
   assert str(error.value).startswith('The file x is bad.\n'), error.value
   assert error.value.relaunches == []
@@ -110,7 +110,7 @@ def test_the_failure_record_leads_the_error_and_stops_relaunches(tmp_path):
     code = 'import sys; sys.exit(1)' if attempt == 0 else 'print("ok")'
     return [ProcessSpec('worker-0', [sys.executable, '-c', code])]
 
-  result = launcher.run_supervised(crash_once, str(tmp_path / 'b'),
+  result = local_backend.run_supervised(crash_once, str(tmp_path / 'b'),
                                    max_restarts=2)
   [restart] = result.relaunches
   assert (restart.cause, restart.failure_class) == ('failure', 'transient')

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from components.trainer import exit_codes
-from components.trainer import launcher
-from components.trainer import progress
-from components.trainer import supervisor
-from components.trainer import tf_cluster
-from components.trainer.tf_cluster import ProcessSpec
+from components.trainer.cluster import exit_codes
+from components.trainer.cluster import local_backend
+from components.trainer.managed import progress
+from components.trainer.cluster import supervisor
+from components.trainer.cluster import tf_cluster
+from components.trainer.cluster.tf_cluster import ProcessSpec
 
 
 def _python(code: str):
@@ -77,7 +77,7 @@ def _assert_killed(pid_file: str) -> None:
 def test_all_trainers_succeed(tmp_path):
   specs = [ProcessSpec(f'worker-{i}', _python(f'print("done {i}")'))
            for i in range(2)]
-  result = launcher.run_supervised(lambda attempt: specs, str(tmp_path))
+  result = local_backend.run_supervised(lambda attempt: specs, str(tmp_path))
   assert result.attempts == 1
   assert result.relaunches == []
   log = tmp_path / 'attempt-0' / 'worker-1.log'
@@ -96,7 +96,7 @@ def test_crash_fails_with_log_tail_and_kills_the_rest(tmp_path):
   specs = [ProcessSpec('worker-0', crash),
            ProcessSpec('worker-1', _sleeper(pid_file))]
   with pytest.raises(supervisor.ClusterFailedError) as error:
-    launcher.run_supervised(lambda attempt: specs, str(tmp_path))
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path))
   message = str(error.value)
   assert "'worker-0' exited with code 3" in message
   assert 'worker-1: running' in message
@@ -114,7 +114,7 @@ def test_signal_death_is_reported(tmp_path):
       """))]
   with pytest.raises(supervisor.ClusterFailedError,
                      match="'worker-0' was killed by signal 9"):
-    launcher.run_supervised(lambda attempt: specs, str(tmp_path))
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path))
 
 
 def test_servers_are_stopped_when_trainers_finish(tmp_path):
@@ -125,7 +125,7 @@ def test_servers_are_stopped_when_trainers_finish(tmp_path):
                while not os.path.exists({pid_file!r}):
                  time.sleep(0.05)
                """))]
-  result = launcher.run_supervised(lambda attempt: specs, str(tmp_path))
+  result = local_backend.run_supervised(lambda attempt: specs, str(tmp_path))
   assert result.attempts == 1
   _assert_killed(pid_file)
 
@@ -135,7 +135,7 @@ def test_server_exit_is_a_failure(tmp_path):
            ProcessSpec('chief', _python('import time; time.sleep(600)'))]
   with pytest.raises(supervisor.ClusterFailedError,
                      match="'ps-0' exited with code 0") as error:
-    launcher.run_supervised(lambda attempt: specs, str(tmp_path))
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path))
   assert 'ps quits' in str(error.value)
 
 
@@ -143,7 +143,7 @@ def test_timeout_kills_and_fails(tmp_path):
   pid_file = str(tmp_path / 'stuck.pid')
   specs = [ProcessSpec('trainer', _sleeper(pid_file))]
   with pytest.raises(supervisor.ClusterTimeoutError, match='timeout_s=2'):
-    launcher.run_supervised(lambda attempt: specs, str(tmp_path), timeout_s=2)
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path), timeout_s=2)
   _assert_killed(pid_file)
 
 
@@ -157,7 +157,7 @@ def test_sigterm_ignoring_process_is_sigkilled_after_grace(tmp_path):
                """)),
            ProcessSpec('worker-1', _sleeper(pid_file, ignore_term=True))]
   with pytest.raises(supervisor.ClusterFailedError):
-    launcher.run_supervised(lambda attempt: specs, str(tmp_path), grace_s=1)
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path), grace_s=1)
   # It ignored SIGTERM: only the SIGKILL after the grace period ended it.
   _assert_killed(pid_file)
 
@@ -173,7 +173,7 @@ def test_grandchildren_are_killed_with_their_group(tmp_path):
       sys.exit(2)
       """))]
   with pytest.raises(supervisor.ClusterFailedError):
-    launcher.run_supervised(lambda attempt: specs, str(tmp_path))
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path))
   assert _wait_until_dead(int(_wait_for_file(pid_file)), timeout_s=5)
 
 
@@ -186,7 +186,7 @@ def test_restart_relaunches_the_whole_cluster(tmp_path):
     return [ProcessSpec('worker-0', _python(code)),
             ProcessSpec('worker-1', _python('print("ok")'))]
 
-  result = launcher.run_supervised(make, str(tmp_path), max_restarts=2)
+  result = local_backend.run_supervised(make, str(tmp_path), max_restarts=2)
   assert attempts == [0, 1]
   assert result.attempts == 2
   assert [(r.process, r.exit_code, r.attempt) for r in result.relaunches] == [
@@ -196,7 +196,7 @@ def test_restart_relaunches_the_whole_cluster(tmp_path):
 def test_restarts_run_out(tmp_path):
   specs = [ProcessSpec('worker-0', _python('import sys; sys.exit(4)'))]
   with pytest.raises(supervisor.ClusterFailedError, match='attempt 2') as error:
-    launcher.run_supervised(lambda attempt: specs, str(tmp_path),
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path),
                             max_restarts=2)
   assert len(error.value.relaunches) == 2
 
@@ -207,7 +207,7 @@ def test_a_not_retryable_failure_is_not_relaunched(tmp_path):
       f'import sys; sys.exit({exit_codes.NOT_RETRYABLE_EXIT_CODE})'))]
   with pytest.raises(supervisor.ClusterFailedError,
                      match='exited with code 78 .attempt 0') as error:
-    launcher.run_supervised(lambda attempt: specs, str(tmp_path),
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path),
                             max_restarts=2)
   assert error.value.relaunches == []
   assert not (tmp_path / 'attempt-1').exists()
@@ -225,10 +225,10 @@ def test_a_preempted_exit_relaunches_without_using_a_restart(tmp_path):
 
   with pytest.raises(supervisor.ClusterFailedError,
                      match='exited with code 4 .attempt 2') as error:
-    launcher.run_supervised(make, str(tmp_path), max_restarts=0)
+    local_backend.run_supervised(make, str(tmp_path), max_restarts=0)
   assert [r.exit_code for r in error.value.relaunches] == [75, 75]
 
-  result = launcher.run_supervised(make, str(tmp_path / 'again'),
+  result = local_backend.run_supervised(make, str(tmp_path / 'again'),
                                    max_restarts=1)
   assert result.attempts == 4
   assert [(r.exit_code, r.attempt, r.cause) for r in result.relaunches] == [
@@ -261,9 +261,9 @@ def test_children_die_with_a_killed_supervisor(tmp_path):
   """SIGKILL of the supervising process leaves no training process behind."""
   pid_file = str(tmp_path / 'orphan.pid')
   supervisor = subprocess.Popen(_python(f"""
-      from components.trainer import launcher, tf_cluster
+      from components.trainer.cluster import local_backend, tf_cluster
       spec = tf_cluster.ProcessSpec('worker-0', {_sleeper(pid_file)!r})
-      launcher.run_supervised(lambda attempt: [spec], {str(tmp_path)!r})
+      local_backend.run_supervised(lambda attempt: [spec], {str(tmp_path)!r})
       """), cwd=os.path.dirname(os.path.dirname(__file__)))
   child = int(_wait_for_file(pid_file))
   assert _alive(child)
@@ -290,11 +290,11 @@ def test_sigterm_is_forwarded_and_fails_as_preempted(tmp_path):
       """)
   server = _sleeper(str(tmp_path / 'server.pid'))
   supervisor = subprocess.Popen(_python(f"""
-      from components.trainer import launcher, supervisor, tf_cluster
+      from components.trainer.cluster import local_backend, supervisor, tf_cluster
       specs = [tf_cluster.ProcessSpec('ps-0', {server!r}, server=True),
                tf_cluster.ProcessSpec('chief', {trainer!r})]
       try:
-        launcher.run_supervised(lambda attempt: specs, {str(tmp_path)!r},
+        local_backend.run_supervised(lambda attempt: specs, {str(tmp_path)!r},
                                 max_restarts=3)
       except supervisor.ClusterPreemptedError as e:
         print('PREEMPTED', e.failure.process, e.failure.exit_code,
@@ -315,7 +315,7 @@ def _chief_writing_progress(progress_file: str, steps, exit_code: int):
   from `progress.details`, the file replaced atomically), then exits."""
   return _python(f"""
       import json, os, sys, time
-      from components.trainer import progress
+      from components.trainer.managed import progress
       for step in {list(steps)!r}:
         record = progress.details(
             step=step, train_steps=4, loss=0.5 / step, steps_per_sec=2.0,
@@ -345,7 +345,7 @@ def test_progress_is_logged_through_the_component_logger(tmp_path, caplog):
                                                          steps, code))]
 
   caplog.set_level(logging.INFO, logger='tfx_hpm')
-  result = launcher.run_supervised(
+  result = local_backend.run_supervised(
       make, str(tmp_path / 'logs'), max_restarts=1,
       read_progress=lambda: json.loads(progress_file.read_text()),
       progress_every_s=0.1)
@@ -373,7 +373,7 @@ def _chief_with_pauses(progress_file: str, unreadable: str, script):
   seconds, ('hang',) sleeps for good, ('exit',) exits 0."""
   return _python(f"""
       import json, os, sys, time
-      from components.trainer import progress
+      from components.trainer.managed import progress
       def write(step, **extra):
         record = dict(progress.details(
             step=step, train_steps=8, loss=0.5, steps_per_sec=2.0, steady=True,
@@ -434,7 +434,7 @@ def test_a_chief_recording_no_new_step_is_hung_killed_and_relaunched(
       return None
     return json.loads(progress_file.read_text())
 
-  result = launcher.run_supervised(
+  result = local_backend.run_supervised(
       make, str(tmp_path / 'logs'), max_restarts=1, hang_timeout_s=hang_s,
       read_progress=read, progress_every_s=0.1)
   assert result.attempts == 2
@@ -447,14 +447,14 @@ def test_a_chief_recording_no_new_step_is_hung_killed_and_relaunched(
   with pytest.raises(supervisor.ClusterFailedError,
                      match=r"'chief' recorded no progress \(hung\) and was "
                      r'killed \(attempt 0\)'):
-    launcher.run_supervised(
+    local_backend.run_supervised(
         lambda attempt: [ProcessSpec('chief', _chief_with_pauses(
             str(progress_file), str(unreadable), [('step', 1), ('hang',)]))],
         str(tmp_path / 'logs-2'), hang_timeout_s=hang_s, read_progress=read,
         progress_every_s=0.1)
 
 
-class _ElasticAttempt(launcher.LocalAttempt):
+class _ElasticAttempt(local_backend.LocalAttempt):
   """A local attempt that says it runs `workers` of `full_workers` and
   finds room to grow at its second check."""
 
@@ -560,7 +560,7 @@ def test_error_tail_drops_tensorflow_startup_noise(tmp_path):
       """))
   specs = [ProcessSpec('trainer', [sys.executable, str(script)])]
   with pytest.raises(supervisor.ClusterFailedError) as error:
-    launcher.run_supervised(lambda attempt: specs, str(tmp_path))
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path))
   message = str(error.value)
   assert 'training step 3' in message
   assert 'Traceback (most recent call last):' in message

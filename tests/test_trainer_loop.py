@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer import accumulation
-from components.trainer import call_size
-from components.trainer import evaluation
-from components.trainer import export
+from components.trainer.managed import accumulation
+from components.trainer.managed import call_size
+from components.trainer.managed import evaluation
+from components.trainer.managed import export
 from components.trainer.checkpoint import location as location_lib
 from components.trainer.checkpoint import records as records_lib
-from components.trainer import loop
-from components.trainer import preemption
-from components.trainer import progress
-from components.trainer import step_loop
+from components.trainer.managed import training
+from components.trainer.managed import preemption
+from components.trainer.managed import progress
+from components.trainer.managed import driver
 from tests.support import trainer_testing as tt
 
 # Two windows of the input pipeline's shuffle (8 batches of 4), so the first
@@ -39,7 +39,7 @@ rows = accumulation.rows
 
 
 def train_here(task):
-  return loop.run_managed_training(task,
+  return training.run_managed_training(task,
                                    tf.distribute.OneDeviceStrategy('/cpu:0'))
 
 
@@ -321,7 +321,7 @@ def test_rows_slices_dense_ragged_and_sparse():
 
 
 def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
-  steady = step_loop.StepStats(start_step=0)
+  steady = driver.StepStats(start_step=0)
   steady.steps_done(50)  # One parameter-server join: tracing included.
   only_join = steady.summary(50, 0.1, preempted=False)
   assert only_join['steps_per_sec'] > 0
@@ -330,7 +330,7 @@ def test_step_rate_is_steady_and_falls_back_to_the_whole_attempt():
   two_joins = steady.summary(100, 0.1, preempted=False)
   assert two_joins['steps_per_sec'] > 0
   assert two_joins['rate_includes_first_step'] is False
-  assert step_loop.StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0
+  assert driver.StepStats(0).summary(0, 0.0, False)['steps_per_sec'] == 0.0
 
 
 class _SlowSaves:
@@ -364,7 +364,7 @@ def test_auto_times_a_call_without_the_checkpoint_saved_after_it():
     return current + k, 0.0
 
   sizer = call_size.CallSizer('auto', max_call=100)
-  step_loop.drive(runner, _SlowSaves(100, 0.05),
+  driver.drive(runner, _SlowSaves(100, 0.05),
                   preemption.SigtermWatcher(lambda: None), start=0,
                   train_steps=1_000, sizer=sizer,
                   record_progress=lambda *args: None)
@@ -384,19 +384,19 @@ def test_progress_is_written_at_most_once_a_second(tmp_path, data,
                       fault_tolerance={'save_every_steps': None},
                       hparams={'id_log': None})
   task.distribution['steps_per_execution'] = 1
-  training = loop.ManagedTraining(task,
-                                  tf.distribute.OneDeviceStrategy('/cpu:0'))
-  training.build_model()
+  run = training.ManagedTraining(task,
+                                 tf.distribute.OneDeviceStrategy('/cpu:0'))
+  run.build_model()
   writes, flushes = [], []
-  store, writer = training.checkpointer.records, training.writer
+  store, writer = run.checkpointer.records, run.writer
   write_progress, flush = store.write_progress, writer.flush
   monkeypatch.setattr(store, 'write_progress', lambda *args: (
       writes.append(args[0]), write_progress(*args)))
   monkeypatch.setattr(writer, 'flush', lambda: (flushes.append(1), flush()))
   caplog.set_level(logging.INFO, logger='tfx_hpm')
   began = time.monotonic()
-  summary = training.train(training.restore())
-  training.checkpointer.close()
+  summary = run.train(run.restore())
+  run.checkpointer.close()
   elapsed = time.monotonic() - began
 
   assert summary['steps'] == train_steps

@@ -16,7 +16,7 @@ from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
 
 from components import HighPerfTrainer
-from components.trainer.task import TrainingTask
+from components.trainer.process.task import TrainingTask
 from pipelines import data
 from pipelines import taxi_pipeline
 from tests.support import taxi_runs
@@ -194,7 +194,7 @@ def _training_processes(root: str) -> list:
         argv = f.read().decode(errors='replace').split('\0')
     except OSError:
       continue
-    if 'components.trainer.task_process' not in argv or '--task' not in argv:
+    if 'components.trainer.process.entry' not in argv or '--task' not in argv:
       continue
     try:
       task = TrainingTask.load(argv[argv.index('--task') + 1])

@@ -46,9 +46,9 @@ import pytest
 import tensorflow as tf
 
 from components import storage
-from components.trainer import ray_launcher
-from components.trainer import strategy as strategy_lib
-from components.trainer import supervisor
+from components.trainer.cluster import ray_backend
+from components.trainer.strategies import choice as strategy_lib
+from components.trainer.cluster import supervisor
 from components.trainer.config import DistributionConfig
 from tests.support import mlmd
 from tests.support import netns_hosts
@@ -127,23 +127,23 @@ def test_auto_spreads_over_the_ray_nodes():
 def test_local_paths_cannot_span_hosts():
   placement = {'worker-0': {'node_ip': '10.0.0.1'},
                'worker-1': {'node_ip': '10.0.0.2'}}
-  with pytest.raises(ray_launcher.StorageNotSharedError) as error:
-    ray_launcher.check_shared_storage(placement,
+  with pytest.raises(ray_backend.StorageNotSharedError) as error:
+    ray_backend.check_shared_storage(placement,
                                       {'checkpoints': '/data/ckpt'})
   message = str(error.value)
   assert "['10.0.0.1', '10.0.0.2']" in message
   assert "'checkpoints': '/data/ckpt'" in message and 'gs://' in message
   # One host shares its local disk; shared storage spans hosts.
-  ray_launcher.check_shared_storage(
+  ray_backend.check_shared_storage(
       {'worker-0': {'node_ip': '10.0.0.1'},
        'worker-1': {'node_ip': '10.0.0.1'}}, {'checkpoints': '/data/ckpt'})
-  ray_launcher.check_shared_storage(placement, {})
+  ray_backend.check_shared_storage(placement, {})
 
 
 def test_unreachable_cluster_fails_fast_naming_the_address():
   address = f'127.0.0.1:{portpicker.pick_unused_port()}'
-  with pytest.raises(ray_launcher.RayUnreachableError) as error:
-    ray_launcher.connect(address)
+  with pytest.raises(ray_backend.RayUnreachableError) as error:
+    ray_backend.connect(address)
   assert f'ray_address={address!r}' in str(error.value)
 
 
@@ -220,9 +220,9 @@ def _connected(cluster, monkeypatch):
   environment, for the test."""
   _driver_env(monkeypatch, cluster)
   handler = signal.getsignal(signal.SIGTERM)
-  ray_launcher.connect(cluster.address)
+  ray_backend.connect(cluster.address)
   yield cluster
-  ray_launcher.disconnect()
+  ray_backend.disconnect()
   # ray.init's SIGTERM handler (sys.exit) is gone with the connection.
   assert signal.getsignal(signal.SIGTERM) is handler
 
@@ -698,13 +698,13 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
   task = tt.make_task(root, data, strategy='parameter_server', num_workers=2,
                       num_ps=1, train_steps=30, per_replica_batch_size=2,
                       fault_tolerance={'save_every_steps': 10})
-  argv = {'trainer': [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
-                      ray_launcher.TASK_FILE],
-          'server': [ray_launcher.PYTHON, '-m',
-                     'components.trainer.task_process',
-                     '--task', ray_launcher.TASK_FILE, '--role', 'server']}
+  argv = {'trainer': [ray_backend.PYTHON, '-m', 'tests.support.trainer_testing',
+                      ray_backend.TASK_FILE],
+          'server': [ray_backend.PYTHON, '-m',
+                     'components.trainer.process.entry',
+                     '--task', ray_backend.TASK_FILE, '--role', 'server']}
   # Three Ray tasks on the two 1-CPU nodes.
-  launch = ray_launcher.run_on_ray(
+  launch = ray_backend.run_on_ray(
       'parameter_server', 2, 1, argv.get, task.to_json(),
       os.path.join(root, 'logs'), placement_strategy='SPREAD',
       resources={'cpus': 0.5, 'gpus': 0, 'memory_mb': 0}, local_paths={},
@@ -734,16 +734,16 @@ def test_a_cluster_that_cannot_be_placed_fails_naming_what_it_asked(
   del ray_hosts_driver
   for name, seconds in (('PLACEMENT_TIMEOUT_S', 1.0),
                         ('FULL_SIZE_WAIT_S', 0.5)):
-    monkeypatch.setattr(ray_launcher.ray_placement, name, seconds)
+    monkeypatch.setattr(ray_backend.ray_placement, name, seconds)
   reserved = []
-  reserve = ray_launcher.ray_placement.reserve
+  reserve = ray_backend.ray_placement.reserve
 
   def counted(task_bundle, count, *args):
     reserved.append(count)
     return reserve(task_bundle, count, *args)
-  monkeypatch.setattr(ray_launcher.ray_placement, 'reserve', counted)
+  monkeypatch.setattr(ray_backend.ray_placement, 'reserve', counted)
   task = tt.mwms_task(str(tmp_path), data)
-  with pytest.raises(ray_launcher.PlacementError) as e:
+  with pytest.raises(ray_backend.PlacementError) as e:
     ray_training.run_on_ray(task, str(tmp_path), cpus=64, min_workers=min_workers)
   tasks = min_workers or 2
   assert f"cannot place {tasks} tasks of {{'CPU': 64}} each" in str(e.value)

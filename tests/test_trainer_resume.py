@@ -23,8 +23,8 @@ import pytest
 import tensorflow as tf
 
 from components.trainer.checkpoint import store as store_lib
-from components.trainer import exit_codes
-from components.trainer import preemption
+from components.trainer.cluster import exit_codes
+from components.trainer.managed import preemption
 from tests.support import trainer_testing as tt
 from tests.support import faulty_storage
 from tests.support.faulty_storage import Fault

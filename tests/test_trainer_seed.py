@@ -5,7 +5,7 @@ Two runs with one seed end with bit-identical weights and optimizer state
 and trained on the same ids per step; another seed gives other weights and
 another data order. one_device trains in this process (fast); mirrored on 2
 logical CPUs and a 2-worker MultiWorkerMirrored cluster run the production
-worker (`components.trainer.task_process`, op determinism from the config only).
+worker (`components.trainer.process.entry`, op determinism from the config only).
 """
 
 import random
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer import cpu_threads
-from components.trainer import task_process
+from components.trainer.process import cpu_threads
+from components.trainer.process import entry
 from tests.support import trainer_testing as tt
 
 RANDOM_MODEL = {'seeded_initializers': False, 'dropout': 0.5}
@@ -61,7 +61,7 @@ def test_one_device_same_seed_same_weights(tmp_path, data, unseed_afterwards):
   runs = {}
   for name, seed in (('a', 7), ('b', 7), ('other', 8)):
     task = _task(tmp_path / name, data, seed)
-    result = task_process.train(task)
+    result = entry.train(task)
     assert result['seed'] == seed and result['deterministic'] is False
     assert result['steps'] == 8
     runs[name] = _trained(task)

@@ -9,9 +9,9 @@ import textwrap
 import pytest
 import tensorflow as tf
 
-from components.trainer import strategy as strategy_lib
+from components.trainer.strategies import choice as strategy_lib
 from components.trainer.config import DistributionConfig
-from components.trainer.strategy import Environment
+from components.trainer.strategies.choice import Environment
 
 
 def _cluster(**tasks):
@@ -147,7 +147,7 @@ def test_logical_cpu_strategies_build_real_replicas():
   proc = _run_python("""
       import tensorflow as tf
       tf.config.set_visible_devices([], 'GPU')
-      from components.trainer import strategy as s
+      from components.trainer.strategies import choice as s
       from components.trainer.config import DistributionConfig
       config = DistributionConfig(strategy='mirrored', logical_cpu_devices=3)
       s.configure_logical_cpus(4)  # One more, as GPipe stages may need.
@@ -164,7 +164,7 @@ def test_logical_cpu_strategies_build_real_replicas():
 def test_replicas_are_the_gpus_where_there_are_any():
   proc = _run_python("""
       import tensorflow as tf
-      from components.trainer import strategy as s
+      from components.trainer.strategies import choice as s
       from components.trainer.config import DistributionConfig
       config = DistributionConfig(strategy='mirrored', logical_cpu_devices=3)
       s.configure_logical_cpus(3)
@@ -184,7 +184,7 @@ def test_logical_cpus_after_tf_started_fail_clearly():
   proc = _run_python("""
       import tensorflow as tf
       tf.constant(1.0) + 1.0  # Initializes the runtime with one CPU.
-      from components.trainer import strategy as s
+      from components.trainer.strategies import choice as s
       s.configure_logical_cpus(1)  # Nothing to do.
       try:
         s.configure_logical_cpus(2)
@@ -199,7 +199,7 @@ def test_logical_cpus_after_tf_started_fail_clearly():
 def _task(tmp_path, distribution, mode='managed', train_steps=0,
           eval_steps=0):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from components.trainer.task import TrainingTask  # pylint: disable=g-import-not-at-top
+  from components.trainer.process.task import TrainingTask  # pylint: disable=g-import-not-at-top
   pattern = str(tmp_path / 'data-*.gz')
   for index, count in enumerate((300, 340)):  # 640 records in 2 files.
     options = tf.io.TFRecordOptions(compression_type='GZIP')
@@ -217,10 +217,10 @@ def _task(tmp_path, distribution, mode='managed', train_steps=0,
 
 
 def test_lengths_and_batch_resolved_for_the_replicas(tmp_path):
-  from components.trainer import task_process  # pylint: disable=g-import-not-at-top
+  from components.trainer.process import entry  # pylint: disable=g-import-not-at-top
   task = _task(tmp_path, {'global_batch_size': 64, 'train_epochs': 2,
                           'gradient_accumulation_steps': 2})
-  resolved = task_process.resolve_lengths(task, num_replicas=4)
+  resolved = entry.resolve_lengths(task, num_replicas=4)
   config = DistributionConfig.from_dict(resolved.distribution)
   assert (config.per_replica_batch_size, config.global_batch_size) == (16, None)
   assert config.train_epochs == 0
@@ -230,23 +230,23 @@ def test_lengths_and_batch_resolved_for_the_replicas(tmp_path):
 
   run_fn_task = _task(tmp_path, {'per_replica_batch_size': 8}, mode='run_fn',
                       train_steps=7)
-  resolved = task_process.resolve_lengths(run_fn_task, num_replicas=2)
+  resolved = entry.resolve_lengths(run_fn_task, num_replicas=2)
   assert (resolved.train_steps, resolved.eval_steps) == (7, 0)
   with pytest.raises(ValueError, match='3 replicas'):
-    task_process.resolve_lengths(task, num_replicas=3)
+    entry.resolve_lengths(task, num_replicas=3)
 
 
 def test_an_elastic_cluster_below_full_size_keeps_its_update_batch(tmp_path):
   """3 workers x 2 accumulated batches of 4 at full size; on 2 workers the
   same 24 examples per update: 3 accumulated batches of 4 each."""
-  from components.trainer import membership  # pylint: disable=g-import-not-at-top
-  from components.trainer import task_process  # pylint: disable=g-import-not-at-top
+  from components.trainer.cluster import membership  # pylint: disable=g-import-not-at-top
+  from components.trainer.process import entry  # pylint: disable=g-import-not-at-top
   task = _task(tmp_path, {
       'strategy': 'multi_worker_mirrored', 'launcher': 'ray',
       'num_workers': 3, 'min_workers': 2, 'per_replica_batch_size': 4,
       'gradient_accumulation_steps': 2, 'train_epochs': 3})
-  full = task_process.resolve_lengths(task, num_replicas=3, workers=3)
-  smaller = task_process.resolve_lengths(task, num_replicas=2, workers=2)
+  full = entry.resolve_lengths(task, num_replicas=3, workers=3)
+  smaller = entry.resolve_lengths(task, num_replicas=2, workers=2)
   # The same updates: 3 epochs x 640 examples / 24 per update.
   assert full.train_steps == smaller.train_steps == 80
   for resolved in (full, smaller):

@@ -13,8 +13,8 @@ from tfx.types import standard_artifacts
 from tfx.utils import path_utils
 
 from components.trainer import fn_args as fn_args_lib
-from components.trainer import loop
-from components.trainer import warm_start
+from components.trainer.managed import training
+from components.trainer.managed import warm_start
 from tests.support import trainer_testing as tt
 
 
@@ -93,13 +93,13 @@ def test_managed_training_warm_starts_once_then_resumes_its_own(tmp_path,
   export is the base model's weights); a rerun resumes its own checkpoint
   and does not warm-start again."""
   base_task = tt.make_task(str(tmp_path / 'base'), data, train_steps=6)
-  loop.run_managed_training(base_task,
+  training.run_managed_training(base_task,
                             tf.distribute.OneDeviceStrategy('/cpu:0'))
   task = tt.make_task(str(tmp_path / 'warm'), data, train_steps=4,
                       hparams={'learning_rate': 0.0})
   task.base_model = base_task.serving_model_dir
 
-  result = loop.run_managed_training(
+  result = training.run_managed_training(
       task, tf.distribute.OneDeviceStrategy('/cpu:0'))
 
   assert result['warm_start']['base_model'] == base_task.serving_model_dir
@@ -111,7 +111,7 @@ def test_managed_training_warm_starts_once_then_resumes_its_own(tmp_path,
     np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
   task.train_steps = 6
-  resumed = loop.run_managed_training(
+  resumed = training.run_managed_training(
       task, tf.distribute.OneDeviceStrategy('/cpu:0'))
   assert resumed['warm_start'] is None
   assert resumed['start_step'] == 4

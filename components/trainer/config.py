@@ -9,8 +9,8 @@ import dataclasses
 from typing import Any, Dict, Optional, Tuple, Union
 
 from components.json_config import JsonConfig, check_int, is_int, is_number
-from components.trainer import cpu_threads
-from components.trainer import membership
+from components.trainer.process import cpu_threads
+from components.trainer.cluster import membership
 
 STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
               'parameter_server', 'central_storage', 'tpu')

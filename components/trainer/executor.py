@@ -33,18 +33,18 @@ from components import storage
 from components.records import training_result
 from components.records import tuned_input_pipeline
 from components.trainer import config as config_lib
-from components.trainer import launcher
+from components.trainer.cluster import local_backend
 from components.trainer import model_run as model_run_lib
-from components.trainer import progress
-from components.trainer import strategy as strategy_lib
-from components.trainer import supervisor
-from components.trainer import task_process
-from components.trainer import tf_cluster
+from components.trainer.managed import progress
+from components.trainer.strategies import choice as strategy_lib
+from components.trainer.cluster import supervisor
+from components.trainer.process import entry
+from components.trainer.cluster import tf_cluster
 from components.trainer import user_module
 from components.trainer.checkpoint import location
 from components.trainer.checkpoint import records
 from components.trainer.checkpoint.config import FaultToleranceConfig
-from components.trainer.task import TrainingTask
+from components.trainer.process.task import TrainingTask
 
 DISTRIBUTION_KEY = 'distribution'
 FAULT_TOLERANCE_KEY = 'fault_tolerance'
@@ -139,8 +139,8 @@ class Executor(base_executor.BaseExecutor):
       # The Ray connection (made when the environment is detected) ends
       # with the component.
       if config.launcher == 'ray':
-        from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
-        ray_launcher.disconnect()
+        from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
+        ray_backend.disconnect()
 
   def _do(self, input_dict, output_dict, exec_properties, config,
           fault_tolerance, model_run) -> None:
@@ -271,7 +271,7 @@ class Executor(base_executor.BaseExecutor):
              fault_tolerance: FaultToleranceConfig
             ) -> Dict[str, Any]:
     if config.launcher == 'in_process':
-      return task_process.run_in_process(task)
+      return entry.run_in_process(task)
     unshared = {k: v for k, v in task.output_dirs().items()
                 if storage.is_process_local(v)}
     if unshared:
@@ -289,7 +289,7 @@ class Executor(base_executor.BaseExecutor):
     logs = os.path.join(task.model_run_dir, CLUSTER_LOG_DIR)
 
     def argv_for_role(role):
-      return [sys.executable, '-m', 'components.trainer.task_process', '--task',
+      return [sys.executable, '-m', 'components.trainer.process.entry', '--task',
               task_path, '--role', role]
 
     def read_progress():
@@ -302,7 +302,7 @@ class Executor(base_executor.BaseExecutor):
         launch = self._run_on_ray(task, config, fault_tolerance, local_logs,
                                   read_progress)
       else:
-        launch = launcher.run_supervised(
+        launch = local_backend.run_supervised(
             lambda attempt: tf_cluster.cluster_processes(
                 config.strategy, config.num_workers, config.num_ps,
                 argv_for_role),
@@ -341,13 +341,13 @@ class Executor(base_executor.BaseExecutor):
                   read_progress: Callable[[], Optional[Dict[str, Any]]]
                  ) -> supervisor.LaunchResult:
     """The cluster as Ray actors; each task gets the task file on its node."""
-    from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
+    from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
 
     def argv_for_role(role):
-      return [ray_launcher.PYTHON, '-m', 'components.trainer.task_process',
-              '--task', ray_launcher.TASK_FILE, '--role', role]
+      return [ray_backend.PYTHON, '-m', 'components.trainer.process.entry',
+              '--task', ray_backend.TASK_FILE, '--role', role]
 
-    return ray_launcher.run_on_ray(
+    return ray_backend.run_on_ray(
         config.strategy, config.num_workers, config.num_ps, argv_for_role,
         task.to_json(), local_logs,
         placement_strategy=config.ray_placement,

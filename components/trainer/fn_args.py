@@ -23,9 +23,9 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from components import patches
-from components.trainer import strategy as strategy_lib
+from components.trainer.strategies import choice as strategy_lib
 from components.trainer.config import DistributionConfig
-from components.trainer.task import TrainingTask
+from components.trainer.process.task import TrainingTask
 from components.data import input_pipeline
 
 

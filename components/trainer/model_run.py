@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from components import storage
 from components.trainer import config as config_lib
-from components.trainer import strategy as strategy_lib
-from components.trainer import supervisor
+from components.trainer.strategies import choice as strategy_lib
+from components.trainer.cluster import supervisor
 
 DECISION_FILE = 'distribution_decision.json'
 # A failed training's class and message (the execution fails, so MLMD gets
@@ -50,9 +50,9 @@ def record_decision(model_run,
   model_run.set_string_custom_property('launcher', config.launcher)
   model_run.set_string_custom_property('launcher_reason', launcher_reason)
   if config.launcher == 'ray':
-    from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
+    from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
     model_run.set_string_custom_property(
-        'ray_address', ray_launcher.resolve_address(config.ray_address))
+        'ray_address', ray_backend.resolve_address(config.ray_address))
   # Ints: TFX's Kubeflow entrypoint cannot translate MLMD bool values.
   if config.seed is not None:
     model_run.set_int_custom_property('seed', config.seed)

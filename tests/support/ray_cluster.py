@@ -284,13 +284,13 @@ def local_ray_cluster(log_dir: str, env: Dict[str, str],
 def connected(cluster: LocalRayCluster) -> Iterator[LocalRayCluster]:
   """This process as `cluster`'s driver (a benchmark's; the tests' fixture
   also restores the environment): the nodes' addresses bypass the proxy."""
-  from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
+  from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
   os.environ['no_proxy'] = os.environ['NO_PROXY'] = cluster.no_proxy()
-  ray_launcher.connect(cluster.address)
+  ray_backend.connect(cluster.address)
   try:
     yield cluster
   finally:
-    ray_launcher.disconnect()
+    ray_backend.disconnect()
 
 
 class _CpuHolder:

@@ -14,9 +14,9 @@ import socket
 import sys
 import urllib.parse
 
-from components.trainer import ray_launcher
+from components.trainer.cluster import ray_backend
 from components.trainer.checkpoint import records as run_records
-from components.trainer.task import TrainingTask
+from components.trainer.process.task import TrainingTask
 
 CLUSTER_TIMEOUT_S = 400
 
@@ -24,9 +24,9 @@ CLUSTER_TIMEOUT_S = 400
 def run_on_ray(task: TrainingTask, root: str, cpus: int = 1, **options):
   """The task's cluster on Ray; its logs under the local folder `root`;
   the chief's progress read as the executor reads it (for hang_timeout_s)."""
-  argv = [ray_launcher.PYTHON, '-m', 'tests.support.trainer_testing',
-          ray_launcher.TASK_FILE]
-  return ray_launcher.run_on_ray(
+  argv = [ray_backend.PYTHON, '-m', 'tests.support.trainer_testing',
+          ray_backend.TASK_FILE]
+  return ray_backend.run_on_ray(
       'multi_worker_mirrored', 2, 0, lambda role: argv, task.to_json(),
       os.path.join(root, 'logs'), placement_strategy='SPREAD',
       resources={'cpus': cpus, 'gpus': 0, 'memory_mb': 0},
@@ -47,11 +47,11 @@ def _own_address(address: str) -> str:
 
 
 def main(address: str, task_path: str, root: str, result_path: str) -> int:
-  ray_launcher.connect(address)
+  ray_backend.connect(address)
   try:
     launch = run_on_ray(TrainingTask.load(task_path), root)
   finally:
-    ray_launcher.disconnect()
+    ray_backend.disconnect()
   with open(result_path, 'w') as f:
     json.dump({'attempts': launch.attempts, 'placement': launch.placement,
                'driver_address': _own_address(address)}, f)

@@ -17,11 +17,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
-from components.trainer import launcher
-from components.trainer import supervisor
-from components.trainer import tf_cluster
+from components.trainer.cluster import local_backend
+from components.trainer.cluster import supervisor
+from components.trainer.cluster import tf_cluster
 from components.trainer.checkpoint import records as run_records
-from components.trainer.task import TrainingTask
+from components.trainer.process.task import TrainingTask
 from tests.support import faulty_storage
 from tests.support import id_recording_module
 
@@ -132,7 +132,7 @@ def child_env() -> Dict[str, str]:
 
 def worker_argv(task_path: str) -> List[str]:
   """The production training process, exactly as the executor starts it."""
-  return [sys.executable, '-m', 'components.trainer.task_process', '--task',
+  return [sys.executable, '-m', 'components.trainer.process.entry', '--task',
           task_path, '--role', 'trainer']
 
 
@@ -179,7 +179,7 @@ def cluster_argv(task: TrainingTask, root: str, production: bool = False
   def argv(role: str) -> List[str]:
     if role == 'trainer':
       return _trainer_argv(task_path, production)
-    return [sys.executable, '-m', 'components.trainer.task_process', '--task',
+    return [sys.executable, '-m', 'components.trainer.process.entry', '--task',
             task_path, '--role', 'server']
 
   return argv
@@ -201,7 +201,7 @@ def run_cluster(task: TrainingTask, root: str, *,
     max_restarts = task.fault_tolerance.get('max_restarts', 0)
   argv = cluster_argv(task, root, production)
   sizes = [num_workers] if isinstance(num_workers, int) else num_workers
-  return launcher.run_supervised(
+  return local_backend.run_supervised(
       lambda attempt: tf_cluster.cluster_processes(
           strategy, sizes[min(attempt, len(sizes) - 1)], num_ps, argv),
       os.path.join(root, 'logs'), timeout_s=timeout_s,
@@ -329,16 +329,16 @@ def main(task_path: str) -> int:
   faults where the environment asks for them, and the preemption exit
   code."""
   # pylint: disable=g-import-not-at-top
-  from components.trainer import preemption
-  from components.trainer import task_process
+  from components.trainer.managed import preemption
+  from components.trainer.process import entry
   # pylint: enable=g-import-not-at-top
   tf.config.experimental.enable_op_determinism()
   if os.environ.get(faulty_storage.ENV):
     faulty_storage.FaultyStorage.from_json(
         os.environ[faulty_storage.ENV]).install()
-  return preemption.exit_code(task_process.train(TrainingTask.load(task_path)))
+  return preemption.exit_code(entry.train(TrainingTask.load(task_path)))
 
 
 if __name__ == '__main__':
-  from components.trainer import task_process  # pylint: disable=g-import-not-at-top
-  task_process.finish(main(sys.argv[1]))
+  from components.trainer.process import entry  # pylint: disable=g-import-not-at-top
+  entry.finish(main(sys.argv[1]))

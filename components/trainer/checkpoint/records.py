@@ -15,7 +15,7 @@ from absl import logging
 import tensorflow as tf
 
 from components import storage
-from components.trainer import progress
+from components.trainer.managed import progress
 from components.trainer.checkpoint import location
 
 EVENTS_NAME = 'events.json'
@@ -69,7 +69,7 @@ class RunRecords:
   def write_progress(self, step: int,
                      details: Optional[Dict[str, Any]] = None) -> None:
     """Records the last step reached, to count lost steps after a crash,
-    with `details` for people watching (components/trainer/progress.py)."""
+    with `details` for people watching (components/trainer/managed/progress.py)."""
     if self._is_chief:
       self._io('write progress', tf.io.gfile.makedirs, self.directory)
       self._io('write progress', storage.write_json,

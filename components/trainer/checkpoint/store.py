@@ -29,7 +29,7 @@ from absl import logging
 import tensorflow as tf
 
 from components import storage
-from components.trainer import failures
+from components.trainer.cluster import failures
 from components.trainer.checkpoint import location
 from components.trainer.checkpoint import records
 from components.trainer.checkpoint.lease import CheckpointLease

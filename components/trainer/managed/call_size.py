@@ -46,7 +46,7 @@ import dataclasses
 import statistics
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from components.trainer import progress
+from components.trainer.managed import progress
 from components.trainer.config import AUTO
 
 AUTO_CANDIDATES = (1, 4, 16, 64, 256, 1024, 4096)

@@ -19,7 +19,7 @@ from components.data import input_pipeline
 from components.data import shard_index
 from components.trainer import fn_args
 from components.trainer.config import DistributionConfig
-from components.trainer.task import TrainingTask
+from components.trainer.process.task import TrainingTask
 
 # Seed of the data order without distribution.seed; fixed so that every
 # attempt replays the same order.

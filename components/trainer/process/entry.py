@@ -1,13 +1,13 @@
 """Entry point of every task process of a cluster (chief, worker, ps), and
 of in-process training.
 
-    python -m components.trainer.task_process --task task.json --role trainer
-    python -m components.trainer.task_process --task task.json --role server
+    python -m components.trainer.process.entry --task task.json --role trainer
+    python -m components.trainer.process.entry --task task.json --role server
 
 A `trainer` splits the CPU into logical devices (before TensorFlow starts),
 seeds itself (`distribution.seed`, `deterministic`), builds the strategy,
 resolves batch and step counts for its replica count and trains: the managed
-loop (`loop.run_managed_training`) or the module's `run_fn`. The chief
+loop (`training.run_managed_training`) or the module's `run_fn`. The chief
 writes `training_result.json` into the model_run dir. A `server` (the
 parameter-server ps and workers) runs a tf.distribute.Server until the
 supervisor stops it; it runs only functions the coordinator traced, whose
@@ -34,15 +34,15 @@ import tensorflow as tf
 from components.data import input_pipeline
 from components.data import shard_check
 from components.records import training_result
-from components.trainer import cpu_threads
-from components.trainer import failures
-from components.trainer import membership
-from components.trainer import preemption
-from components.trainer import strategy as strategy_lib
-from components.trainer import tf_cluster
+from components.trainer.process import cpu_threads
+from components.trainer.cluster import failures
+from components.trainer.cluster import membership
+from components.trainer.managed import preemption
+from components.trainer.strategies import choice as strategy_lib
+from components.trainer.cluster import tf_cluster
 from components.trainer.config import DistributionConfig
-from components.trainer.exit_codes import NOT_RETRYABLE_EXIT_CODE
-from components.trainer.task import TrainingTask
+from components.trainer.cluster.exit_codes import NOT_RETRYABLE_EXIT_CODE
+from components.trainer.process.task import TrainingTask
 # pylint: enable=g-import-not-at-top,wrong-import-position
 _IMPORT_SECONDS = time.monotonic() - _IMPORTS_BEGAN
 
@@ -135,8 +135,8 @@ def train(task: TrainingTask, shared_process: bool = False
   setup_s = time.monotonic() - began
   start = time.time()
   if task.mode == 'managed':
-    from components.trainer import loop  # pylint: disable=g-import-not-at-top
-    result = loop.run_managed_training(task, strategy)
+    from components.trainer.managed import training  # pylint: disable=g-import-not-at-top
+    result = training.run_managed_training(task, strategy)
   else:
     from components.trainer import fn_args  # pylint: disable=g-import-not-at-top
     result = fn_args.run_user_fn(task, strategy, is_chief)

@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from components.trainer import progress
+from components.trainer.managed import progress
 
 
 class ProgressRelay:

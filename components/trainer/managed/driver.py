@@ -12,8 +12,8 @@ import math
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from components.trainer import call_size
-from components.trainer import preemption
+from components.trainer.managed import call_size
+from components.trainer.managed import preemption
 from components.trainer.checkpoint.checkpointer import Checkpointer
 
 

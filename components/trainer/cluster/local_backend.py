@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
 
-from components.trainer import supervisor
-from components.trainer.tf_cluster import ProcessSpec
+from components.trainer.cluster import supervisor
+from components.trainer.cluster.tf_cluster import ProcessSpec
 
 _PR_SET_PDEATHSIG = 1
 # The C library's symbols (prctl), as linked into this interpreter.

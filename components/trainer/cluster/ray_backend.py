@@ -39,13 +39,13 @@ import ray
 import ray.util.client
 from ray.util import scheduling_strategies
 
-from components.trainer import launcher
-from components.trainer import ray_placement
-from components.trainer import supervisor
-from components.trainer import tf_cluster
-from components.trainer.ray_actor import PYTHON
-from components.trainer.ray_actor import RemoteTaskActor
-from components.trainer.ray_actor import TASK_FILE
+from components.trainer.cluster import local_backend
+from components.trainer.cluster import ray_placement
+from components.trainer.cluster import supervisor
+from components.trainer.cluster import tf_cluster
+from components.trainer.cluster.ray_actor import PYTHON
+from components.trainer.cluster.ray_actor import RemoteTaskActor
+from components.trainer.cluster.ray_actor import TASK_FILE
 
 # The driver's environment variables every task gets (the rest is its
 # node's): the import path of the suite and of the user module.
@@ -211,7 +211,7 @@ class _RayAttempt:
     self.refs: Dict[Any, str] = {}
     # The parameter-server coordinator, a child of this process as with the
     # local launcher.
-    self.local: Dict[str, launcher.RunningProcess] = {}
+    self.local: Dict[str, local_backend.RunningProcess] = {}
 
   def locate(self) -> Dict[str, Dict[str, Any]]:
     """Each task's node and a free port there, with the node's IP."""
@@ -232,7 +232,7 @@ class _RayAttempt:
         continue
       argv = [sys.executable if a == PYTHON else
               local_task_path if a == TASK_FILE else a for a in spec.argv]
-      self.local[spec.name] = launcher.RunningProcess(
+      self.local[spec.name] = local_backend.RunningProcess(
           tf_cluster.ProcessSpec(spec.name, argv, spec.env, spec.server),
           self.log_path(spec.name))
       self.names.append(spec.name)
@@ -302,7 +302,7 @@ class _RayAttempt:
 
   def stop(self, grace_s: float) -> None:
     """Stops every process, keeps the last of its log, frees the nodes."""
-    launcher.stop_all(list(self.local.values()), grace_s)
+    local_backend.stop_all(list(self.local.values()), grace_s)
     alive = [n for n in self._actor_names if n not in self._dead]
     ray.wait([self.actors[n].stop.remote(grace_s) for n in alive],
              num_returns=len(alive), timeout=grace_s + LOG_PULL_TIMEOUT_S)

@@ -60,9 +60,9 @@ def detect_environment(config: DistributionConfig,
   tf_config = tf_config_from_env() if config.launcher == 'in_process' else {}
   ray_nodes = 0
   if config.launcher == 'ray':
-    from components.trainer import ray_launcher  # pylint: disable=g-import-not-at-top
-    ray_launcher.connect(config.ray_address)
-    ray_nodes = len(ray_launcher.task_nodes(config.ray_task_resources()))
+    from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
+    ray_backend.connect(config.ray_address)
+    ray_nodes = len(ray_backend.task_nodes(config.ray_task_resources()))
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # Listing physical devices does not initialize the runtime, so logical
   # devices can still be configured afterwards.

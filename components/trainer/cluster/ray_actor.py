@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 import portpicker
 import ray
 
-from components.trainer import launcher
+from components.trainer.cluster import local_backend
 
 # Placeholders in a task's argv that the actor replaces on its node: its
 # Python interpreter and its local copy of the training task file.
@@ -55,10 +55,10 @@ class _TaskActor:
     # Its own process group (stopped as one), killed by the kernel if this
     # actor dies.
     self._popen = subprocess.Popen(
-        argv, env=launcher.process_env(env), stdin=subprocess.DEVNULL,
+        argv, env=local_backend.process_env(env), stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=launcher.die_with_parent(os.getpid()))
+        preexec_fn=local_backend.die_with_parent(os.getpid()))
     for line in self._popen.stdout:
       with self._lock:
         self._log += line
@@ -73,19 +73,19 @@ class _TaskActor:
   def terminate(self) -> None:
     """Passes a preemption notice on: SIGTERM to the process group."""
     if self._popen is not None and self._popen.poll() is None:
-      launcher.signal_group(self._popen.pid, signal.SIGTERM)
+      local_backend.signal_group(self._popen.pid, signal.SIGTERM)
 
   def stop(self, grace_s: float) -> None:
     """SIGTERM the process group, SIGKILL it after `grace_s`."""
     if self._popen is None:
       return
     if self._popen.poll() is None:
-      launcher.signal_group(self._popen.pid, signal.SIGTERM)
+      local_backend.signal_group(self._popen.pid, signal.SIGTERM)
       try:
         self._popen.wait(timeout=grace_s)
       except subprocess.TimeoutExpired:
         pass
-    launcher.signal_group(self._popen.pid, signal.SIGKILL)
+    local_backend.signal_group(self._popen.pid, signal.SIGKILL)
     self._popen.wait()
 
 

@@ -34,25 +34,25 @@ from components import patches
 from components.pipeline_parallel import placement
 from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
-from components.trainer import accumulation
-from components.trainer import call_size
-from components.trainer import cluster_agreement
+from components.trainer.managed import accumulation
+from components.trainer.managed import call_size
+from components.trainer.managed import votes
 from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.config import AUTO
 from components.trainer.config import DistributionConfig
-from components.trainer import datasets
-from components.trainer import evaluation
-from components.trainer import membership
-from components.trainer import export
-from components.trainer import preemption
-from components.trainer import progress
-from components.trainer import step_loop
-from components.trainer import step_runners
-from components.trainer import strategy as strategy_lib
-from components.trainer.task import TrainingTask
+from components.trainer.managed import datasets
+from components.trainer.managed import evaluation
+from components.trainer.cluster import membership
+from components.trainer.managed import export
+from components.trainer.managed import preemption
+from components.trainer.managed import progress
+from components.trainer.managed import driver
+from components.trainer.managed import step_runners
+from components.trainer.strategies import choice as strategy_lib
+from components.trainer.process.task import TrainingTask
 from components.trainer import user_module
-from components.trainer import warm_start
+from components.trainer.managed import warm_start
 
 # Parameter-server closures scheduled per call (between two joins) for
 # steps_per_execution='auto': the closures run asynchronously, so there is
@@ -93,7 +93,7 @@ class ManagedTraining:
     self.timing: Dict[str, float] = {}
     self.task = task
     self.strategy = strategy
-    self.kind = cluster_agreement.strategy_kind(strategy)
+    self.kind = votes.strategy_kind(strategy)
     self.is_chief = bool(strategy.extended.should_checkpoint)
     self.module = user_module.load(task.module_file, task.module_path)
     self.data = datasets.training_data(task, self.module)
@@ -116,7 +116,7 @@ class ManagedTraining:
           f'train_steps={task.train_steps} must be >= 1; '
           'task_process.resolve_lengths turns train_epochs into steps first.')
     self.train_steps = int(task.train_steps)
-    self.any_worker, self.all_workers = cluster_agreement.votes(
+    self.any_worker, self.all_workers = votes.votes(
         strategy, self.kind)
     # Flushed by record_progress at most once a second (a flush to an object
     # store uploads the file again), so the writer itself never flushes
@@ -221,7 +221,7 @@ class ManagedTraining:
   # --- training
 
   def record_progress(self, previous: int, current: int, loss: float,
-                      stats: step_loop.StepStats) -> None:
+                      stats: driver.StepStats) -> None:
     """Progress marker (at most once a second), TensorBoard loss (~100
     points, written at most once a second), a progress line every few
     seconds."""
@@ -292,7 +292,7 @@ class ManagedTraining:
     # flushes it, once here (per point, it flushed ~100 times a run).
     with (self.writer.as_default() if self.writer else
           contextlib.nullcontext()):
-      return step_loop.drive(
+      return driver.drive(
           runner, self.checkpointer, watcher, start=start,
           train_steps=self.train_steps, sizer=self.sizer,
           record_progress=self.record_progress, any_worker=self.any_worker,
