@@ -180,12 +180,15 @@ def run_trainer(root: str, trainer_args: Dict[str, Any]) -> Dict[str, Any]:
   with open(os.path.join(report.latest_model_run_uri(root),
                          'training_result.json')) as f:
     result = json.load(f)
+  with open(os.path.join(report.latest_model_run_uri(root),
+                         'launch.json')) as f:
+    launch = json.load(f)
   assert result['steps'] == train_steps, result
   return {'examples_per_sec': result['examples_per_sec'],
           'steps_per_execution': result['steps_per_execution'],
           'auto': result.get('steps_per_execution_auto'),
           'steps_by_call_length': result.get('steps_by_call_length'),
-          'timing': result.get('timing'),
+          'timing': {**launch['timing'], **result.get('timing', {})},
           'trainer_wall_s': {e.node_id: e.wall_s
                              for e in run.executions}['Trainer']}
 
@@ -207,6 +210,7 @@ def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
   from components.data import input_pipeline
   from components.trainer.process import cpu_threads
   from components.trainer.strategies import choice as strategy_lib
+  from components.trainer.strategies import registry
   from components.trainer.config import DistributionConfig
   from components.records import tuned_input_pipeline
   from pipelines import taxi_module
@@ -216,7 +220,7 @@ def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
   config = DistributionConfig.from_dict(_distribution(strategy_name, batch))
   strategy_lib.configure_logical_cpus(config.logical_cpu_devices)
   cpu_threads.configure(intra_op_threads)
-  strategy = strategy_lib.make_strategy(config.strategy, config)
+  strategy = registry.get(config.strategy).build(config)
   replicas = strategy.num_replicas_in_sync
   pipeline_config = tuned_input_pipeline.read(inputs['tuned_input_pipeline'])
   spec = tft.TFTransformOutput(
@@ -438,7 +442,8 @@ def render_breakdown(breakdown: Dict[Any, Dict[str, Any]]) -> str:
 
 def render_fixed_cost(runs: List[Dict[str, Any]]) -> str:
   """The Trainer's time outside training, by part (from
-  training_result.json `timing`), for the given runs."""
+  `training_result.json` and `launch.json` `timing`), for the given
+  runs."""
   parts = ['executor_before_launch_s', 'worker_imports_s', 'worker_setup_s',
            'setup_s', 'build_model_s', 'restore_s', 'first_call_s',
            'eval_s', 'export_s']

@@ -36,13 +36,13 @@ import tensorflow as tf
 
 from benchmarks import report
 from components.devices import configure_logical_cpus
-from components.pipeline_parallel import placement
-from components.pipeline_parallel import runner as pipeline_runner
-from components.pipeline_parallel import graph as graph_lib
 from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from components.partitioner import report as partition_report
+from components.pipeline_parallel import graph as graph_lib
+from components.pipeline_parallel import placement
+from components.pipeline_parallel import runner as pipeline_runner
 from components.pipeline_parallel import schedules
 from components.pipeline_parallel import simulator
 from components.pipeline_parallel import timeline

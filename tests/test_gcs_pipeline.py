@@ -389,7 +389,8 @@ def test_hpm_multi_worker_resumes_from_gcs_after_worker_killed(
     result = json.load(f)
   assert result['steps'] == TRAIN_STEPS, result  # Exact across attempts.
   assert result['start_step'] == event['from_step'], result
-  [restart] = result['launch']['relaunches']
+  with tf.io.gfile.GFile(f'{model_run.uri}/launch.json') as f:
+    [restart] = json.load(f)['relaunches']
   assert restart['process'] == 'worker-1', restart
   assert restart['exit_code'] == -signal.SIGKILL, restart
   assert restart['cause'] == 'failure', restart

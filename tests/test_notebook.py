@@ -174,7 +174,9 @@ def test_trainer_notebook_trains_kills_resumes_and_evaluates():
   with open(model_run) as f:
     result = json.load(f)
   assert [e['event'] for e in result['resume_events']] == ['resumed']
-  assert result['launch']['relaunches'][0]['exit_code'] == -9  # SIGKILL
+  with open(os.path.join(os.path.dirname(model_run), 'launch.json')) as f:
+    launch = json.load(f)
+  assert launch['relaunches'][0]['exit_code'] == -9  # SIGKILL
   # The Evaluator's bound is met, and beats the majority class.
   accuracy = float(re.search(r'binary_accuracy: ([0-9.]+)', text).group(1))
   majority = float(re.search(r'the majority class alone scores ([0-9.]+)',

@@ -12,14 +12,14 @@ import pytest
 from tfx import types
 from tfx.types import standard_artifacts
 
-from components import types as hpm_types
+from components.partitioner.component import GPipePartitioner
 from components.partitioner import config as config_lib
 from components.partitioner import executor
 from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import report
-from components.partitioner.component import GPipePartitioner
 from components.records import partition_plan
+from components import types as hpm_types
 
 TAXI_MODULE = 'pipelines.taxi_module'
 TAXI_LAYER_CALLS = 21  # 3 deep-input + 4 hidden + 13 wide + 1 output calls.

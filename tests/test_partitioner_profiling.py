@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.pipeline_parallel import graph as graph_lib
 from components.partitioner import profiling
+from components.pipeline_parallel import graph as graph_lib
 from pipelines import taxi_module
 
 

@@ -27,12 +27,12 @@ import pytest
 import tensorflow as tf
 
 from components.devices import configure_logical_cpus
+from components.partitioner import plan as plan_lib
+from components.partitioner import profiling
 from components.pipeline_parallel import graph as graph_lib
 from components.pipeline_parallel import placement
 from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
-from components.partitioner import plan as plan_lib
-from components.partitioner import profiling
 from pipelines import taxi_module
 
 NUM_DEVICES = 4

@@ -29,19 +29,19 @@ from tfx.components.transform import executor_utils
 from tfx.types import standard_artifacts
 from tfx.utils import import_utils
 
-from components import OptimizedTransform
 from components import HighPerfTrainer
-from components import storage
-from components import types as hpm_types
+from components import OptimizedTransform
 from components.partitioner import executor as partitioner_executor
 from components.records import partition_plan
 from components.records import tuned_input_pipeline
+from components import storage
 from components.trainer.checkpoint import store as store_lib
 from components.trainer import executor as trainer_executor
 from components.trainer import model_run as trainer_model_run
+from components.transform.config import TuningConfig
 from components.transform import executor as transform_executor
 from components.transform import tuner
-from components.transform.config import TuningConfig
+from components import types as hpm_types
 from tests.support import id_recording_module
 from tests.support import trainer_testing as tt
 

@@ -41,8 +41,8 @@ from components.records import tuned_input_pipeline
 from components.trainer import component as trainer_component
 from components.trainer import executor as trainer_executor
 from components.transform import component as transform_component
-from components.transform import executor as transform_executor
 from components.transform.config import TuningConfig
+from components.transform import executor as transform_executor
 from components.types import TunedInputPipeline
 from tests.support.tfx_conformance import stock_test_module
 from tests.support.tfx_conformance import SwappedModule

@@ -11,12 +11,12 @@ from tfx import v1 as tfx
 from tfx.types import standard_artifacts
 
 from components import HighPerfTrainer
-from components import types as hpm_types
-from components.trainer import executor
 from components.trainer.config import DistributionConfig
+from components.trainer import executor
 from components.trainer import fn_args as fn_args_lib
 from components.trainer import model_run as model_run_lib
 from components.trainer.strategies import choice as strategy_lib
+from components import types as hpm_types
 from pipelines import data
 
 # The stock TFX taxi module shipped with tfx (next to the taxi data).
@@ -115,8 +115,8 @@ def test_run_fn_path_parameter(tmp_path):
 
 @pytest.mark.parametrize('distribution,expected', [
     ({'strategy': 'horovod'}, "strategy='horovod' is not one of ('auto', "),
-    ({'strategy': 'mirrored', 'num_ps': 1}, 'num_ps=1 needs strategy '
-     'parameter_server'),
+    ({'strategy': 'mirrored', 'num_ps': 1}, 'num_ps=1 needs a strategy with '
+     'parameter servers'),
     ({'strategy': 'multi_worker_mirrored', 'num_workers': 0},
      'num_workers=0 must be an integer >= 1'),
     ({'strategy': 'mirrored', 'logical_cpu_devices': 2,
@@ -335,7 +335,7 @@ def test_a_result_without_a_loss_is_stored_in_mlmd(tmp_path):
   model_run.uri = str(tmp_path)
   model_run_lib.record_result(model_run, {
       'num_replicas': 1, 'train_steps': 1500, 'train_loss': float('nan'),
-      'examples_per_sec': 0.0, 'train_wall_s': 1.5, 'mode': 'managed'})
+      'examples_per_sec': 0.0, 'train_wall_s': 1.5, 'mode': 'managed'}, {})
   config = metadata_store_pb2.ConnectionConfig()
   config.sqlite.filename_uri = str(tmp_path / 'metadata.db')
   store = metadata_store.MetadataStore(config)

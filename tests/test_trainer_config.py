@@ -2,10 +2,11 @@
 
 import pytest
 
-from components.trainer import config as config_lib
-from components.trainer.process import cpu_threads
 from components.trainer.cluster import membership
+from components.trainer import config as config_lib
 from components.trainer.config import DistributionConfig
+from components.trainer.process import cpu_threads
+from components.trainer import resolve as resolve_lib
 
 
 def _error(**values) -> str:
@@ -27,7 +28,7 @@ def test_defaults_are_valid_and_round_trip():
 def test_unknown_strategy_names_the_allowed_ones():
   message = _error(strategy='horovod')
   assert "strategy='horovod'" in message
-  for name in config_lib.STRATEGIES:
+  for name in config_lib.strategies():
     assert repr(name) in message
 
 
@@ -173,7 +174,7 @@ def test_batch_arithmetic():
 
 
 def test_resolve_mode():
-  resolve = config_lib.resolve_mode
+  resolve = resolve_lib.resolve_mode
   kwargs = {'module': "module_file 'm.py'"}
   assert resolve('auto', has_build_model=True, has_run_fn=True,
                  run_fn_given=False, **kwargs) == 'managed'
@@ -196,13 +197,13 @@ def test_resolve_mode():
 
 
 def test_train_length():
-  config_lib.check_train_length('managed', 100, 0)
-  config_lib.check_train_length('managed', 0, 2)
-  config_lib.check_train_length('run_fn', 0, 0)
+  resolve_lib.check_train_length('managed', 100, 0)
+  resolve_lib.check_train_length('managed', 0, 2)
+  resolve_lib.check_train_length('run_fn', 0, 0)
   with pytest.raises(ValueError, match='set only one'):
-    config_lib.check_train_length('run_fn', 100, 2)
+    resolve_lib.check_train_length('run_fn', 100, 2)
   with pytest.raises(ValueError, match='num_steps > 0 or'):
-    config_lib.check_train_length('managed', 0, 0)
+    resolve_lib.check_train_length('managed', 0, 0)
 
 
 def test_seed_and_determinism_round_trip():
@@ -244,7 +245,7 @@ def test_deterministic_refuses_parameter_servers(values):
 
 
 def test_auto_launcher_trains_in_process_only_for_process_local_paths():
-  resolve = config_lib.resolve_launcher
+  resolve = resolve_lib.resolve_launcher
   auto = DistributionConfig.from_dict({})
   config, reason = resolve(auto, {})
   assert config.launcher == 'local' and 'shared storage' in reason

@@ -23,11 +23,11 @@ import tensorflow as tf
 
 from components.data import shard_check
 from components.data import shard_index
+from components.trainer.checkpoint import store as store_lib
 from components.trainer.cluster import failures
 from components.trainer.cluster import local_backend
-from components.trainer.cluster import supervisor
-from components.trainer.checkpoint import store as store_lib
 from components.trainer.cluster.local_backend import ProcessSpec
+from components.trainer.cluster import supervisor
 from tests.support import trainer_testing as tt
 
 TRAIN_STEPS = 80  # More than an epoch (64 steps): every file is read.

@@ -24,8 +24,8 @@ import time
 import numpy as np
 import pytest
 
-from components.trainer.managed import preemption
 from components.trainer.cluster import tf_cluster
+from components.trainer.managed import preemption
 from tests.support import trainer_testing as tt
 
 pytestmark = pytest.mark.slow

@@ -14,10 +14,10 @@ import pytest
 
 from components.trainer.cluster import exit_codes
 from components.trainer.cluster import local_backend
-from components.trainer.managed import progress
 from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
 from components.trainer.cluster.tf_cluster import ProcessSpec
+from components.trainer.managed import progress
 
 
 def _python(code: str):

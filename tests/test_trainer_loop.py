@@ -16,16 +16,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer.managed import accumulation
-from components.trainer.managed import call_size
-from components.trainer.managed import evaluation
-from components.trainer.managed import export
 from components.trainer.checkpoint import location as location_lib
 from components.trainer.checkpoint import records as records_lib
-from components.trainer.managed import training
+from components.trainer.managed import accumulation
+from components.trainer.managed import call_size
+from components.trainer.managed import driver
+from components.trainer.managed import evaluation
+from components.trainer.managed import export
 from components.trainer.managed import preemption
 from components.trainer.managed import progress
-from components.trainer.managed import driver
+from components.trainer.managed import training
+from components.trainer.process.context import ProcessContext
 from tests.support import trainer_testing as tt
 
 # Two windows of the input pipeline's shuffle (8 batches of 4), so the first
@@ -119,7 +120,7 @@ def test_eval_in_one_call_matches_keras_evaluate(tmp_path):
   model.compile(loss='binary_crossentropy', metrics=['binary_accuracy'])
   model.build([None, 3])
   strategy = tf.distribute.OneDeviceStrategy('/cpu:0')
-  ours = evaluation.evaluate(model, strategy, lambda _: dataset, 7,
+  ours = evaluation.evaluate(model, strategy, False, lambda _: dataset, 7,
                              str(tmp_path), step=3)
   keras = model.evaluate(dataset.take(7), return_dict=True, verbose=0)
   assert ours.keys() == keras.keys() == {'loss', 'binary_accuracy'}
@@ -384,8 +385,8 @@ def test_progress_is_written_at_most_once_a_second(tmp_path, data,
                       fault_tolerance={'save_every_steps': None},
                       hparams={'id_log': None})
   task.distribution['steps_per_execution'] = 1
-  run = training.ManagedTraining(task,
-                                 tf.distribute.OneDeviceStrategy('/cpu:0'))
+  run = training.ManagedTraining(ProcessContext.of_strategy(
+      task, tf.distribute.OneDeviceStrategy('/cpu:0')))
   run.build_model()
   writes, flushes = [], []
   store, writer = run.checkpointer.records, run.writer

@@ -16,6 +16,7 @@ from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
 
 from components import HighPerfTrainer
+from components.records import training_result
 from components.trainer.process.task import TrainingTask
 from pipelines import data
 from pipelines import taxi_pipeline
@@ -116,7 +117,7 @@ def test_parameter_server_trains_taxi_and_is_blessed(shared_taxi_root,
                                        'managed')
   assert result['steps'] == TRAIN_STEPS  # Optimizer updates done.
   assert 0 < result['train_loss'] < 10
-  assert result['launch']['attempts'] == 1
+  assert training_result.read_launch(model_run.uri)['attempts'] == 1
   logs = os.listdir(os.path.join(model_run.uri, 'cluster_logs', 'attempt-0'))
   assert sorted(logs) == ['chief.log', 'ps-0.log', 'worker-0.log',
                           'worker-1.log']

@@ -47,9 +47,9 @@ import tensorflow as tf
 
 from components import storage
 from components.trainer.cluster import ray_backend
-from components.trainer.strategies import choice as strategy_lib
 from components.trainer.cluster import supervisor
 from components.trainer.config import DistributionConfig
+from components.trainer.strategies import choice as strategy_lib
 from tests.support import mlmd
 from tests.support import netns_hosts
 from tests.support import ray_cluster as ray_cluster_lib

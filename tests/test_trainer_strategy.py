@@ -9,9 +9,11 @@ import textwrap
 import pytest
 import tensorflow as tf
 
-from components.trainer.strategies import choice as strategy_lib
 from components.trainer.config import DistributionConfig
+from components.trainer.process import context
+from components.trainer.strategies import choice as strategy_lib
 from components.trainer.strategies.choice import Environment
+from components.trainer.strategies import registry
 
 
 def _cluster(**tasks):
@@ -35,7 +37,9 @@ def _cluster(**tasks):
     ({}, Environment(tf_config=_cluster(worker=1)), 'one_device'),
     ({}, Environment(tf_config=_cluster(chief=1, worker=2, ps=2)),
      'parameter_server'),
-    ({'num_workers': 2}, Environment(tpu_available=True), 'tpu'),
+    # auto only chooses what the config accepts: tpu is one process.
+    ({'num_workers': 2}, Environment(tpu_available=True),
+     'multi_worker_mirrored'),
     ({}, Environment(tpu_available=True,
                      tf_config=_cluster(worker=2, ps=1)), 'tpu'),
     # A plan's pipeline places its stages itself, even over 4 GPUs.
@@ -77,13 +81,13 @@ def test_tpu_without_tpu_fails_clearly():
 
 
 def test_tpu_detection_reads_address_and_environment(monkeypatch):
-  for name in strategy_lib.TPU_ENV_VARS:
+  for name in registry.TPU_ENV_VARS:
     monkeypatch.delenv(name, raising=False)
-  monkeypatch.setattr(strategy_lib, 'TPU_DEVICE_GLOB', '/nonexistent/accel*')
-  assert not strategy_lib.tpu_available(DistributionConfig())
-  assert strategy_lib.tpu_available(DistributionConfig(tpu_address='t1'))
+  monkeypatch.setattr(registry, 'TPU_DEVICE_GLOB', '/nonexistent/accel*')
+  assert not registry.tpu_available(DistributionConfig())
+  assert registry.tpu_available(DistributionConfig(tpu_address='t1'))
   monkeypatch.setenv('TPU_NAME', 'my-tpu')
-  assert strategy_lib.tpu_available(DistributionConfig())
+  assert registry.tpu_available(DistributionConfig())
 
 
 def test_in_process_parameter_server_needs_a_cluster():
@@ -148,10 +152,11 @@ def test_logical_cpu_strategies_build_real_replicas():
       import tensorflow as tf
       tf.config.set_visible_devices([], 'GPU')
       from components.trainer.strategies import choice as s
+      from components.trainer.strategies import registry
       from components.trainer.config import DistributionConfig
       config = DistributionConfig(strategy='mirrored', logical_cpu_devices=3)
       s.configure_logical_cpus(4)  # One more, as GPipe stages may need.
-      replicas = [s.make_strategy(name, config).num_replicas_in_sync
+      replicas = [registry.get(name).build(config).num_replicas_in_sync
                   for name in ('mirrored', 'central_storage', 'one_device')]
       print('REPLICAS', replicas)
       """)
@@ -165,13 +170,14 @@ def test_replicas_are_the_gpus_where_there_are_any():
   proc = _run_python("""
       import tensorflow as tf
       from components.trainer.strategies import choice as s
+      from components.trainer.strategies import registry
       from components.trainer.config import DistributionConfig
       config = DistributionConfig(strategy='mirrored', logical_cpu_devices=3)
       s.configure_logical_cpus(3)
-      replicas = [s.make_strategy(name, config).num_replicas_in_sync
+      replicas = [registry.get(name).build(config).num_replicas_in_sync
                   for name in ('mirrored', 'central_storage', 'one_device')]
       print('REPLICAS', replicas)
-      print('ONE_DEVICE', s.make_strategy('one_device', config).extended
+      print('ONE_DEVICE', registry.get('one_device').build(config).extended
             .worker_devices)
       """)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -217,11 +223,10 @@ def _task(tmp_path, distribution, mode='managed', train_steps=0,
 
 
 def test_lengths_and_batch_resolved_for_the_replicas(tmp_path):
-  from components.trainer.process import entry  # pylint: disable=g-import-not-at-top
   task = _task(tmp_path, {'global_batch_size': 64, 'train_epochs': 2,
                           'gradient_accumulation_steps': 2})
-  resolved = entry.resolve_lengths(task, num_replicas=4)
-  config = DistributionConfig.from_dict(resolved.distribution)
+  resolved, config = _resolve_lengths(task, num_replicas=4)
+  assert DistributionConfig.from_dict(resolved.distribution) == config
   assert (config.per_replica_batch_size, config.global_batch_size) == (16, None)
   assert config.train_epochs == 0
   # 2 epochs x 640 examples / (64 examples x 2 micro-steps per update).
@@ -230,23 +235,28 @@ def test_lengths_and_batch_resolved_for_the_replicas(tmp_path):
 
   run_fn_task = _task(tmp_path, {'per_replica_batch_size': 8}, mode='run_fn',
                       train_steps=7)
-  resolved = entry.resolve_lengths(run_fn_task, num_replicas=2)
+  resolved, _ = _resolve_lengths(run_fn_task, num_replicas=2)
   assert (resolved.train_steps, resolved.eval_steps) == (7, 0)
   with pytest.raises(ValueError, match='3 replicas'):
-    entry.resolve_lengths(task, num_replicas=3)
+    _resolve_lengths(task, num_replicas=3)
+
+
+def _resolve_lengths(task, num_replicas, workers=1):
+  return context.resolve_lengths(
+      task, DistributionConfig.from_dict(task.distribution), num_replicas,
+      workers)
 
 
 def test_an_elastic_cluster_below_full_size_keeps_its_update_batch(tmp_path):
   """3 workers x 2 accumulated batches of 4 at full size; on 2 workers the
   same 24 examples per update: 3 accumulated batches of 4 each."""
   from components.trainer.cluster import membership  # pylint: disable=g-import-not-at-top
-  from components.trainer.process import entry  # pylint: disable=g-import-not-at-top
   task = _task(tmp_path, {
       'strategy': 'multi_worker_mirrored', 'launcher': 'ray',
       'num_workers': 3, 'min_workers': 2, 'per_replica_batch_size': 4,
       'gradient_accumulation_steps': 2, 'train_epochs': 3})
-  full = entry.resolve_lengths(task, num_replicas=3, workers=3)
-  smaller = entry.resolve_lengths(task, num_replicas=2, workers=2)
+  full, _ = _resolve_lengths(task, num_replicas=3, workers=3)
+  smaller, _ = _resolve_lengths(task, num_replicas=2, workers=2)
   # The same updates: 3 epochs x 640 examples / 24 per update.
   assert full.train_steps == smaller.train_steps == 80
   for resolved in (full, smaller):
@@ -255,3 +265,34 @@ def test_an_elastic_cluster_below_full_size_keeps_its_update_batch(tmp_path):
     assert (config.per_replica_batch_size,
             config.gradient_accumulation_steps) == (4, 2)
   assert [membership.accumulation_at(config, w) for w in (3, 2)] == [2, 3]
+
+
+def test_a_new_strategy_is_one_registry_entry(tmp_path, data, monkeypatch):
+  """A toy strategy registered in one entry is accepted by the config, gets
+  its cluster from the launchers' description, trains through the process
+  entry, and that process validates its config once."""
+  from components.trainer.cluster import tf_cluster  # pylint: disable=g-import-not-at-top
+  from components.trainer.process import entry  # pylint: disable=g-import-not-at-top
+  from tests.support import trainer_testing as tt  # pylint: disable=g-import-not-at-top
+  toy = registry.StrategySpec(
+      'toy_cpu', registry.ONE_PROCESS,
+      lambda config: tf.distribute.OneDeviceStrategy('/cpu:0'),
+      fixed_replicas=1)
+  with pytest.raises(ValueError, match="strategy='toy_cpu' is not one of"):
+    DistributionConfig(strategy='toy_cpu').validate()
+  with registry.registered(toy):
+    assert DistributionConfig(strategy='toy_cpu').validate()
+    with pytest.raises(ValueError, match='num_workers=2 needs a multi-worker'):
+      DistributionConfig(strategy='toy_cpu', num_workers=2).validate()
+    assert tf_cluster.cluster_shape('toy_cpu', 1, 0) == {}
+    validations = []
+    validate = DistributionConfig.validate
+    monkeypatch.setattr(DistributionConfig, 'validate', lambda config: (
+        validations.append(config.strategy), validate(config))[1])
+    result = entry.train(tt.make_task(str(tmp_path), data, strategy='toy_cpu',
+                                      train_steps=3))
+  assert (result['strategy'], result['steps'], result['num_replicas']) == (
+      'toy_cpu', 3, 1)
+  assert validations == ['toy_cpu']
+  with pytest.raises(ValueError, match="strategy='toy_cpu' is not one of"):
+    DistributionConfig(strategy='toy_cpu').validate()

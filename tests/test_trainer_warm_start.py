@@ -15,6 +15,7 @@ from tfx.utils import path_utils
 from components.trainer import fn_args as fn_args_lib
 from components.trainer.managed import training
 from components.trainer.managed import warm_start
+from components.trainer.process.context import ProcessContext
 from tests.support import trainer_testing as tt
 
 
@@ -141,7 +142,7 @@ def test_run_fn_gets_the_base_model_as_from_the_stock_trainer(tmp_path,
           'eval_args': json.dumps({'num_steps': 1}),
           'custom_config': 'null', 'run_fn': 'x.run_fn'}}
 
-  fn_args = fn_args_lib.build_fn_args(
-      task, tf.distribute.OneDeviceStrategy('/cpu:0'), is_chief=True)
+  fn_args = fn_args_lib.build_fn_args(ProcessContext.of_strategy(
+      task, tf.distribute.OneDeviceStrategy('/cpu:0')))
 
   assert fn_args.base_model == path_utils.serving_model_path(base_model.uri)

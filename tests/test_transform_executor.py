@@ -22,8 +22,8 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components.patches import transform as transform_patches
-from components.transform import tuning_inputs
 from components.transform.config import TuningConfig
+from components.transform import tuning_inputs
 
 SCHEMA = text_format.Parse('''
 feature { name: "x" type: INT }

@@ -20,14 +20,14 @@ import tensorflow_transform as tft
 from tfx import v1 as tfx
 from tfx_bsl.public import tfxio
 
-from components import OptimizedTransform
 from components.data import input_pipeline
-from components.data import shard_index
 from components.data.input_pipeline import InputPipelineConfig
+from components.data import shard_index
+from components import OptimizedTransform
 from components.records import tuned_input_pipeline
+from components.transform.config import TuningConfig
 from components.transform import decisions
 from components.transform import tuner
-from components.transform.config import TuningConfig
 from components.types import TunedInputPipeline
 from pipelines import data
 from pipelines import taxi_module

@@ -10,11 +10,11 @@ import pytest
 import tensorflow as tf
 
 from components.data.input_pipeline import InputPipelineConfig
-from components.transform import consumer as consumer_lib
-from components.transform import report
-from components.transform import decisions
-from components.transform import tuner
 from components.transform.config import TuningConfig
+from components.transform import consumer as consumer_lib
+from components.transform import decisions
+from components.transform import report
+from components.transform import tuner
 from tests.support import transform_data
 
 NUM_EXAMPLES = 2000

@@ -19,8 +19,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from components import storage
 from components.data import input_pipeline
+from components import storage
 
 FORMAT_VERSION = 1
 INDEX_NAME = 'shard_index-{split}.json'

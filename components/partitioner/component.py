@@ -19,9 +19,9 @@ from tfx.dsl.components.base import executor_spec
 from tfx.types import component_spec
 from tfx.types import standard_artifacts
 
-from components import types as hpm_types
 from components.partitioner import config as config_lib
 from components.partitioner import executor
+from components import types as hpm_types
 
 MODULE_FILE_KEY = 'module_file'
 MODULE_PATH_KEY = 'module_path'

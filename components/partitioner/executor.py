@@ -27,11 +27,11 @@ from tfx.dsl.io import fileio
 from tfx.types import artifact_utils
 
 from components.partitioner import config as config_lib
-from components.pipeline_parallel import graph as graph_lib
 from components.partitioner import measure
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from components.partitioner import report
+from components.pipeline_parallel import graph as graph_lib
 from components.records import partition_plan
 
 CONFIG_KEY = 'config'

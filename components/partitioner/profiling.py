@@ -15,8 +15,8 @@ from typing import Callable, Mapping
 
 import tensorflow as tf
 
-from components.pipeline_parallel import graph as graph_lib
 from components.partitioner import plan as plan_lib
+from components.pipeline_parallel import graph as graph_lib
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:

@@ -12,8 +12,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from components.pipeline_parallel import simulator
 from components.partitioner import plan as plan_lib
+from components.pipeline_parallel import simulator
 
 STAGE_COSTS_PNG = 'stage_costs.png'
 SCHEDULE_PNG = 'schedule.png'

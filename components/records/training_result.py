@@ -1,10 +1,13 @@
-"""`training_result.json`: what a HighPerfTrainer training left in model_run.
+"""What a HighPerfTrainer training left in model_run, one writer per file.
 
-The chief writes the trainer's numbers (steps, rate, batch, replicas, resume
-events; the executor adds the launch's attempts) with `write`; `read` is the
-one reader, and checks the format version. Readers outside the trainer (the
-transform's history) call `newest_steady_rate` instead of globbing the
-trainer's artifact folders. No TFX import.
+`training_result.json`: the training's numbers (steps, rate, batch,
+replicas, resume events, timing), written once by the chief training process
+(`write`). `launch.json`: how the executor ran the processes (launcher,
+attempts, relaunches and their causes, membership changes, the executor's
+own timing), written once by the executor (`write_launch`). `read` and
+`read_launch` are the readers and check the format version. Readers outside
+the trainer (the transform's history) call `newest_steady_rate`. No TFX
+import.
 """
 
 import dataclasses
@@ -16,6 +19,7 @@ import tensorflow as tf
 from components import storage
 
 FILE_NAME = 'training_result.json'
+LAUNCH_FILE_NAME = 'launch.json'
 VERSION_KEY = 'format_version'
 # 1: the flat result dict. Files written before the version was recorded
 # have the same format and no VERSION_KEY.
@@ -36,13 +40,27 @@ def write(model_run_dir: str, result: Dict[str, Any]) -> None:
                      {**result, VERSION_KEY: FORMAT_VERSION})
 
 
+def write_launch(model_run_dir: str, launch: Dict[str, Any]) -> None:
+  """Writes the executor's `launch` record (JSON values)."""
+  storage.write_json(os.path.join(model_run_dir, LAUNCH_FILE_NAME),
+                     {**launch, VERSION_KEY: FORMAT_VERSION})
+
+
+def read_launch(model_run_dir: str) -> Optional[Dict[str, Any]]:
+  """The launch record of `model_run_dir`; None where there is none."""
+  return _read_versioned(os.path.join(model_run_dir, LAUNCH_FILE_NAME))
+
+
 def read(model_run_dir: str) -> Optional[Dict[str, Any]]:
   """The training result of `model_run_dir`; None where there is none.
 
   Raises:
     FormatError: Not a JSON object, or of another format version.
   """
-  file_path = path(model_run_dir)
+  return _read_versioned(path(model_run_dir))
+
+
+def _read_versioned(file_path: str) -> Optional[Dict[str, Any]]:
   result = storage.read_json(file_path)
   if result is None:
     return None

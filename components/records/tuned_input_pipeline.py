@@ -9,8 +9,8 @@ config's keys and values.
 
 import os
 
-from components import storage
 from components.data.input_pipeline import InputPipelineConfig
+from components import storage
 
 CONFIG_FILE = 'config.json'
 # Bump when a field changes meaning; readers refuse other versions.

@@ -33,10 +33,11 @@ from tfx.types import standard_component_specs
 from tfx.utils import json_utils
 
 from components import drop_in
-from components import types as hpm_types
+from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer import config as config_lib
 from components.trainer import executor
-from components.trainer.checkpoint.config import FaultToleranceConfig
+from components.trainer import resolve
+from components import types as hpm_types
 
 
 DEFAULT_NODE_ID = 'Trainer'
@@ -175,8 +176,9 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
     examples = examples or transformed_examples
     config = config_lib.DistributionConfig.from_dict(distribution)
     if partition_plan is not None:
-      config_lib.check_partition_plan(config,
-                                      _planned_batch_size(partition_plan))
+      resolve.check_partition_plan(
+          config.strategy, 1, config.gradient_accumulation_steps,
+          config.global_batch(1), _planned_batch_size(partition_plan))
     fault_config = FaultToleranceConfig.from_dict(fault_tolerance)
     train_args = train_args or trainer_pb2.TrainArgs()
     module_path = None
@@ -184,8 +186,8 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
       module_file, module_path = _module_source(module_file)
     # The mode as configured: 'auto' is resolved against the module by the
     # executor, which checks the training length again then.
-    config_lib.check_train_length(config.mode, _static_num_steps(train_args),
-                                  config.train_epochs)
+    resolve.check_train_length(config.mode, _static_num_steps(train_args),
+                               config.train_epochs)
     spec = HighPerfTrainerSpec(
         examples=examples,
         transform_graph=transform_graph,

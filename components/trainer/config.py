@@ -9,11 +9,10 @@ import dataclasses
 from typing import Any, Dict, Optional, Tuple, Union
 
 from components.json_config import JsonConfig, check_int, is_int, is_number
-from components.trainer.process import cpu_threads
 from components.trainer.cluster import membership
+from components.trainer.process import cpu_threads
+from components.trainer.strategies import registry
 
-STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker_mirrored',
-              'parameter_server', 'central_storage', 'tpu')
 LAUNCHERS = ('auto', 'in_process', 'local', 'ray')
 # Launchers that start the cluster's processes themselves from num_workers /
 # num_ps ('auto' is 'local' unless outputs live in one process).
@@ -25,16 +24,6 @@ RAY_PLACEMENTS = ('SPREAD', 'PACK')
 # Resources one Ray actor (one TF task) reserves, and their defaults.
 RAY_RESOURCE_KEYS = {'cpus': 1, 'gpus': 0, 'memory_mb': 0}
 MODES = ('auto', 'managed', 'run_fn')
-# What `auto` resolves to.
-CONCRETE_STRATEGIES = tuple(s for s in STRATEGIES if s != 'auto')
-
-# Strategies that run in one process (one worker); only these may split the
-# CPU into logical devices or run without a cluster.
-SINGLE_WORKER_STRATEGIES = ('one_device', 'mirrored', 'central_storage', 'tpu')
-MULTI_WORKER_STRATEGIES = ('multi_worker_mirrored', 'parameter_server')
-# Strategies whose replicas can be logical CPU devices (`auto` may pick
-# `mirrored` from `logical_cpu_devices`).
-LOGICAL_CPU_STRATEGIES = ('auto', 'mirrored', 'central_storage')
 
 DEFAULT_PER_REPLICA_BATCH_SIZE = 32
 # Largest `seed`: NumPy's global seed is a 32-bit unsigned int.
@@ -42,12 +31,17 @@ MAX_SEED = 2**32 - 1
 AUTO = 'auto'
 
 
+def strategies() -> Tuple[str, ...]:
+  """What `strategy` may be: `auto` or a registered strategy."""
+  return (AUTO,) + registry.names()
+
+
 @dataclasses.dataclass
 class DistributionConfig(JsonConfig):
   """How HighPerfTrainer distributes training.
 
   Attributes:
-    strategy: One of STRATEGIES; `auto` decides from the environment (see
+    strategy: One of `strategies()`; `auto` decides from the environment (see
       `strategy.choose_strategy`).
     mode: `managed` (the module provides `build_model`, the executor owns the
       loop), `run_fn` (the stock contract) or `auto`: managed when the module
@@ -60,7 +54,7 @@ class DistributionConfig(JsonConfig):
       cluster, across its nodes (see `ray_launcher`); `auto` (the default)
       is `local`, or `in_process` where an output or the checkpoint root
       lives in one process (`ram://`), which child processes cannot see
-      (see `resolve_launcher`).
+      (see `resolve.resolve_launcher`).
     num_workers: Worker processes of a cluster the launcher starts (launcher
       `local` or `ray`).
     num_ps: Parameter-server processes of a cluster the launcher starts
@@ -136,9 +130,9 @@ class DistributionConfig(JsonConfig):
 
   def validate(self) -> 'DistributionConfig':
     """Raises ValueError on the first inconsistency; returns self."""
-    _check_choice('strategy', self.strategy, STRATEGIES)
-    _check_choice('mode', self.mode, MODES)
-    _check_choice('launcher', self.launcher, LAUNCHERS)
+    check_choice('strategy', self.strategy, strategies())
+    check_choice('mode', self.mode, MODES)
+    check_choice('launcher', self.launcher, LAUNCHERS)
     for name in ('num_workers', 'gradient_accumulation_steps'):
       check_int(name, getattr(self, name), minimum=1)
     for name in ('num_ps', 'logical_cpu_devices', 'train_epochs'):
@@ -172,7 +166,7 @@ class DistributionConfig(JsonConfig):
     if not isinstance(self.ray_address, str):
       raise ValueError(f'ray_address={self.ray_address!r} must be a string '
                        "('auto', 'host:port' or 'ray://host:port').")
-    _check_choice('ray_placement', self.ray_placement, RAY_PLACEMENTS)
+    check_choice('ray_placement', self.ray_placement, RAY_PLACEMENTS)
     if not isinstance(self.ray_resources, dict):
       raise ValueError(f'ray_resources={self.ray_resources!r} must be a dict '
                        f'with keys from {sorted(RAY_RESOURCE_KEYS)}.')
@@ -212,8 +206,8 @@ class DistributionConfig(JsonConfig):
           'deterministic=True needs a seed: with op determinism on, an '
           'unseeded random op fails, and unseeded initializers differ per '
           'run anyway; set seed (e.g. 0).')
-    if self.deterministic and (self.strategy == 'parameter_server' or
-                               self.num_ps):
+    if self.deterministic and (self.num_ps or (
+        self.strategy != AUTO and registry.get(self.strategy).asynchronous)):
       raise ValueError(
           f'deterministic=True with strategy={self.strategy!r}, '
           f'num_ps={self.num_ps}: parameter-server training is asynchronous '
@@ -230,26 +224,19 @@ class DistributionConfig(JsonConfig):
           "launcher='local': with launcher='in_process' the orchestrator's "
           'TF_CONFIG defines the cluster; allowed here: num_workers=1, '
           'num_ps=0.')
-    if self.num_ps and self.strategy not in ('auto', 'parameter_server'):
-      raise ValueError(
-          f'num_ps={self.num_ps} needs strategy parameter_server (or auto), '
-          f'not strategy={self.strategy!r}; allowed with num_ps > 0: '
-          "('auto', 'parameter_server').")
-    if (self.strategy == 'parameter_server' and
+    spec = None if self.strategy == AUTO else registry.get(self.strategy)
+    mismatch = spec and spec.mismatch(self.num_workers, self.num_ps)
+    if mismatch:
+      raise ValueError(f'{mismatch}.')
+    if (spec and spec.cluster == registry.PARAMETER_SERVERS and
         self.launcher in CLUSTER_LAUNCHERS and not self.num_ps):
       raise ValueError(
-          f"strategy='parameter_server' with launcher={self.launcher!r} needs "
+          f'strategy={self.strategy!r} with launcher={self.launcher!r} needs '
           f'num_ps >= 1, got num_ps={self.num_ps}.')
-    if self.num_workers > 1 and self.strategy in SINGLE_WORKER_STRATEGIES:
-      raise ValueError(
-          f'num_workers={self.num_workers} needs a multi-worker strategy, not '
-          f'strategy={self.strategy!r}; allowed with num_workers > 1: '
-          f"{('auto',) + MULTI_WORKER_STRATEGIES}.")
-    if (self.logical_cpu_devices > 1 and
-        self.strategy not in LOGICAL_CPU_STRATEGIES):
+    if self.logical_cpu_devices > 1 and spec and not spec.logical_cpu_replicas:
       raise ValueError(
           f'logical_cpu_devices={self.logical_cpu_devices} makes replicas only '
-          f'for strategies {LOGICAL_CPU_STRATEGIES}, not '
+          f'for strategies {strategies_with_logical_cpus()}, not '
           f'strategy={self.strategy!r}.')
     if self.tpu_address and self.strategy not in ('auto', 'tpu'):
       raise ValueError(f'tpu_address={self.tpu_address!r} needs strategy tpu '
@@ -270,14 +257,14 @@ class DistributionConfig(JsonConfig):
 
   def expected_replicas(self) -> Optional[int]:
     """Replica count known from the config alone (CPU case), else None."""
-    if self.strategy == 'one_device':
-      return 1
-    if self.strategy in ('mirrored', 'central_storage'):
-      return self.logical_cpu_devices or None
-    if (self.strategy == 'multi_worker_mirrored' and
-        self.launcher in CLUSTER_LAUNCHERS):
+    if self.strategy == AUTO:
+      return None
+    spec = registry.get(self.strategy)
+    if spec.cluster == registry.WORKERS and self.launcher in CLUSTER_LAUNCHERS:
       return self.num_workers
-    return None
+    if spec.logical_cpu_replicas:
+      return self.logical_cpu_devices or None
+    return spec.fixed_replicas
 
   def per_replica_batch(self, num_replicas: int) -> int:
     """Per-replica batch for `num_replicas` replicas in sync."""
@@ -295,106 +282,10 @@ class DistributionConfig(JsonConfig):
     return self.per_replica_batch(num_replicas) * num_replicas
 
 
-
-def resolve_launcher(config: DistributionConfig,
-                     process_local: Dict[str, str]
-                    ) -> Tuple[DistributionConfig, str]:
-  """The launcher `auto` stands for, and why.
-
-  Args:
-    config: The validated config.
-    process_local: The outputs (and checkpoint root) that live in one
-      process, by role ('model', 'model_run', 'checkpoints').
-  """
-  if config.launcher != AUTO:
-    return config, 'requested'
-  if not process_local:
-    return (dataclasses.replace(config, launcher='local'),
-            'outputs and checkpoints are shared storage: training runs in '
-            'supervised child processes')
-  if config.num_workers != 1 or config.num_ps:
-    return (dataclasses.replace(config, launcher='local'),
-            f'num_workers={config.num_workers}, num_ps={config.num_ps} need '
-            f'child processes, though {process_local} live in this process')
-  return (dataclasses.replace(config, launcher='in_process'),
-          f'{sorted(process_local)} at {sorted(process_local.values())} '
-          'live in this process (child processes cannot see them): training '
-          "runs in the executor's process")
-
-
-# What a partition plan's single pipeline runs under (`auto` picks
-# one_device for it).
-PLAN_STRATEGIES = ('auto', 'one_device')
-
-
-def check_partition_plan(config: DistributionConfig,
-                         plan_batch_size: Optional[int]) -> None:
-  """What a partition plan needs of the trainer, checked before any run.
-
-  The pipeline is one replica that splits the global batch into the plan's
-  micro-batches itself; `plan_batch_size` is None when the plan's batch is
-  not known before the run (a plan not made in this pipeline).
-  """
-  if config.strategy not in PLAN_STRATEGIES:
-    raise ValueError(
-        f'A partition plan runs one pipeline over its own stage devices; '
-        f'strategy must be one of {PLAN_STRATEGIES}, got '
-        f'{config.strategy!r}.')
-  if config.gradient_accumulation_steps != 1:
-    raise ValueError(
-        f'gradient_accumulation_steps={config.gradient_accumulation_steps} '
-        'with a partition plan: the pipeline already accumulates over the '
-        "plan's micro-batches; use 1.")
-  trainer_batch = config.global_batch(1)
-  if plan_batch_size is not None and trainer_batch != plan_batch_size:
-    raise ValueError(
-        f"The partition plan is made for batch_size {plan_batch_size}, but "
-        f'the trainer\'s global batch is {trainer_batch}; set '
-        f'global_batch_size={plan_batch_size} (or the partitioner\'s '
-        f'batch_size to {trainer_batch}).')
-
-
-def resolve_mode(mode: str, *, has_build_model: bool, has_run_fn: bool,
-                 run_fn_given: bool, module: str) -> str:
-  """Managed or run_fn mode for a module with the given entry points.
-
-  Args:
-    mode: DistributionConfig.mode.
-    has_build_model: The module defines `build_model`.
-    has_run_fn: The module (or the `run_fn` parameter) provides `run_fn`.
-    run_fn_given: The user passed the `run_fn` component parameter.
-    module: How to name the module in errors.
-  """
-  _check_choice('mode', mode, MODES)
-  if mode == 'auto':
-    if has_build_model and not run_fn_given:
-      return 'managed'
-    if has_run_fn:
-      return 'run_fn'
-    raise ValueError(
-        f'{module} defines neither build_model(hparams) (managed mode) nor '
-        'run_fn(fn_args) (run_fn mode); one of them is required.')
-  if mode == 'managed' and not has_build_model:
-    raise ValueError(f"mode='managed' needs build_model(hparams) in {module}, "
-                     'which does not define it; define it or use '
-                     "mode='run_fn'.")
-  if mode == 'run_fn' and not has_run_fn:
-    raise ValueError(f"mode='run_fn' needs run_fn(fn_args) in {module}, which "
-                     "does not define it; define it or use mode='managed'.")
-  return mode
-
-
-def _check_choice(name: str, value: Any, allowed) -> None:
+def check_choice(name: str, value: Any, allowed) -> None:
   if value not in allowed:
     raise ValueError(f'{name}={value!r} is not one of {allowed}.')
 
 
-def check_train_length(mode: str, train_steps: int, train_epochs: int) -> None:
-  """Training length comes from exactly one of steps and epochs."""
-  if train_steps and train_epochs:
-    raise ValueError(
-        f'train_args.num_steps={train_steps} and train_epochs={train_epochs} '
-        'both set the training length; set only one.')
-  if mode == 'managed' and not (train_steps or train_epochs):
-    raise ValueError('Managed mode needs train_args.num_steps > 0 or '
-                     'distribution train_epochs > 0; both are 0.')
+def strategies_with_logical_cpus() -> Tuple[str, ...]:
+  return (AUTO,) + registry.names(logical_cpu_replicas=True)

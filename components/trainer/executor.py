@@ -29,22 +29,23 @@ from tfx.types import standard_component_specs
 from tfx.utils import io_utils
 
 from components import patches
-from components import storage
 from components.records import training_result
 from components.records import tuned_input_pipeline
-from components.trainer import config as config_lib
-from components.trainer.cluster import local_backend
-from components.trainer import model_run as model_run_lib
-from components.trainer.managed import progress
-from components.trainer.strategies import choice as strategy_lib
-from components.trainer.cluster import supervisor
-from components.trainer.process import entry
-from components.trainer.cluster import tf_cluster
-from components.trainer import user_module
+from components import storage
+from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.checkpoint import location
 from components.trainer.checkpoint import records
-from components.trainer.checkpoint.config import FaultToleranceConfig
+from components.trainer.cluster import local_backend
+from components.trainer.cluster import supervisor
+from components.trainer.cluster import tf_cluster
+from components.trainer import config as config_lib
+from components.trainer.managed import progress
+from components.trainer import model_run as model_run_lib
+from components.trainer.process import entry
 from components.trainer.process.task import TrainingTask
+from components.trainer import resolve
+from components.trainer.strategies import choice as strategy_lib
+from components.trainer import user_module
 
 DISTRIBUTION_KEY = 'distribution'
 FAULT_TOLERANCE_KEY = 'fault_tolerance'
@@ -105,7 +106,7 @@ def check_module_contract(module_file: Optional[str],
     raise ValueError(f'{name!r} (module_path or run_fn) is not an importable '
                      f'module: {e}') from e
   run_fn_name = run_fn.rpartition('.')[2] if run_fn else 'run_fn'
-  return config_lib.resolve_mode(
+  return resolve.resolve_mode(
       mode,
       has_build_model=callable(getattr(module, 'build_model', None)),
       has_run_fn=callable(getattr(module, run_fn_name, None)),
@@ -168,7 +169,7 @@ class Executor(base_executor.BaseExecutor):
       # hash.
       module_identity = _module_identity(exec_properties)
       stock_args = patches.stock_fn_args(input_dict, output_dict, props)
-      config_lib.check_train_length(mode, stock_args.train_steps or 0,
+      resolve.check_train_length(mode, stock_args.train_steps or 0,
                                     config.train_epochs)
       if config.elastic and mode != 'managed':
         raise ValueError(
@@ -177,7 +178,7 @@ class Executor(base_executor.BaseExecutor):
             'steps on its own, so its update batch and data order cannot be '
             'kept with fewer workers; allowed in run_fn mode: min_workers='
             f'{config.num_workers}.')
-      config, launcher_reason = config_lib.resolve_launcher(config, {
+      config, launcher_reason = resolve.resolve_launcher(config, {
           role: path for role, path in (
               ('model', stock_args.serving_model_dir),
               ('model_run', stock_args.model_run_dir),
@@ -200,18 +201,23 @@ class Executor(base_executor.BaseExecutor):
       storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
       task.save(os.path.join(task.model_run_dir, TASK_FILE))
       prepared = time.monotonic()
-      result = self._train(task, config, fault_tolerance)
+      launch = self._train(task, config, fault_tolerance)
       # The component's fixed cost around the training processes.
-      result.setdefault('timing', {}).update({
+      launch['timing'] = {
           'executor_before_launch_s': round(prepared - began, 3),
-          'executor_launch_s': round(time.monotonic() - prepared, 3)})
-      training_result.write(task.model_run_dir, result)
+          'executor_launch_s': round(time.monotonic() - prepared, 3)}
+      training_result.write_launch(task.model_run_dir, launch)
+      result = training_result.read(task.model_run_dir)
+      if result is None:
+        raise RuntimeError(
+            'Training finished but wrote no result to '
+            f'{training_result.path(task.model_run_dir)}.')
 
     if not fileio.exists(task.serving_model_dir):
       raise RuntimeError(f'Training finished but wrote no model to '
                          f'{task.serving_model_dir}.')
-    model_run_lib.record_result(model_run, result)
-    placement = result.get('launch', {}).get('placement')
+    model_run_lib.record_result(model_run, result, launch)
+    placement = launch.get('placement')
     if placement:
       model_run_lib.record_placement(model_run, placement)
     logging.info('HighPerfTrainer done: model %s, result %s',
@@ -270,8 +276,10 @@ class Executor(base_executor.BaseExecutor):
              config: config_lib.DistributionConfig,
              fault_tolerance: FaultToleranceConfig
             ) -> Dict[str, Any]:
+    """Trains; returns the launch record (the chief wrote the result)."""
     if config.launcher == 'in_process':
-      return entry.run_in_process(task)
+      entry.run_in_process(task)
+      return {'launcher': 'in_process'}
     unshared = {k: v for k, v in task.output_dirs().items()
                 if storage.is_process_local(v)}
     if unshared:
@@ -326,14 +334,8 @@ class Executor(base_executor.BaseExecutor):
         logging.warning('Could not upload the cluster logs to %s: %s',
                         logs, upload_error)
       shutil.rmtree(local_dir, ignore_errors=True)
-    result = training_result.read(task.model_run_dir)
-    if result is None:
-      raise RuntimeError(
-          'Training finished but wrote no result to '
-          f'{training_result.path(task.model_run_dir)}; cluster logs: {logs}.')
-    result['launch'] = launch.relocated(local_logs, logs).to_dict()
-    training_result.write(task.model_run_dir, result)
-    return result
+    return {'launcher': config.launcher,
+            **launch.relocated(local_logs, logs).to_dict()}
 
   @staticmethod
   def _run_on_ray(task: TrainingTask, config: config_lib.DistributionConfig,

@@ -22,11 +22,10 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
-from components import patches
-from components.trainer.strategies import choice as strategy_lib
-from components.trainer.config import DistributionConfig
-from components.trainer.process.task import TrainingTask
 from components.data import input_pipeline
+from components import patches
+from components.trainer.process.context import ProcessContext
+from components.trainer.process.task import TrainingTask
 
 
 def feature_spec(task: TrainingTask) -> Dict[str, Any]:
@@ -62,8 +61,10 @@ class DatasetFactory:
   def __init__(self, strategy: tf.distribute.Strategy,
                spec: Dict[str, Any],
                config: Optional[input_pipeline.InputPipelineConfig],
-               global_batch_size: int):
+               global_batch_size: int, asynchronous: bool = False):
     self.strategy = strategy
+    # Parameter servers (`StrategySpec.asynchronous`) take a DatasetCreator.
+    self.asynchronous = asynchronous
     self.feature_spec = spec
     self.config = config
     self.global_batch_size = global_batch_size
@@ -89,19 +90,17 @@ class DatasetFactory:
           self.config, shuffle=shuffle, seed=seed, num_epochs=num_epochs,
           input_context=input_context)
 
-    if isinstance(self.strategy,
-                  tf.distribute.experimental.ParameterServerStrategy):
+    if self.asynchronous:
       return tf.keras.utils.experimental.DatasetCreator(dataset_fn)
     return self.strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def make_dataset_factory(task: TrainingTask,
-                         strategy: tf.distribute.Strategy) -> DatasetFactory:
-  config = DistributionConfig.from_dict(task.distribution)
+def make_dataset_factory(context: ProcessContext) -> DatasetFactory:
+  task = context.task
   tuned = (input_pipeline.InputPipelineConfig.from_dict(task.input_pipeline)
            if task.input_pipeline else None)
-  return DatasetFactory(strategy, feature_spec(task), tuned,
-                        config.global_batch(strategy.num_replicas_in_sync))
+  return DatasetFactory(context.strategy, feature_spec(task), tuned,
+                        context.global_batch, context.spec.asynchronous)
 
 
 def auto_shard_policy(num_files: int, num_workers: int):
@@ -129,9 +128,9 @@ def with_auto_shard(tf_dataset_factory, num_workers: int):
   return factory
 
 
-def build_fn_args(task: TrainingTask, strategy: tf.distribute.Strategy,
-                  is_chief: bool):
+def build_fn_args(context: ProcessContext):
   """The stock FnArgs of the task's executor inputs, plus our attributes."""
+  task = context.task
   # pylint: disable=g-import-not-at-top
   from tfx.types import artifact_utils
   # pylint: enable=g-import-not-at-top
@@ -140,19 +139,19 @@ def build_fn_args(task: TrainingTask, strategy: tf.distribute.Strategy,
       artifact_utils.parse_artifact_dict(io['input_dict']),
       artifact_utils.parse_artifact_dict(io['output_dict']),
       io['exec_properties'])
-  # `train_epochs` resolved into steps (task_process.resolve_lengths).
+  # `train_epochs` resolved into steps (`context.resolve_lengths`).
   fn_args.train_steps = task.train_steps or None
-  fn_args.strategy = strategy
-  fn_args.dataset_factory = make_dataset_factory(task, strategy)
+  fn_args.strategy = context.strategy
+  fn_args.dataset_factory = make_dataset_factory(context)
   fn_args.checkpoint_dir = task.checkpoint_dir
-  tf_config = strategy_lib.tf_config_from_env()
+  tf_config = context.tf_config
   cluster = tf_config.get('cluster', {})
   num_workers = len(cluster.get('worker', [])) + len(cluster.get('chief', []))
   if num_workers > 1:
     fn_args.data_accessor = fn_args.data_accessor._replace(
         tf_dataset_factory=with_auto_shard(
             fn_args.data_accessor.tf_dataset_factory, num_workers))
-  if not is_chief:
+  if not context.is_chief:
     task_info = tf_config.get('task', {})
     fn_args.serving_model_dir = tempfile.mkdtemp(prefix='hpm-nonchief-model-')
     fn_args.model_run_dir = os.path.join(
@@ -161,11 +160,11 @@ def build_fn_args(task: TrainingTask, strategy: tf.distribute.Strategy,
   return fn_args
 
 
-def run_user_fn(task: TrainingTask, strategy: tf.distribute.Strategy,
-                is_chief: bool) -> Dict[str, Any]:
+def run_user_fn(context: ProcessContext) -> Dict[str, Any]:
   """Calls the module's run_fn with the extended fn_args."""
   from tfx.components.util import udf_utils  # pylint: disable=g-import-not-at-top
-  run_fn = udf_utils.get_fn(task.executor_io['exec_properties'], 'run_fn')
-  fn_args = build_fn_args(task, strategy, is_chief)
+  run_fn = udf_utils.get_fn(context.task.executor_io['exec_properties'],
+                            'run_fn')
+  fn_args = build_fn_args(context)
   run_fn(fn_args)
   return {'steps': fn_args.train_steps}

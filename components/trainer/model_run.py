@@ -17,9 +17,9 @@ from absl import logging
 import tensorflow as tf
 
 from components import storage
+from components.trainer.cluster import supervisor
 from components.trainer import config as config_lib
 from components.trainer.strategies import choice as strategy_lib
-from components.trainer.cluster import supervisor
 
 DECISION_FILE = 'distribution_decision.json'
 # A failed training's class and message (the execution fails, so MLMD gets
@@ -64,9 +64,10 @@ def record_decision(model_run,
       'environment': dataclasses.asdict(env), 'config': config.to_dict()})
 
 
-def record_result(model_run, result: Dict[str, Any]) -> None:
-  """The training result's key numbers, relaunches, resume events and warm
-  start."""
+def record_result(model_run, result: Dict[str, Any],
+                  launch: Dict[str, Any]) -> None:
+  """The training result's key numbers, resume events and warm start; the
+  launch's relaunches and membership changes."""
   for key in ('num_replicas', 'global_batch_size', 'train_steps'):
     if isinstance(result.get(key), int):
       model_run.set_int_custom_property(key, result[key])
@@ -92,7 +93,7 @@ def record_result(model_run, result: Dict[str, Any]) -> None:
   # preemptions and membership changes are counted apart.
   counts = supervisor.count_by_cause([
       supervisor.ProcessExit(**r)
-      for r in result.get('launch', {}).get('relaunches', [])])
+      for r in launch.get('relaunches', [])])
   model_run.set_int_custom_property('restarts', counts[supervisor.FAILURE])
   model_run.set_int_custom_property('preemption_relaunches',
                                     counts[supervisor.PREEMPTION])
@@ -103,7 +104,7 @@ def record_result(model_run, result: Dict[str, Any]) -> None:
     model_run.set_string_custom_property(
         'warm_start', json.dumps(result['warm_start'], sort_keys=True))
   # An elastic cluster's worker-count changes: when, why, from and to.
-  membership = result.get('launch', {}).get('membership') or []
+  membership = launch.get('membership') or []
   model_run.set_string_custom_property('membership', json.dumps(membership))
   if isinstance(result.get('num_workers'), int):
     model_run.set_int_custom_property('num_workers', result['num_workers'])

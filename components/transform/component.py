@@ -17,8 +17,8 @@ from tfx.types import component_spec
 from tfx.types import standard_component_specs
 
 from components import drop_in
-from components.transform import executor
 from components.transform.config import TuningConfig
+from components.transform import executor
 from components.types import TunedInputPipeline
 
 DEFAULT_NODE_ID = 'Transform'

@@ -9,9 +9,9 @@ value and the allowed ones.
 import dataclasses
 from typing import Any, Dict, Optional, Sequence, Union
 
-from components.json_config import JsonConfig
 from components.json_config import is_int as _is_int
 from components.json_config import is_number as _is_number
+from components.json_config import JsonConfig
 
 CACHE_MODES = ('auto', 'memory', 'disk', 'none')
 MATERIALIZE_MODES = ('auto', 'always', 'on_the_fly')

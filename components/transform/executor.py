@@ -39,19 +39,19 @@ from tfx.types import standard_component_specs
 from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from components import patches
-from components import storage
 from components.data import input_pipeline
 from components.data import shard_index
+from components import patches
 from components.patches import transform as transform_patches
+from components import storage
 from components.transform import artifact as artifact_lib
+from components.transform.config import TuningConfig
 from components.transform import consumer as consumer_lib
 from components.transform import history
 from components.transform import measurement
 from components.transform import report
 from components.transform import tuner
 from components.transform import tuning_inputs
-from components.transform.config import TuningConfig
 
 TUNING_KEY = 'tuning'
 TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'

@@ -27,9 +27,9 @@ from absl import logging
 import tensorflow as tf
 
 from components.data.input_pipeline import InputPipelineConfig
-from components import storage
 from components.records import training_result
 from components.records import tuned_input_pipeline
+from components import storage
 
 FINGERPRINT_FILE = 'fingerprint.json'
 _FORMAT_VERSION = 1

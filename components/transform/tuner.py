@@ -20,15 +20,15 @@ import os
 from typing import Any, Dict, List, Optional, Union
 
 from components.data.input_pipeline import InputPipelineConfig
+from components.transform.config import TuningConfig
 from components.transform import decisions
 from components.transform import measurement
-from components.transform.config import TuningConfig
 from components.transform.measurement import Clock
 from components.transform.results import (
     REUSED, SEARCHED, STOPPED_EARLY, ConsumerFn, ConsumerRate, DatasetFn,
     Measurement, Previous, StageRate, TuningResult)
-from components.transform.sources import Source
 from components.transform import sources as sources_lib
+from components.transform.sources import Source
 
 
 def tune(tuning: TuningConfig,

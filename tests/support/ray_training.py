@@ -14,8 +14,8 @@ import socket
 import sys
 import urllib.parse
 
-from components.trainer.cluster import ray_backend
 from components.trainer.checkpoint import records as run_records
+from components.trainer.cluster import ray_backend
 from components.trainer.process.task import TrainingTask
 
 CLUSTER_TIMEOUT_S = 400

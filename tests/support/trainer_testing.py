@@ -17,10 +17,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
+from components.trainer.checkpoint import records as run_records
 from components.trainer.cluster import local_backend
 from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
-from components.trainer.checkpoint import records as run_records
 from components.trainer.process.task import TrainingTask
 from tests.support import faulty_storage
 from tests.support import id_recording_module

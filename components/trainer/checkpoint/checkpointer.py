@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional
 from absl import logging
 import tensorflow as tf
 
-from components.trainer.checkpoint import records
 from components.trainer.checkpoint.config import CheckpointConfig
+from components.trainer.checkpoint import records
 from components.trainer.checkpoint.store import CheckpointStore
 
 # The chief records the last step reached (to count the steps a crash lost)

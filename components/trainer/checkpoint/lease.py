@@ -17,8 +17,8 @@ from absl import logging
 import tensorflow as tf
 
 from components import storage
-from components.trainer.checkpoint import location
 from components.trainer.checkpoint.config import LEASE_MODES
+from components.trainer.checkpoint import location
 
 LEASE_NAME = 'LEASE.json'
 # A lease whose heartbeat is older than this many intervals is taken over.

@@ -15,8 +15,8 @@ from absl import logging
 import tensorflow as tf
 
 from components import storage
-from components.trainer.managed import progress
 from components.trainer.checkpoint import location
+from components.trainer.managed import progress
 
 EVENTS_NAME = 'events.json'
 PROGRESS_NAME = 'progress.json'

@@ -29,10 +29,10 @@ from absl import logging
 import tensorflow as tf
 
 from components import storage
-from components.trainer.cluster import failures
+from components.trainer.checkpoint.lease import CheckpointLease
 from components.trainer.checkpoint import location
 from components.trainer.checkpoint import records
-from components.trainer.checkpoint.lease import CheckpointLease
+from components.trainer.cluster import failures
 
 MANIFEST_NAME = 'MANIFEST.json'
 CHECKPOINT_PREFIX = 'ckpt'

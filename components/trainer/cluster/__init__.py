@@ -1,0 +1,9 @@
+"""The processes of one training, and keeping them running.
+
+`tf_cluster` (tasks, roles, TF_CONFIGs), `supervisor` (attempts, outcomes,
+relaunch or fail) over two backends: `local_backend` (child processes here)
+and `ray_backend` with `ray_actor` and `ray_placement` (Ray actors across
+nodes); `failures` (what a relaunch can cure), `exit_codes`, `membership`
+(an elastic cluster's worker counts), `progress_relay` and `log_tail` (what
+the supervisor shows). No TensorFlow import.
+"""

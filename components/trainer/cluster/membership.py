@@ -20,9 +20,13 @@ from typing import List, Optional
 
 from absl import logging
 
-# Strategies whose workers can come and go between attempts ('auto' picks
-# MultiWorkerMirrored for several workers without parameter servers).
-ELASTIC_STRATEGIES = ('auto', 'multi_worker_mirrored')
+from components.trainer.strategies import registry
+
+
+def elastic_strategies():
+  """Strategies whose workers can come and go between attempts ('auto' picks
+  such a one for several workers without parameter servers)."""
+  return ('auto',) + registry.names(elastic=True)
 
 
 def is_elastic(num_workers: int, min_workers: Optional[int]) -> bool:
@@ -41,10 +45,10 @@ def check(*, num_workers: int, min_workers: Optional[int], num_ps: int,
                      f'[1, num_workers={num_workers}].')
   if not is_elastic(num_workers, min_workers):
     return
-  if strategy not in ELASTIC_STRATEGIES or num_ps:
+  if strategy not in elastic_strategies() or num_ps:
     raise ValueError(
         f'min_workers={min_workers} < num_workers={num_workers} needs '
-        f'strategy in {ELASTIC_STRATEGIES} without parameter servers, not '
+        f'strategy in {elastic_strategies()} without parameter servers, not '
         f'strategy={strategy!r}, num_ps={num_ps}.')
   if launcher != 'ray':
     raise ValueError(

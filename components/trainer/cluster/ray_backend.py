@@ -40,12 +40,12 @@ import ray.util.client
 from ray.util import scheduling_strategies
 
 from components.trainer.cluster import local_backend
-from components.trainer.cluster import ray_placement
-from components.trainer.cluster import supervisor
-from components.trainer.cluster import tf_cluster
 from components.trainer.cluster.ray_actor import PYTHON
 from components.trainer.cluster.ray_actor import RemoteTaskActor
 from components.trainer.cluster.ray_actor import TASK_FILE
+from components.trainer.cluster import ray_placement
+from components.trainer.cluster import supervisor
+from components.trainer.cluster import tf_cluster
 
 # The driver's environment variables every task gets (the rest is its
 # node's): the import path of the suite and of the user module.

@@ -13,6 +13,8 @@ from typing import Callable, Dict, List, Optional
 
 import portpicker
 
+from components.trainer.strategies import registry
+
 # What a process runs: `trainer` runs the training loop (a worker of
 # MultiWorkerMirrored, the parameter-server coordinator, a single-worker
 # strategy's one process); `server` runs a tf.distribute.Server that joins.
@@ -34,11 +36,7 @@ class ProcessSpec:
 def cluster_shape(strategy: str, num_workers: int,
                   num_ps: int) -> Dict[str, int]:
   """TF task type -> task count of `strategy`'s cluster ({}: no cluster)."""
-  if strategy == 'multi_worker_mirrored':
-    return {'worker': num_workers}
-  if strategy == 'parameter_server':
-    return {'chief': 1, 'worker': num_workers, 'ps': num_ps}
-  return {}
+  return registry.get(strategy).cluster_shape(num_workers, num_ps)
 
 
 def process_name(task_type: str, index: int) -> str:
@@ -60,7 +58,7 @@ def cluster_processes(strategy: str, num_workers: int, num_ps: int,
   """The processes (and TF_CONFIGs) of a cluster for `strategy`.
 
   Args:
-    strategy: A concrete strategy name (see config.CONCRETE_STRATEGIES).
+    strategy: A registered strategy's name.
     num_workers: Worker processes for the multi-worker strategies.
     num_ps: Parameter servers for `parameter_server`.
     argv_for_role: Command line of a process of each of ROLES.
@@ -72,14 +70,15 @@ def cluster_processes(strategy: str, num_workers: int, num_ps: int,
   if addresses is None:
     addresses = {task: _addresses(host, count)
                  for task, count in shape.items()}
-  if strategy == 'multi_worker_mirrored':
+  kind = registry.get(strategy).cluster
+  if kind == registry.WORKERS:
     cluster = {'worker': addresses['worker']}
     return [
         ProcessSpec(f'worker-{i}', argv_for_role('trainer'),
                     {'TF_CONFIG': _tf_config(cluster, 'worker', i)})
         for i in range(num_workers)
     ]
-  if strategy == 'parameter_server':
+  if kind == registry.PARAMETER_SERVERS:
     cluster = {task: addresses[task] for task in ('chief', 'worker', 'ps')}
     # Recommended for ParameterServerStrategy: a failed RPC to a worker is
     # reported to the coordinator instead of being retried forever.

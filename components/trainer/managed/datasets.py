@@ -18,7 +18,6 @@ import tensorflow as tf
 from components.data import input_pipeline
 from components.data import shard_index
 from components.trainer import fn_args
-from components.trainer.config import DistributionConfig
 from components.trainer.process.task import TrainingTask
 
 # Seed of the data order without distribution.seed; fixed so that every
@@ -80,17 +79,17 @@ def _clock_seed() -> tf.Tensor:
 def train_dataset_fn(task: TrainingTask, data: TrainingData,
                      examples_per_step: int, start_step: int, seed,
                      config: input_pipeline.InputPipelineConfig,
-                     records_per_file: Optional[Dict[str, int]] = None
+                     records_per_file: Optional[Dict[str, int]] = None,
+                     global_order: bool = False
                     ) -> Callable[[tf.distribute.InputContext],
                                   tf.data.Dataset]:
   """A `dataset_fn` for `distribute_datasets_from_function`.
 
   `seed`: an int, or PER_WORKER_SEED for a new seed per dataset;
   `records_per_file`: the train split's shard index (a resume then does not
-  count the epoch's rows).
+  count the epoch's rows); `global_order`: the same data order at every
+  worker count (an elastic cluster).
   """
-  # An elastic cluster's data order is the same at every worker count.
-  global_order = DistributionConfig.from_dict(task.distribution).elastic
 
   def dataset_fn(input_context: tf.distribute.InputContext):
     # Each step takes one batch per replica from its input pipeline.

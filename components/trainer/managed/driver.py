@@ -12,9 +12,9 @@ import math
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.managed import call_size
 from components.trainer.managed import preemption
-from components.trainer.checkpoint.checkpointer import Checkpointer
 
 
 class StepStats:

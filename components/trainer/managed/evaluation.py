@@ -10,12 +10,14 @@ VALIDATION_LOGS = 'validation'
 
 
 def evaluate(model: tf.keras.Model, strategy: tf.distribute.Strategy,
+             lockstep_workers: bool,
              dataset_fn: Optional[Callable[[tf.distribute.InputContext],
                                            tf.data.Dataset]],
              eval_steps: int,
              summary_dir: Optional[str], step: int) -> Dict[str, float]:
   """The compiled loss and metrics over `eval_steps` global batches of the
-  datasets `dataset_fn` makes (one per input pipeline).
+  datasets `dataset_fn` makes (one per input pipeline); `lockstep_workers`:
+  the strategy's `StrategySpec.lockstep_workers`.
 
   `model.test_step` in our own tf.function rather than `model.evaluate`:
   TF 2.16's autograph does not skip tf_keras (only `keras`), and converting
@@ -40,9 +42,9 @@ def evaluate(model: tf.keras.Model, strategy: tf.distribute.Strategy,
 
   model.reset_metrics()
   with strategy.scope():
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-      # The workers' calls stay single steps, as in training (multi-step
-      # calls of a multi-worker cluster hung reading gs://).
+    if lockstep_workers:
+      # The workers' calls stay single steps, as in training
+      # (`StrategySpec.lockstep_workers`).
       for _ in range(eval_steps):
         eval_step(iterator)
     else:

@@ -107,11 +107,3 @@ class MultiWorkerPreemptionWatcher:
     self._handler = None
     shutil.rmtree(self._scratch_dir, ignore_errors=True)
 
-
-def make_watcher(strategy: tf.distribute.Strategy,
-                 checkpoint: tf.train.Checkpoint,
-                 save_fn: Callable[[], None]):
-  """The preemption watcher fitting `strategy` (see module docstring)."""
-  if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-    return MultiWorkerPreemptionWatcher(strategy, checkpoint, save_fn)
-  return SigtermWatcher(save_fn)

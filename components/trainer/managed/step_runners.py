@@ -13,16 +13,10 @@ from typing import Callable, Tuple
 import tensorflow as tf
 
 
-def host_cpu_replicas(strategy: tf.distribute.Strategy) -> bool:
-  """One process's replicas, all on its CPU: one_device, or mirrored over
-  logical CPUs."""
-  single_worker = (
-      isinstance(strategy, (tf.distribute.OneDeviceStrategy,
-                            tf.distribute.MirroredStrategy)) and
-      not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
-  return single_worker and all(
-      tf.DeviceSpec.from_string(d).device_type == 'CPU'
-      for d in strategy.extended.worker_devices)
+def on_host_cpu(strategy: tf.distribute.Strategy) -> bool:
+  """Every replica of the strategy is on this process's CPU."""
+  return all(tf.DeviceSpec.from_string(d).device_type == 'CPU'
+             for d in strategy.extended.worker_devices)
 
 
 def _mean_loss(total, k):
@@ -33,9 +27,12 @@ class SynchronousSteps:
   """k steps of the replicas in sync (one device, Mirrored, MWMS, ...)."""
 
   def __init__(self, strategy: tf.distribute.Strategy, dataset_fn: Callable,
-               replica_step: Callable, step: tf.Variable):
+               replica_step: Callable, step: tf.Variable,
+               host_iterator_input: bool = False):
+    """`host_iterator_input`: the strategy's
+    `StrategySpec.host_iterator_input`."""
     replicas = strategy.num_replicas_in_sync
-    if host_cpu_replicas(strategy):
+    if host_iterator_input and on_host_cpu(strategy):
       # The dataset's own iterator, its next `replicas` batches one per
       # replica in order: the batches the distributed iterator hands out,
       # without its per-batch cost, which on a CPU buys nothing (measured:

@@ -34,31 +34,25 @@ from components import patches
 from components.pipeline_parallel import placement
 from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
-from components.trainer.managed import accumulation
-from components.trainer.managed import call_size
-from components.trainer.managed import votes
 from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.config import AUTO
-from components.trainer.config import DistributionConfig
+from components.trainer.managed import accumulation
+from components.trainer.managed import call_size
 from components.trainer.managed import datasets
+from components.trainer.managed import driver
 from components.trainer.managed import evaluation
-from components.trainer.cluster import membership
 from components.trainer.managed import export
 from components.trainer.managed import preemption
 from components.trainer.managed import progress
-from components.trainer.managed import driver
 from components.trainer.managed import step_runners
-from components.trainer.strategies import choice as strategy_lib
-from components.trainer.process.task import TrainingTask
-from components.trainer import user_module
+from components.trainer.managed import votes
 from components.trainer.managed import warm_start
+from components.trainer.process.context import ProcessContext
+from components.trainer.process.task import TrainingTask
+from components.trainer import resolve
+from components.trainer import user_module
 
-# Parameter-server closures scheduled per call (between two joins) for
-# steps_per_execution='auto': the closures run asynchronously, so there is
-# no per-step host round trip to measure away; checkpoints and preemption
-# checks happen at joins.
-PS_STEPS_PER_CALL = 50
 # Batches each parameter-server worker shuffles over (its own order).
 PS_SHUFFLE_BATCHES = 16
 # The TensorBoard event file is flushed at most this often.
@@ -86,38 +80,34 @@ def _json_value(value):
 class ManagedTraining:
   """One managed training: the model, its checkpointer, and the loop."""
 
-  def __init__(self, task: TrainingTask, strategy: tf.distribute.Strategy):
+  def __init__(self, context: ProcessContext):
     self.started = time.monotonic()
     # Seconds of each part outside the steps (training_result.json
     # `timing`), so that the component's fixed cost can be told apart.
     self.timing: Dict[str, float] = {}
-    self.task = task
-    self.strategy = strategy
-    self.kind = votes.strategy_kind(strategy)
-    self.is_chief = bool(strategy.extended.should_checkpoint)
+    self.context = context
+    self.task = task = context.task
+    self.strategy = strategy = context.strategy
+    self.spec = context.spec
+    self.is_chief = context.is_chief
     self.module = user_module.load(task.module_file, task.module_path)
     self.data = datasets.training_data(task, self.module)
-    self.distribution = DistributionConfig.from_dict(task.distribution)
+    self.distribution = context.config
     self.fault_tolerance = FaultToleranceConfig.from_dict(
         task.fault_tolerance).checkpoint()
-    # An elastic cluster below full size accumulates more (`membership`).
-    self.accumulation = membership.accumulation_at(
-        self.distribution, membership.workers_in(
-            strategy_lib.tf_config_from_env()))
-    self.replicas = strategy.num_replicas_in_sync
-    self.global_batch = self.distribution.global_batch(self.replicas)
+    self.accumulation = context.accumulation
+    self.replicas = context.replicas
+    self.global_batch = context.global_batch
     self.plan = (partition_plan.read(task.partition_plan_uri)
                  if task.partition_plan_uri else None)
     if self.plan is not None:
-      self._check_plan_fits()
+      resolve.check_partition_plan(
+          self.spec.name, self.replicas, self.accumulation, self.global_batch,
+          self.plan.batch_size)
     self.examples_per_step = self.global_batch * self.accumulation
-    if task.train_steps < 1:
-      raise ValueError(
-          f'train_steps={task.train_steps} must be >= 1; '
-          'task_process.resolve_lengths turns train_epochs into steps first.')
     self.train_steps = int(task.train_steps)
     self.any_worker, self.all_workers = votes.votes(
-        strategy, self.kind)
+        strategy, self.spec.lockstep_workers)
     # Flushed by record_progress at most once a second (a flush to an object
     # store uploads the file again), so the writer itself never flushes
     # during training.
@@ -133,27 +123,6 @@ class ManagedTraining:
     self.shard_indexes: Dict[str, Any] = {}
     self.train_records: Optional[Dict[str, int]] = None
     self.warm_started = None
-
-  def _check_plan_fits(self) -> None:
-    """The plan's pipeline does its own data parallelism (its copies) and
-    accumulates micro-batches itself; also checked at construction when the
-    plan's GPipePartitioner is in the pipeline (trainer config
-    `check_partition_plan`)."""
-    if self.replicas != 1 or self.kind == 'parameter_server':
-      raise ValueError(
-          f'A partition plan runs the model across devices itself; it needs a '
-          f'single-replica strategy (one_device), not {self.kind!r} with '
-          f'{self.replicas} replicas.')
-    if self.accumulation != 1:
-      raise ValueError(
-          f'gradient_accumulation_steps={self.accumulation} with a partition '
-          'plan: GPipe already accumulates over the plan\'s micro-batches; '
-          'use 1.')
-    if self.global_batch != self.plan.batch_size:
-      raise ValueError(
-          f'The global batch {self.global_batch} differs from the partition '
-          f"plan's batch_size {self.plan.batch_size}; set "
-          'per_replica_batch_size to the batch the plan was made for.')
 
   # --- model and checkpoint
 
@@ -191,11 +160,11 @@ class ManagedTraining:
         self.task.checkpoint_dir, self.checkpoint, self.fault_tolerance,
         self.is_chief, manifest_extra={
             'examples_per_step': self.examples_per_step,
-            'strategy': self.kind},
+            'strategy': self.spec.name},
         # Every attempt of this execution (launcher restarts, executor
         # retries) has this model_run; another execution has another.
         run_id=self.task.model_run_dir,
-        collective_saves=self.kind == 'multi_worker_mirrored')
+        collective_saves=self.spec.lockstep_workers)
 
   def restore(self) -> int:
     """Takes the checkpoint folder's lease (chief), then restores; a
@@ -249,7 +218,7 @@ class ManagedTraining:
     replica_step = accumulation.replica_step_fn(
         self.model, self.accumulation, self.examples_per_step,
         self.distribution.per_replica_batch(self.replicas))
-    if self.kind == 'parameter_server':
+    if self.spec.asynchronous:
       config = dataclasses.replace(
           self.data.config, shuffle_buffer_batches=max(
               PS_SHUFFLE_BATCHES, self.data.config.shuffle_buffer_batches))
@@ -261,30 +230,30 @@ class ManagedTraining:
           self.train_steps)
       # Only the coordinator checkpoints: our own SIGTERM flag suffices.
       return runner, preemption.SigtermWatcher(self._save_now)
+    global_order = self.distribution.elastic
     dataset_fn = datasets.train_dataset_fn(
         self.task, self.data, self.examples_per_step, start,
         datasets.data_seed(self.distribution.seed), self.data.config,
-        self.train_records)
+        self.train_records, global_order)
     if self.pipeline_runner is None:
-      runner = step_runners.SynchronousSteps(self.strategy, dataset_fn,
-                                             replica_step, self.step)
+      runner = step_runners.SynchronousSteps(
+          self.strategy, dataset_fn, replica_step, self.step,
+          self.spec.host_iterator_input)
     else:
       runner = step_runners.PipelineSteps(
           self.pipeline_runner, dataset_fn(tf.distribute.InputContext()),
           self.step)
-    return runner, preemption.make_watcher(self.strategy, self.checkpoint,
-                                           self._save_now)
+    if self.spec.lockstep_workers:
+      return runner, preemption.MultiWorkerPreemptionWatcher(
+          self.strategy, self.checkpoint, self._save_now)
+    return runner, preemption.SigtermWatcher(self._save_now)
 
   def train(self, start: int) -> Dict[str, Any]:
     setting = self.distribution.steps_per_execution
-    if self.kind == 'parameter_server' and setting == AUTO:
-      setting = PS_STEPS_PER_CALL
-    if self.kind == 'multi_worker_mirrored' and setting == AUTO:
-      # Workers reading gs:// hung inside the first multi-step call here
-      # (both idle in the call); one step per call is what was verified.
-      setting = 1
-    # Workers of a cluster never size calls by their own clocks: they run
-    # the same calls ('auto' is fixed above for multi-worker kinds).
+    if setting == AUTO and self.spec.auto_steps_per_call:
+      # Workers of a cluster never size calls by their own clocks: they run
+      # the same calls.
+      setting = self.spec.auto_steps_per_call
     self.sizer = call_size.CallSizer(
         setting, max_call=self.fault_tolerance.save_every_steps)
     runner, watcher = self._runner_and_watcher(start)
@@ -308,13 +277,13 @@ class ManagedTraining:
     return model
 
   def evaluate_and_export(self) -> Dict[str, float]:
-    if self.kind == 'parameter_server':
+    if self.spec.asynchronous:
       model, strategy = self.local_copy(), tf.distribute.get_strategy()
     else:
       model, strategy = self.model, self.strategy
     with self.timed('eval_s'):
       metrics = evaluation.evaluate(
-          model, strategy,
+          model, strategy, self.spec.lockstep_workers,
           datasets.eval_dataset_fn(self.task, self.data, self.global_batch),
           self.task.eval_steps,
           self.task.model_run_dir if self.is_chief else None,
@@ -375,23 +344,27 @@ class ManagedTraining:
     return _json_value(result)
 
 
-def run_managed_training(task: TrainingTask,
-                         strategy: tf.distribute.Strategy) -> Dict[str, Any]:
+def run(context: ProcessContext) -> Dict[str, Any]:
   """Trains (resuming if a checkpoint exists), evaluates and exports.
 
-  Returns the JSON-serializable result (the worker's chief writes it, with
-  what it adds, to `<model_run_dir>/training_result.json`); `preempted: true`
-  means training stopped at a checkpoint after SIGTERM: exit with
-  `preemption.PREEMPTED_EXIT_CODE` and run again to resume.
+  Returns the JSON-serializable result (the process's entry adds its part and
+  the chief writes it to `<model_run_dir>/training_result.json`);
+  `preempted: true` means training stopped at a checkpoint after SIGTERM:
+  exit with `preemption.PREEMPTED_EXIT_CODE` and run again to resume.
   """
   with patches.installed(patches.AUTOGRAPH_SKIPS_TF_KERAS):
-    return _train_evaluate_export(task, strategy)
+    return _train_evaluate_export(context)
 
 
-def _train_evaluate_export(task: TrainingTask,
-                           strategy: tf.distribute.Strategy) -> Dict[str, Any]:
+def run_managed_training(task: TrainingTask,
+                         strategy: tf.distribute.Strategy) -> Dict[str, Any]:
+  """`run` in a process that built `strategy` for `task` itself."""
+  return run(ProcessContext.of_strategy(task, strategy))
+
+
+def _train_evaluate_export(context: ProcessContext) -> Dict[str, Any]:
   began = time.monotonic()
-  training = ManagedTraining(task, strategy)
+  training = ManagedTraining(context)
   training.timing['setup_s'] = round(time.monotonic() - began, 3)
   with training.timed('build_model_s'):
     training.build_model()

@@ -1,6 +1,6 @@
-"""How the workers of one training agree: the strategy's kind, and votes
-(any worker / every worker says yes) for decisions each worker would
-otherwise take from its own clock (a time-based save, a preemption notice).
+"""How the workers of one training agree: votes (any worker / every worker
+says yes) for decisions each worker would otherwise take from its own clock
+(a time-based save, a preemption notice).
 """
 
 from typing import Callable, Tuple
@@ -8,24 +8,15 @@ from typing import Callable, Tuple
 import tensorflow as tf
 
 
-def strategy_kind(strategy: tf.distribute.Strategy) -> str:
-  """parameter_server, multi_worker_mirrored or single_worker."""
-  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-    return 'parameter_server'
-  if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-    return 'multi_worker_mirrored'
-  return 'single_worker'
-
-
-def votes(strategy: tf.distribute.Strategy, kind: str
+def votes(strategy: tf.distribute.Strategy, lockstep_workers: bool
           ) -> Tuple[Callable[[bool], bool], Callable[[bool], bool]]:
   """(any worker says yes, all workers say yes) for this cluster.
 
-  Workers of a MultiWorkerMirrored cluster run the same calls and saves
-  (saving runs collectives), so decisions taken from their own clocks are
-  all-reduced; a single worker decides alone.
+  Lockstep workers (`StrategySpec.lockstep_workers`) run the same calls and
+  saves (saving runs collectives), so decisions taken from their own clocks
+  are all-reduced; any other process decides alone.
   """
-  if kind != 'multi_worker_mirrored':
+  if not lockstep_workers:
     return (lambda flag: flag), (lambda flag: flag)
 
   @tf.function

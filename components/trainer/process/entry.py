@@ -16,7 +16,6 @@ import here: managed-mode processes start fast.
 """
 
 import argparse
-import dataclasses
 import logging as std_logging
 import os
 import sys
@@ -34,15 +33,16 @@ import tensorflow as tf
 from components.data import input_pipeline
 from components.data import shard_check
 from components.records import training_result
-from components.trainer.process import cpu_threads
+from components.trainer.cluster.exit_codes import NOT_RETRYABLE_EXIT_CODE
 from components.trainer.cluster import failures
-from components.trainer.cluster import membership
-from components.trainer.managed import preemption
-from components.trainer.strategies import choice as strategy_lib
 from components.trainer.cluster import tf_cluster
 from components.trainer.config import DistributionConfig
-from components.trainer.cluster.exit_codes import NOT_RETRYABLE_EXIT_CODE
+from components.trainer.managed import preemption
+from components.trainer.process.context import ProcessContext
+from components.trainer.process import cpu_threads
 from components.trainer.process.task import TrainingTask
+from components.trainer.strategies import choice
+from components.trainer.strategies import registry
 # pylint: enable=g-import-not-at-top,wrong-import-position
 _IMPORT_SECONDS = time.monotonic() - _IMPORTS_BEGAN
 
@@ -57,46 +57,6 @@ def run_server() -> None:
   print(f'{resolver.task_type}-{resolver.task_id} serving at '
         f'{server.target}', flush=True)
   server.join()
-
-
-def resolve_lengths(task: TrainingTask, num_replicas: int,
-                    workers: int = 1) -> TrainingTask:
-  """The task with concrete batch sizes and step counts for `num_replicas`
-  replicas over `workers` workers.
-
-  The distribution config then holds `per_replica_batch_size` (global batch =
-  per-replica batch x replicas); `train_epochs` becomes `train_steps`
-  (optimizer updates, each consuming gradient_accumulation_steps global
-  batches); in managed mode eval_steps=0 becomes one pass over the eval split.
-  An elastic cluster running with fewer than num_workers workers keeps the
-  full size's per-replica batch and update batch: its accumulation grows
-  (`membership`).
-  """
-  config = DistributionConfig.from_dict(task.distribution)
-  # The config keeps the full size's accumulation (what it was validated
-  # with); the loop derives this attempt's from the worker count too.
-  accumulation = membership.accumulation_at(config, workers)
-  full_replicas = num_replicas
-  if config.elastic:
-    full_replicas = num_replicas * config.num_workers // workers
-  per_replica = config.per_replica_batch(full_replicas)
-  examples_per_update = per_replica * num_replicas * accumulation
-  compression = input_pipeline.InputPipelineConfig.from_dict(
-      task.input_pipeline).compression_type
-  train_steps, eval_steps = task.train_steps, task.eval_steps
-  if config.train_epochs:
-    examples = input_pipeline.count_records(
-        input_pipeline.list_files(task.train_files), compression)
-    train_steps = max(1, config.train_epochs * examples // examples_per_update)
-  if task.mode == 'managed' and not eval_steps:
-    examples = input_pipeline.count_records(
-        input_pipeline.list_files(task.eval_files), compression)
-    eval_steps = max(1, examples // (per_replica * num_replicas))
-  distribution = dataclasses.replace(
-      config, per_replica_batch_size=per_replica, global_batch_size=None,
-      train_epochs=0).to_dict()
-  return dataclasses.replace(task, distribution=distribution,
-                             train_steps=train_steps, eval_steps=eval_steps)
 
 
 def seed_process(config: DistributionConfig) -> None:
@@ -124,34 +84,29 @@ def train(task: TrainingTask, shared_process: bool = False
     from components.records import partition_plan  # pylint: disable=g-import-not-at-top
     logical_cpus = max(logical_cpus or 1, partition_plan.read(
         task.partition_plan_uri).num_devices)
-  strategy_lib.configure_logical_cpus(logical_cpus)
+  choice.configure_logical_cpus(logical_cpus)
   threads = cpu_threads.configure(config.intra_op_threads, shared_process)
   seed_process(config)
-  strategy = strategy_lib.make_strategy(config.strategy, config)
-  tf_config = strategy_lib.tf_config_from_env()
-  workers = membership.workers_in(tf_config)
-  task = resolve_lengths(task, strategy.num_replicas_in_sync, workers)
-  is_chief = strategy_lib.is_chief(tf_config)
+  context = ProcessContext.resolve(
+      task, config, registry.get(config.strategy).build(config))
   setup_s = time.monotonic() - began
   start = time.time()
   if task.mode == 'managed':
     from components.trainer.managed import training  # pylint: disable=g-import-not-at-top
-    result = training.run_managed_training(task, strategy)
+    result = training.run(context)
   else:
     from components.trainer import fn_args  # pylint: disable=g-import-not-at-top
-    result = fn_args.run_user_fn(task, strategy, is_chief)
-  resolved = DistributionConfig.from_dict(task.distribution)
+    result = fn_args.run_user_fn(context)
   result = {
       **result,
       'strategy': config.strategy,
       'mode': task.mode,
-      'num_replicas': strategy.num_replicas_in_sync,
-      'num_workers': workers,
-      'per_replica_batch_size': resolved.per_replica_batch_size,
-      'global_batch_size': resolved.global_batch(
-          strategy.num_replicas_in_sync),
-      'train_steps': task.train_steps,
-      'eval_steps': task.eval_steps,
+      'num_replicas': context.replicas,
+      'num_workers': context.workers,
+      'per_replica_batch_size': context.config.per_replica_batch_size,
+      'global_batch_size': context.global_batch,
+      'train_steps': context.task.train_steps,
+      'eval_steps': context.task.eval_steps,
       'seed': config.seed,
       'deterministic': config.deterministic,
       'intra_op_threads': threads,
@@ -162,16 +117,16 @@ def train(task: TrainingTask, shared_process: bool = False
   result['timing'] = {'worker_imports_s': round(_IMPORT_SECONDS, 3),
                       'worker_setup_s': round(setup_s, 3),
                       **result.get('timing', {})}
-  if is_chief:
+  if context.is_chief:
     training_result.write(task.model_run_dir, result)
   return result
 
 
 def run_in_process(task: TrainingTask) -> Dict[str, Any]:
   """launcher='in_process': this process's role comes from TF_CONFIG."""
-  task_type = strategy_lib.tf_config_from_env().get('task', {}).get('type')
-  if (task.distribution['strategy'] == 'parameter_server' and
-      task_type in ('ps', 'worker')):
+  task_type = choice.tf_config_from_env().get('task', {}).get('type')
+  if (registry.get(task.distribution['strategy']).cluster ==
+      registry.PARAMETER_SERVERS and task_type in ('ps', 'worker')):
     run_server()
   return train(task, shared_process=True)
 
@@ -259,7 +214,7 @@ def finish(code: int) -> None:
   process of a larger cluster exits normally, as TensorFlow's shutdown at
   exit is where its tasks leave the coordination service together.
   """
-  cluster = strategy_lib.tf_config_from_env().get('cluster', {})
+  cluster = choice.tf_config_from_env().get('cluster', {})
   if sum(len(tasks) for tasks in cluster.values()) > 1:
     sys.exit(code)
   std_logging.shutdown()

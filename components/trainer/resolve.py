@@ -1,0 +1,123 @@
+"""The executor's decisions, each taken once before any process starts.
+
+The mode a module supports, the training length, the launcher `auto` stands
+for, and whether a partition plan fits the trainer's batch and strategy.
+Pure Python (no TFX, no TensorFlow): the component's constructor takes the
+same decisions where they need no I/O.
+"""
+
+import dataclasses
+from typing import Dict, Optional, Tuple
+
+from components.trainer.config import AUTO
+from components.trainer.config import check_choice
+from components.trainer.config import DistributionConfig
+from components.trainer.config import MODES
+
+# What a partition plan's single pipeline runs under (`auto` picks
+# one_device for it).
+PLAN_STRATEGIES = (AUTO, 'one_device')
+
+
+def resolve_launcher(config: DistributionConfig,
+                     process_local: Dict[str, str]
+                    ) -> Tuple[DistributionConfig, str]:
+  """The launcher `auto` stands for, and why.
+
+  Args:
+    config: The validated config.
+    process_local: The outputs (and checkpoint root) that live in one
+      process, by role ('model', 'model_run', 'checkpoints').
+  """
+  if config.launcher != AUTO:
+    return config, 'requested'
+  if not process_local:
+    return (dataclasses.replace(config, launcher='local'),
+            'outputs and checkpoints are shared storage: training runs in '
+            'supervised child processes')
+  if config.num_workers != 1 or config.num_ps:
+    return (dataclasses.replace(config, launcher='local'),
+            f'num_workers={config.num_workers}, num_ps={config.num_ps} need '
+            f'child processes, though {process_local} live in this process')
+  return (dataclasses.replace(config, launcher='in_process'),
+          f'{sorted(process_local)} at {sorted(process_local.values())} '
+          'live in this process (child processes cannot see them): training '
+          "runs in the executor's process")
+
+
+
+def strategies_with_logical_cpus() -> Tuple[str, ...]:
+  return (AUTO,) + registry.names(logical_cpu_replicas=True)
+
+
+def check_partition_plan(strategy: str, replicas: int, accumulation: int,
+                         trainer_batch: int,
+                         plan_batch_size: Optional[int]) -> None:
+  """What a partition plan needs of the trainer: checked at construction
+  (from the config) and again in the training process (with the replicas and
+  accumulation it found).
+
+  The pipeline is one replica that splits the global batch into the plan's
+  micro-batches itself; `plan_batch_size` is None when the plan's batch is
+  not known before the run (a plan not made in this pipeline).
+  """
+  if strategy not in PLAN_STRATEGIES:
+    raise ValueError(
+        f'A partition plan runs one pipeline over its own stage devices; '
+        f'strategy must be one of {PLAN_STRATEGIES}, got {strategy!r}.')
+  if replicas != 1:
+    raise ValueError(
+        f'A partition plan runs one pipeline over its own stage devices; it '
+        f'needs one replica, got {replicas}.')
+  if accumulation != 1:
+    raise ValueError(
+        f'gradient_accumulation_steps={accumulation} with a partition plan: '
+        "the pipeline already accumulates over the plan's micro-batches; "
+        'use 1.')
+  if plan_batch_size is not None and trainer_batch != plan_batch_size:
+    raise ValueError(
+        f"The partition plan is made for batch_size {plan_batch_size}, but "
+        f'the trainer\'s global batch is {trainer_batch}; set '
+        f'global_batch_size={plan_batch_size} (or the partitioner\'s '
+        f'batch_size to {trainer_batch}).')
+
+
+def resolve_mode(mode: str, *, has_build_model: bool, has_run_fn: bool,
+                 run_fn_given: bool, module: str) -> str:
+  """Managed or run_fn mode for a module with the given entry points.
+
+  Args:
+    mode: DistributionConfig.mode.
+    has_build_model: The module defines `build_model`.
+    has_run_fn: The module (or the `run_fn` parameter) provides `run_fn`.
+    run_fn_given: The user passed the `run_fn` component parameter.
+    module: How to name the module in errors.
+  """
+  check_choice('mode', mode, MODES)
+  if mode == 'auto':
+    if has_build_model and not run_fn_given:
+      return 'managed'
+    if has_run_fn:
+      return 'run_fn'
+    raise ValueError(
+        f'{module} defines neither build_model(hparams) (managed mode) nor '
+        'run_fn(fn_args) (run_fn mode); one of them is required.')
+  if mode == 'managed' and not has_build_model:
+    raise ValueError(f"mode='managed' needs build_model(hparams) in {module}, "
+                     'which does not define it; define it or use '
+                     "mode='run_fn'.")
+  if mode == 'run_fn' and not has_run_fn:
+    raise ValueError(f"mode='run_fn' needs run_fn(fn_args) in {module}, which "
+                     "does not define it; define it or use mode='managed'.")
+  return mode
+
+
+def check_train_length(mode: str, train_steps: int, train_epochs: int) -> None:
+  """Training length comes from exactly one of steps and epochs."""
+  if train_steps and train_epochs:
+    raise ValueError(
+        f'train_args.num_steps={train_steps} and train_epochs={train_epochs} '
+        'both set the training length; set only one.')
+  if mode == 'managed' and not (train_steps or train_epochs):
+    raise ValueError('Managed mode needs train_args.num_steps > 0 or '
+                     'distribution train_epochs > 0; both are 0.')
