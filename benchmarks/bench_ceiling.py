@@ -121,7 +121,7 @@ def _pipeline(root: str, trainer_args=None):
         distribution=trainer_args['distribution'],
         fault_tolerance=trainer_args.get('fault_tolerance', {
             'max_restarts': 0, 'save_every_steps': None,
-            'save_every_seconds': SAVE_EVERY_SECONDS})).with_id(
+            'save_every_s': SAVE_EVERY_SECONDS})).with_id(
                 taxi_pipeline.TRAINER_ID))
   return tfx.dsl.Pipeline(
       pipeline_name=PIPELINE_NAME, pipeline_root=root, components=components,

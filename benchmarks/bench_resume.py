@@ -333,7 +333,7 @@ def _ours(work_dir: str, data) -> Dict[str, float]:
       'step_off_ms': statistics.median(step_ms(r) for r, _, _ in off),
       'step_on_ms': statistics.median(step_ms(r) for r, _, _ in on),
       'wait_ms': statistics.median(
-          1000 * r['checkpoint_seconds'] / r['checkpoints_saved']
+          1000 * r['checkpoint_s'] / r['checkpoints_saved']
           for r, _, _ in on),
       'fresh_s': statistics.median(r['first_step_time'] - spawned
                                    for r, spawned, _ in on)}

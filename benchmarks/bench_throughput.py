@@ -64,7 +64,7 @@ def _run_variant(root: str, variant: Dict[str, Any], train_steps: int,
                       'steps_per_execution': 'auto'},
         # Checkpoints by time: every 100 steps would cost 40% at this speed.
         fault_tolerance={'max_restarts': 0, 'save_every_steps': None,
-                         'save_every_seconds': 60}, **common)
+                         'save_every_s': 60}, **common)
 
   pipeline = taxi_pipeline.create_pipeline(
       pipeline_name='bench_throughput', pipeline_root=root,

@@ -110,6 +110,9 @@ class JsonConfig:
   options.
   """
   OPTIONS_NAME = 'config'
+  # Old option name -> its name now: a config written for an older version
+  # fails naming the new option instead of as an unknown key.
+  RENAMED: Dict[str, str] = {}
 
   def validate(self):
     return self
@@ -129,6 +132,12 @@ class JsonConfig:
       raise ValueError(f'{cls.OPTIONS_NAME} must be a JSON object (dict), '
                        f'got {values!r}.')
     values = dict(values or {})
+    renamed = {old: cls.RENAMED[old] for old in values if old in cls.RENAMED}
+    if renamed:
+      raise ValueError(
+          f'{cls.OPTIONS_NAME} option(s) renamed: ' + ', '.join(
+              f'{old!r} is now {new!r}' for old, new in sorted(renamed.items()))
+          + '; use the new name (seconds end in _s throughout).')
     known = sorted(f.name for f in dataclasses.fields(cls))
     unknown = sorted(set(values) - set(known))
     if unknown:

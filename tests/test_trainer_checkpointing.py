@@ -50,25 +50,25 @@ def test_default_config_is_valid_and_round_trips():
     ({'save_every_steps': 0}, 'save_every_steps=0'),
     ({'save_every_steps': 2.5}, 'save_every_steps=2.5'),
     ({'save_every_steps': True}, 'save_every_steps=True'),
-    ({'save_every_seconds': 0}, 'save_every_seconds=0'),
-    ({'save_every_seconds': '60'}, "save_every_seconds='60'"),
+    ({'save_every_s': 0}, 'save_every_s=0'),
+    ({'save_every_s': '60'}, "save_every_s='60'"),
     ({'keep_last': 0}, 'keep_last=0'),
     ({'max_restarts': -1}, 'max_restarts=-1'),
     ({'delete_after_export': 'yes'}, "delete_after_export='yes'"),
     ({'backup_root': ''}, "backup_root=''"),
     ({'backup_root': 3}, 'backup_root=3'),
     ({'lease': 'steal'}, "lease='steal'"),
-    ({'lease_timeout_seconds': 0}, 'lease_timeout_seconds=0'),
-    ({'lease_heartbeat_seconds': '10'}, "lease_heartbeat_seconds='10'"),
-    ({'lease_heartbeat_seconds': True}, 'lease_heartbeat_seconds=True'),
-    ({'save_every_seconds': float('nan')}, 'save_every_seconds=nan'),
-    ({'save_every_seconds': float('inf')}, 'save_every_seconds=inf'),
-    ({'lease_timeout_seconds': float('nan')}, 'lease_timeout_seconds=nan'),
-    ({'lease_timeout_seconds': float('inf')}, 'lease_timeout_seconds=inf'),
-    ({'lease_heartbeat_seconds': float('nan')},
-     'lease_heartbeat_seconds=nan'),
-    ({'lease_heartbeat_seconds': float('-inf')},
-     'lease_heartbeat_seconds=-inf'),
+    ({'lease_timeout_s': 0}, 'lease_timeout_s=0'),
+    ({'lease_heartbeat_s': '10'}, "lease_heartbeat_s='10'"),
+    ({'lease_heartbeat_s': True}, 'lease_heartbeat_s=True'),
+    ({'save_every_s': float('nan')}, 'save_every_s=nan'),
+    ({'save_every_s': float('inf')}, 'save_every_s=inf'),
+    ({'lease_timeout_s': float('nan')}, 'lease_timeout_s=nan'),
+    ({'lease_timeout_s': float('inf')}, 'lease_timeout_s=inf'),
+    ({'lease_heartbeat_s': float('nan')},
+     'lease_heartbeat_s=nan'),
+    ({'lease_heartbeat_s': float('-inf')},
+     'lease_heartbeat_s=-inf'),
     ({'max_restarts': float('nan')}, 'max_restarts=nan'),
     ({'hang_timeout_s': -1}, 'hang_timeout_s=-1'),
     ({'hang_timeout_s': float('nan')}, 'hang_timeout_s=nan'),
@@ -103,7 +103,7 @@ def test_fault_tolerance_splits_checkpoints_from_restarts():
 def test_both_intervals_may_be_disabled_or_combined():
   assert FaultToleranceConfig(save_every_steps=None).validate()
   assert FaultToleranceConfig(save_every_steps=5,
-                              save_every_seconds=0.5).validate()
+                              save_every_s=0.5).validate()
 
 
 # ------------------------------------------------------- stable location
@@ -462,7 +462,7 @@ def test_a_changed_model_is_a_clear_error_and_keeps_checkpoints(
 def _lease_store(root, run_id, state=None, heartbeat=10.0):
   return CheckpointStore(root + '/fp', (state or _State()).checkpoint,
                          keep_last=1, run_id=run_id,
-                         lease_heartbeat_seconds=heartbeat, retry=NO_WAIT)
+                         lease_heartbeat_s=heartbeat, retry=NO_WAIT)
 
 
 def _write_lease(root, **holder):

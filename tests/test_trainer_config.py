@@ -307,3 +307,25 @@ def test_intra_op_threads_once_tensorflow_runs_in_the_process():
   wanted = current + 1
   with pytest.raises(RuntimeError, match=f'intra_op_threads={wanted} needs'):
     cpu_threads.configure(wanted)
+
+
+@pytest.mark.parametrize('old,new', [
+    ('save_every_seconds', 'save_every_s'),
+    ('lease_timeout_seconds', 'lease_timeout_s'),
+    ('lease_heartbeat_seconds', 'lease_heartbeat_s'),
+    ('rescale_check_seconds', 'rescale_check_s'),
+])
+def test_an_old_option_name_fails_naming_the_new_one(old, new):
+  from components.trainer.checkpoint.config import FaultToleranceConfig  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=f"'{old}' is now '{new}'"):
+    FaultToleranceConfig.from_dict({old: 10})
+  assert FaultToleranceConfig.from_dict({new: 10})
+
+
+def test_only_trajectory_options_are_in_the_fingerprint():
+  config = DistributionConfig(launcher='ray', timeout_s=5, num_workers=2,
+                              steps_per_execution=4)
+  trajectory = config_lib.trajectory(config)
+  assert trajectory['num_workers'] == 2
+  assert not {'launcher', 'timeout_s', 'steps_per_execution', 'ray_address',
+              'ray_placement', 'ray_resources'} & set(trajectory)

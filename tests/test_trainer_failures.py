@@ -131,6 +131,33 @@ def _damage(path: str, how: str) -> None:
     f.write(bytes(data))
 
 
+def test_a_gzip_file_cut_where_a_record_ends_is_found(tmp_path):
+  """TF reads such a file without an error, only fewer records; the check
+  reads the gzip stream to its end marker."""
+  path = str(tmp_path / 'part.gz')
+  with tf.io.TFRecordWriter(path, 'GZIP') as writer:
+    for i in range(32):
+      writer.write(bytes([i]) * 50)
+  with open(path, 'rb') as f:
+    whole = f.read()
+  silent_cuts = 0
+  for cut in range(len(whole) - 1, 20, -1):
+    with open(path, 'wb') as f:
+      f.write(whole[:cut])
+    try:
+      records = sum(1 for _ in tf.data.TFRecordDataset(path, 'GZIP'))
+    except tf.errors.DataLossError:
+      continue
+    silent_cuts += 1
+    damaged = shard_check.first_damaged([path], 'GZIP')
+    assert damaged and damaged['path'] == path, cut
+    assert damaged['readable_records'] == records <= 32
+    assert 'cut short' in damaged['error']
+    if silent_cuts == 3:
+      break
+  assert silent_cuts  # The case exists for this file.
+
+
 @pytest.mark.parametrize('how', ['truncated', 'flipped'])
 def test_the_damaged_file_is_found_with_its_readable_records(tmp_path, how):
   data = tt.write_id_dataset(str(tmp_path), 64, num_files=2)

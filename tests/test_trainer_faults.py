@@ -241,7 +241,7 @@ def test_mwms_sigterm_checkpoints_on_every_worker_and_loses_nothing(
   del child_env
   root = str(tmp_path)
   # Time-based saves too: the workers agree on them with a collective.
-  task = tt.mwms_task(root, data, save_every_seconds=0.5)
+  task = tt.mwms_task(root, data, save_every_s=0.5)
   _signal_when(task, _worker_at_step(5), signal.SIGTERM)
   launch = tt.run_cluster(task, root)
 

@@ -268,7 +268,7 @@ def test_time_based_checkpoints(tmp_path, data):
   # Steps take at least 0.1 s, so saves 0.35 s apart are >= 4 steps apart.
   task = tt.make_task(str(tmp_path), data, train_steps=12,
                       fault_tolerance={'save_every_steps': None,
-                                       'save_every_seconds': 0.35,
+                                       'save_every_s': 0.35,
                                        'keep_last': 20},
                       hparams={'step_sleep_seconds': 0.1})
   result = train_here(task)
@@ -339,7 +339,7 @@ class _SlowSaves:
   takes `save_s` seconds."""
 
   def __init__(self, every, save_s):
-    self.config = types.SimpleNamespace(save_every_seconds=0)
+    self.config = types.SimpleNamespace(save_every_s=0)
     self.progress = types.SimpleNamespace(pausing=lambda step, why: None)
     self.every, self.save_s, self.last_save_time = every, save_s, 0.0
 

@@ -246,7 +246,7 @@ def test_a_run_into_a_folder_another_run_holds_fails_or_waits(
     assert _checkpoint_steps(task) == before
     # lease='wait': waits; the holder dies; the lease is taken over.
     waiting = dataclasses.replace(task, fault_tolerance=dict(
-        task.fault_tolerance, lease='wait', lease_heartbeat_seconds=0.5))
+        task.fault_tolerance, lease='wait', lease_heartbeat_s=0.5))
     child = tt.start_child(waiting, root)
     deadline = time.monotonic() + tt.CHILD_TIMEOUT_SECONDS
     while 'Waiting for the checkpoint lease' not in tt.child_log(root):

@@ -5,8 +5,11 @@ a broken gzip stream) names neither the file nor the record, so with
 thousands of shards nobody could tell which one to replace. After such a
 failure `first_damaged` reads the files once, in order, and names the first
 that cannot be read to its end and how many records it yields before that.
+A gzip file cut where a record ends reads without error in TF, so a gzip
+file is also read through to its end-of-stream marker.
 """
 
+import zlib
 from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -25,16 +28,40 @@ def _count(path: str, compression_type: str, skip_damage: bool) -> int:
                             lambda count, _: count + 1))
 
 
+_CHUNK_BYTES = 1 << 20
+
+
+def _gzip_complete(path: str) -> bool:
+  """Whether the file's gzip stream reaches its end-of-stream marker."""
+  stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    while not stream.eof:
+      chunk = f.read(_CHUNK_BYTES)
+      if not chunk:
+        return False
+      try:
+        stream.decompress(chunk, _CHUNK_BYTES)
+        while stream.unconsumed_tail and not stream.eof:
+          stream.decompress(stream.unconsumed_tail, _CHUNK_BYTES)
+      except zlib.error:
+        return False
+  return True
+
+
 def first_damaged(file_patterns: Sequence[str], compression_type: str
                   ) -> Optional[Dict[str, object]]:
   """The first file (by path) that fails to read: {'path', 'readable_records'
   (before the damage), 'error'}; None if every file reads to its end."""
   for path in _files(file_patterns):
     try:
-      _count(path, compression_type, skip_damage=False)
+      records = _count(path, compression_type, skip_damage=False)
     except tf.errors.DataLossError as e:
       return {'path': path,
               'readable_records': _count(path, compression_type,
                                          skip_damage=True),
               'error': e.message.strip()}
+    if compression_type == 'GZIP' and not _gzip_complete(path):
+      return {'path': path, 'readable_records': records,
+              'error': 'the gzip stream ends before its end-of-stream marker '
+                       '(the file was cut short)'}
   return None

@@ -25,27 +25,15 @@ Integration API (what a training loop such as HighPerfTrainer's calls):
 with `model.trainable_variables`) without updating, for checks against
 single-device training.
 
-One training step is one tf.function holding the whole schedule of the
-plan (`schedules`: 'gpipe', or '1f1b' for plans that have the field): the
-mini-batch is split into M micro-batches and stage s runs on device s its
-forwards and backwards in the schedule's order (control dependencies fix
-that order per device, so a 1F1B stage frees a micro-batch's activations
-before it starts the next forward past its K-s in flight; the dataflow
-between stages lets different stages work on different micro-batches at the
-same time). Gradients are summed across micro-batches in accumulator
-variables on each stage's device and applied in one optimizer update per
-mini-batch. Re-materialized micro-batches stash only the stage's input
-tensors (optionally in host memory) and rerun the stage's forward pass
-inside its backward pass; 'except_last' skips that for a micro-batch whose
-backward directly follows its forward on the stage.
-
-Data x pipeline: with `data_parallel_replicas` R in the plan, R copies of
-the pipeline run on R x K devices (replica r's stage s on device r*K + s),
-each on its own 1/R of the mini-batch. The variables live once, on replica
-0's stage devices, and every copy reads them from there (the broadcast);
-each copy sums its gradients in accumulators on its own devices, and the R
-sums are added on the variable's device before the one update (the
-all-reduce), so the step equals one device on the whole mini-batch.
+One step is one tf.function holding the plan's whole schedule
+(`schedules`): M micro-batches, stage s on device s in the schedule's order
+(control dependencies per device, dataflow between stages), gradients
+summed on each stage's device and applied in one update. With
+`data_parallel_replicas` R, R pipeline copies each take 1/R of the batch,
+read the variables from copy 0's devices and add their gradient sums there
+before the update, so the step equals one device on the whole batch.
+Re-materialized micro-batches stash only a stage's inputs and rerun its
+forward inside its backward.
 
 Limitations: random layers (Dropout) draw new randomness when recomputed;
 BatchNormalization normalizes per micro-batch; Keras masks do not cross

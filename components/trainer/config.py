@@ -29,6 +29,10 @@ DEFAULT_PER_REPLICA_BATCH_SIZE = 32
 # Largest `seed`: NumPy's global seed is a 32-bit unsigned int.
 MAX_SEED = 2**32 - 1
 AUTO = 'auto'
+# Field metadata of the options that do not change the training trajectory
+# (where and how fast it runs: the same updates on the same batches); they
+# are left out of the checkpoint fingerprint, so changing them resumes.
+TRAJECTORY_NEUTRAL = {'trajectory_neutral': True}
 
 
 def strategies() -> Tuple[str, ...]:
@@ -93,9 +97,9 @@ class DistributionConfig(JsonConfig):
       preemption checks and progress happen between calls; a call never
       crosses a `save_every_steps` boundary, so checkpoints stay exactly
       where they would be with 1. For parameter servers it is the
-      closures scheduled between two joins ('auto': 50); for
-      multi_worker_mirrored 'auto' is 1 (a multi-step call hung with
-      workers reading gs:// here).
+      closures scheduled between two joins. A strategy's registry entry may
+      fix what 'auto' means for it (`auto_steps_per_call`: 50 for
+      parameter servers, 1 for multi_worker_mirrored's lockstep workers).
     intra_op_threads: Threads of TensorFlow's op pool in each training
       process: an int >= 1, 0 (TensorFlow's default, every core) or 'auto'
       (`cpu_threads`: one core left to the input pipeline without a GPU).
@@ -109,21 +113,27 @@ class DistributionConfig(JsonConfig):
   OPTIONS_NAME = 'distribution'
   strategy: str = 'auto'
   mode: str = 'auto'
-  launcher: str = AUTO
+  launcher: str = dataclasses.field(
+      default=AUTO, metadata=TRAJECTORY_NEUTRAL)
   num_workers: int = 1
   num_ps: int = 0
   min_workers: Optional[int] = None
-  ray_address: str = ''
-  ray_placement: str = 'SPREAD'
-  ray_resources: Dict[str, float] = dataclasses.field(default_factory=dict)
+  ray_address: str = dataclasses.field(
+      default='', metadata=TRAJECTORY_NEUTRAL)
+  ray_placement: str = dataclasses.field(
+      default='SPREAD', metadata=TRAJECTORY_NEUTRAL)
+  ray_resources: Dict[str, float] = dataclasses.field(
+      default_factory=dict, metadata=TRAJECTORY_NEUTRAL)
   logical_cpu_devices: int = 0
   per_replica_batch_size: Optional[int] = None
   global_batch_size: Optional[int] = None
   gradient_accumulation_steps: int = 1
   train_epochs: int = 0
   tpu_address: str = ''
-  timeout_s: float = 0
-  steps_per_execution: Union[int, str] = AUTO
+  timeout_s: float = dataclasses.field(
+      default=0, metadata=TRAJECTORY_NEUTRAL)
+  steps_per_execution: Union[int, str] = dataclasses.field(
+      default=AUTO, metadata=TRAJECTORY_NEUTRAL)
   intra_op_threads: Union[int, str] = AUTO
   seed: Optional[int] = None
   deterministic: bool = False
@@ -289,3 +299,11 @@ def check_choice(name: str, value: Any, allowed) -> None:
 
 def strategies_with_logical_cpus() -> Tuple[str, ...]:
   return (AUTO,) + registry.names(logical_cpu_replicas=True)
+
+
+def trajectory(config: DistributionConfig) -> Dict[str, Any]:
+  """The options that define the training's trajectory (the checkpoint
+  fingerprint's part of the config)."""
+  return {field.name: getattr(config, field.name)
+          for field in dataclasses.fields(config)
+          if not field.metadata.get('trajectory_neutral')}

@@ -59,11 +59,6 @@ CLUSTER_LOG_DIR = 'cluster_logs'
 # kubeflow.runner sets these in the compiled task's container env.
 PIPELINE_NAME_ENV = 'TFX_HPM_PIPELINE_NAME'
 NODE_ID_ENV = 'TFX_HPM_NODE_ID'
-# Distribution options that do not change the training trajectory (steps
-# per call: the same updates on the same batches), left out of the
-# checkpoint fingerprint.
-_NOT_IN_FINGERPRINT = ('launcher', 'timeout_s', 'steps_per_execution',
-                       'ray_address', 'ray_placement', 'ray_resources')
 
 
 def _module_identity(exec_properties: Dict[str, Any]) -> Dict[str, Any]:
@@ -239,8 +234,7 @@ class Executor(base_executor.BaseExecutor):
         {'module': module_identity, 'mode': mode, 'hparams': hparams,
          'train_steps': stock_args.train_steps,
          'custom_config': stock_args.custom_config,
-         'distribution': {k: v for k, v in config.to_dict().items()
-                          if k not in _NOT_IN_FINGERPRINT},
+         'distribution': config_lib.trajectory(config),
          'input_pipeline': input_pipeline})
     return TrainingTask(
         module_file=props.get(standard_component_specs.MODULE_FILE_KEY),
@@ -359,7 +353,7 @@ class Executor(base_executor.BaseExecutor):
         timeout_s=config.timeout_s,
         max_restarts=fault_tolerance.max_restarts,
         hang_timeout_s=fault_tolerance.hang_timeout_s,
-        rescale_check_s=fault_tolerance.rescale_check_seconds,
+        rescale_check_s=fault_tolerance.rescale_check_s,
         read_progress=read_progress)
 
   def _pipeline_name(self) -> str:

@@ -324,19 +324,16 @@ def read_result(task: TrainingTask) -> dict:
 
 
 def main(task_path: str) -> int:
-  """Child entry: the production worker's `train`, with deterministic ops
-  (so resumed and uninterrupted runs can be compared bitwise), storage
-  faults where the environment asks for them, and the preemption exit
-  code."""
-  # pylint: disable=g-import-not-at-top
-  from components.trainer.managed import preemption
-  from components.trainer.process import entry
-  # pylint: enable=g-import-not-at-top
+  """Child entry: the production entry (`entry.main`: its failure classes
+  and exit codes), with deterministic ops (so resumed and uninterrupted runs
+  can be compared bitwise) and storage faults where the environment asks
+  for them."""
+  from components.trainer.process import entry  # pylint: disable=g-import-not-at-top
   tf.config.experimental.enable_op_determinism()
   if os.environ.get(faulty_storage.ENV):
     faulty_storage.FaultyStorage.from_json(
         os.environ[faulty_storage.ENV]).install()
-  return preemption.exit_code(entry.train(TrainingTask.load(task_path)))
+  return entry.main(['--task', task_path])
 
 
 if __name__ == '__main__':

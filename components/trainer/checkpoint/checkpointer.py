@@ -40,7 +40,7 @@ class Checkpointer:
     self.store = CheckpointStore(
         directory, checkpoint, keep_last=config.keep_last, is_chief=is_chief,
         run_id=run_id,
-        lease_heartbeat_seconds=config.lease_heartbeat_seconds,
+        lease_heartbeat_s=config.lease_heartbeat_s,
         collective_saves=collective_saves)
     self.records = self.store.records
     self.progress = records.ProgressMarker(self.records,
@@ -56,7 +56,7 @@ class Checkpointer:
   def acquire_lease(self) -> None:
     """Takes the folder's lease (chief), per `config.lease`; records how."""
     event = self.store.acquire_lease(self.config.lease,
-                                     self.config.lease_timeout_seconds)
+                                     self.config.lease_timeout_s)
     if event:
       logging.warning('Checkpoint lease: %s', event)
       self.events = self.records.append_event(event)
@@ -118,7 +118,7 @@ class Checkpointer:
     return (step // every + 1) * every if every else None
 
   def due_by_time(self) -> bool:
-    every = self.config.save_every_seconds
+    every = self.config.save_every_s
     return bool(every) and time.monotonic() - self.last_save_time >= every
 
   def record_preempted(self, step: int) -> None:

@@ -134,7 +134,7 @@ class CheckpointLease:
                     waited: float) -> str:
     age = time.time() - float(lease.get('heartbeat') or 0)
     what = (f'still holds it after {waited:.0f} s of waiting '
-            '(lease_timeout_seconds)' if mode == 'wait' else 'holds it')
+            '(lease_timeout_s)' if mode == 'wait' else 'holds it')
     return (f'Another run is training into the checkpoint folder '
             f'{self.path.rsplit("/", 1)[0]}: {_describe(lease)} {what}, '
             f'heartbeat {age:.0f} s ago. Two runs of the same training (same '

@@ -110,7 +110,7 @@ class CheckpointStore:
   def __init__(self, directory: str, checkpoint: tf.train.Checkpoint,
                keep_last: int = 3, is_chief: bool = True,
                run_id: Optional[str] = None,
-               lease_heartbeat_seconds: float = 10.0,
+               lease_heartbeat_s: float = 10.0,
                retry: storage.RetryPolicy = storage.RetryPolicy(),
                collective_saves: bool = False):
     """`collective_saves`: saving runs collectives (MultiWorkerMirrored), so
@@ -124,7 +124,7 @@ class CheckpointStore:
     self._collective_saves = collective_saves
     self.retries: List[Dict[str, Any]] = []
     self.lease = (CheckpointLease(self.directory, run_id,
-                                  lease_heartbeat_seconds, self._io)
+                                  lease_heartbeat_s, self._io)
                   if run_id and is_chief else None)
     self.records = records.RunRecords(self.directory, is_chief, self._io)
 

@@ -1,45 +1,20 @@
 """Steps per call (`steps_per_execution`): a fixed number, or 'auto'.
 
-A call of k steps costs about `H + k * D`: H the per-call host overhead
-(Python, the loop driver, function dispatch, the loss read-back), D the time
-of one step, so a longer call is faster per step by H / k. But H is a few
-milliseconds, the difference of two noisy call times, and on a shared VM
-the machine's speed itself moves: at batch 256 here a step took 1.7 ms or
-2.9 ms for stretches of one run, whatever the call length. A choice from a
-fitted H (from 0 to 10 ms in runs of the same job here) or from lengths
-measured one after the other follows that noise.
+A call of k steps costs about `H + k * D` (H the per-call host overhead, D a
+step), so longer calls are cheaper per step by H / k; but H is a few
+milliseconds, the difference of noisy call times on a machine whose speed
+drifts. So 'auto' compares lengths by what they sustain, their calls
+interleaved: it times the loop's own calls (start to start, less any
+checkpoint saved between them, the first call of each traced function left
+out), bounds a step's time with short probes, then lets each longer
+candidate that fits AUTO_MAX_CALL_SECONDS and can still pay (AUTO_MIN_GAIN)
+challenge the winner; the longer wins unless the shorter is faster by more
+than AUTO_SHORTER_MARGIN in every pair of neighbouring calls. A move of the
+time per step beyond AUTO_REGIME_CHANGE measures again. Every measurement
+and reason is kept (`describe`) for `model_run`.
 
-So 'auto' compares lengths by what they sustain, their calls interleaved.
-It times the loop's own calls, each from its start to the next call's
-start less any checkpoint saved in between (the driver's work between calls
-counts, and an asynchronous device is timed by what it sustains; saves come
-on their own schedule, whatever the length), the first call of each traced
-function left out (the runners trace one function for single steps and one
-for longer calls, whose length is a tensor argument, so a new length does
-not trace). A few calls of PROBE_SMALL steps give an upper bound of a
-step's time, which sets the longest candidate whose call stays within
-AUTO_MAX_CALL_SECONDS; then calls of that length and of the candidate below
-it alternate, and the longer wins unless the shorter is faster per step by
-more than AUTO_SHORTER_MARGIN in every pair of neighbouring calls (here a
-median of three picked the shorter by noise, 64 over 256 at batch 256).
-That bound is loose (the short calls carry the overhead and, early on, the
-first epoch's reads), so while the longer wins and the next candidate fits
-the bound at the winner's own time per step, the next is compared with it
-the same way, unless it cannot pay: a short call's whole time bounds H, so
-going from k to the next length n saves at most `T_short * (1/k - 1/n)` a
-step, and below AUTO_MIN_GAIN of the winner's time per step that is not
-worth the calls of n steps it takes to measure (4096 against 1024: 15,360
-steps). The fit's H and D are recorded beside the choice. The time per
-step of the chosen calls is then watched: when it moves by more than
-AUTO_REGIME_CHANGE (the first epoch filling the input cache, another job
-taking the CPU), 'auto' measures again. Every measurement and the reason
-of each choice are kept (`describe`) for `model_run`; a run that ends
-before the first choice records no length but the comparison it was in
-(the loop records the steps run at each length).
-
-Pure logic, no TensorFlow: tested with synthetic timings. Workers of a
-multi-worker cluster must run the same calls, so they do not use 'auto'
-(the loop fixes their call length).
+Pure logic, no TensorFlow. Lockstep workers never size calls by their own
+clocks: their strategy's `auto_steps_per_call` fixes the length.
 """
 
 import dataclasses

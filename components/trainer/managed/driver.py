@@ -30,7 +30,7 @@ class StepStats:
     self.start_step = start_step
     self.steps = 0
     self.began = time.monotonic()
-    self.first_step_seconds = None
+    self.first_step_s = None
     self.first_step_time = None
     self.first = None  # (monotonic time, steps) when the first call ended.
     self.last = None
@@ -46,7 +46,7 @@ class StepStats:
         self.steps_by_call_length.get(count, 0) + count)
     now = time.monotonic()
     if self.first is None:
-      self.first_step_seconds = now - self.began
+      self.first_step_s = now - self.began
       self.first_step_time = time.time()
       self.first = (now, self.steps)
     self.last = (now, self.steps)
@@ -67,7 +67,7 @@ class StepStats:
     steps_per_sec, whole_attempt = self.rate()
     return {'steps': step, 'start_step': self.start_step,
             'steps_this_attempt': self.steps, 'train_loss': loss,
-            'first_step_seconds': self.first_step_seconds,
+            'first_step_s': self.first_step_s,
             'first_step_time': self.first_step_time,
             'steps_per_sec': steps_per_sec,
             'rate_includes_first_step': whole_attempt,
@@ -132,7 +132,7 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
       # nothing), before its progress is recorded.
       by_steps = next_save is not None and current >= next_save
       by_time = not by_steps and not last and bool(
-          checkpointer.config.save_every_seconds and
+          checkpointer.config.save_every_s and
           any_worker(checkpointer.due_by_time()))
       saved_s = 0.0
       if by_steps or by_time or last:

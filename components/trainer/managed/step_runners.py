@@ -35,8 +35,7 @@ class SynchronousSteps:
     if host_iterator_input and on_host_cpu(strategy):
       # The dataset's own iterator, its next `replicas` batches one per
       # replica in order: the batches the distributed iterator hands out,
-      # without its per-batch cost, which on a CPU buys nothing (measured:
-      # a cached epoch at batch 32 read several times slower through it).
+      # without its per-batch cost, which on a CPU buys nothing.
       iterator = iter(dataset_fn(tf.distribute.InputContext(
           num_input_pipelines=1, input_pipeline_id=0,
           num_replicas_in_sync=replicas)))

@@ -1,17 +1,10 @@
-"""HighPerfTrainer's managed training: builds the parts, runs them, reports.
+"""One managed training: builds the model and the parts, runs them, reports.
 
-In managed mode the user module only builds a compiled model
-(`build_model(hparams)`, `LABEL_KEY`, optional `RAW_LABEL_KEY` and
-`serving_signatures(model, tf_transform_output)`); the trainer owns the rest,
-one concern per module: what it reads (`datasets`), the per-replica update
-with gradient accumulation (`accumulation`), how k steps run in one call for
-each kind of training (`step_runners`: synchronous replicas, parameter
-servers, GPipe), the loop that drives them with saving, preemption and
-progress (`step_loop`), checkpoint cadence and restore
-(`checkpoint.checkpointer`), evaluation (`evaluation`) and export
-(`export`). This module builds the model in the
-strategy (or on the GPipe stage devices), picks the step runner and
-assembles the result.
+The user module only builds a compiled model (`build_model(hparams)`,
+`LABEL_KEY`, optional `RAW_LABEL_KEY` and `serving_signatures`); this module
+builds it in the strategy (or on the GPipe stage devices), picks the step
+runner and preemption watcher the strategy's registry entry calls for, and
+assembles the result from the process's `ProcessContext`.
 
 Exact resume is built in: the optimizer-step counter is a variable inside the
 checkpoint, and the data position is derived from it, so synchronous
@@ -258,7 +251,7 @@ class ManagedTraining:
         setting, max_call=self.fault_tolerance.save_every_steps)
     runner, watcher = self._runner_and_watcher(start)
     # The writer is the default for all of training: leaving `as_default`
-    # flushes it, once here (per point, it flushed ~100 times a run).
+    # flushes it, once (`record_progress` flushes at most once a second).
     with (self.writer.as_default() if self.writer else
           contextlib.nullcontext()):
       return driver.drive(
@@ -324,13 +317,13 @@ class ManagedTraining:
         'examples_per_step': self.examples_per_step,
         'checkpoint_dir': self.task.checkpoint_dir,
         'checkpoints_saved': self.checkpointer.saves,
-        'checkpoint_seconds': round(self.checkpointer.save_seconds, 4),
+        'checkpoint_s': round(self.checkpointer.save_seconds, 4),
         'resume_events': self.checkpointer.events,
         'warm_start': self.warm_started,
         'shard_index': self.shard_indexes,
-        'wall_seconds': round(time.monotonic() - self.started, 3),
+        'wall_s': round(time.monotonic() - self.started, 3),
         'timing': {**self.timing,
-                   'first_call_s': summary.get('first_step_seconds')},
+                   'first_call_s': summary.get('first_step_s')},
         'pipeline_parallel': None if self.plan is None else {
             'num_stages': self.plan.num_stages,
             'num_microbatches': self.pipeline_runner.num_microbatches,

@@ -2,11 +2,8 @@
 
 TensorFlow's default gives the pool every core. On a CPU-only worker the
 input pipeline (tf.data's own threads) then competes with a pool that spins
-between ops, and ops of a model this size gain little from being split
-(measured by `benchmarks/bench_ceiling.py` on 2 cores, taxi model: one
-intra-op thread stepped 1.1x faster at batch 32 and 1.4x at batch 256 over
-in-memory batches, and hid the input pipeline's cost almost entirely).
-'auto' therefore leaves one core to the input pipeline where there is no
+between ops, and ops of small models gain little from being split
+(`benchmarks/results/ceiling.md`). 'auto' therefore leaves one core to the input pipeline where there is no
 GPU; with GPUs the ops run there and TensorFlow's default stays.
 
 The pool is fixed when TensorFlow's runtime starts: `configure` runs at

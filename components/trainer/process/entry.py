@@ -4,11 +4,11 @@ of in-process training.
     python -m components.trainer.process.entry --task task.json --role trainer
     python -m components.trainer.process.entry --task task.json --role server
 
-A `trainer` splits the CPU into logical devices (before TensorFlow starts),
-seeds itself (`distribution.seed`, `deterministic`), builds the strategy,
-resolves batch and step counts for its replica count and trains: the managed
-loop (`training.run_managed_training`) or the module's `run_fn`. The chief
-writes `training_result.json` into the model_run dir. A `server` (the
+A `trainer` validates its distribution config (once), splits the CPU into
+logical devices (before TensorFlow starts), seeds itself, builds the strategy
+from its registry entry, resolves its `ProcessContext` and trains: the
+managed loop (`managed.training.run`) or the module's `run_fn`. The chief
+writes `training_result.json` into the model_run dir, once. A `server` (the
 parameter-server ps and workers) runs a tf.distribute.Server until the
 supervisor stops it; it runs only functions the coordinator traced, whose
 random ops carry the coordinator's seeds, so it has nothing to seed. No TFX
@@ -209,7 +209,7 @@ def finish(code: int) -> None:
   """Exits with `code`.
 
   A process alone in its cluster skips Python's and TensorFlow's teardown
-  (module finalizers, thread pools), which took 0.8 s of every run here and
+  (module finalizers, thread pools), which costs most of a second and
   writes nothing: its files are closed and its logs are flushed first. A
   process of a larger cluster exits normally, as TensorFlow's shutdown at
   exit is where its tasks leave the coordination service together.
