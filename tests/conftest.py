@@ -175,10 +175,10 @@ def pytest_collection_modifyitems(items):
 # would leave these few-test files for last and one worker running them alone.
 LONG_FILES = (
     'tests/test_gcs_pipeline.py', 'tests/test_notebook.py',
-    'tests/test_kubeflow_run.py', 'tests/test_trainer_ray.py',
-    'tests/test_trainer_pipeline.py', 'tests/test_dropin_pipelines.py',
-    'tests/test_transform_pipeline.py', 'tests/test_trainer_resume.py',
-    'tests/test_trainer_faults.py')
+    'tests/test_kubeflow_run.py', 'tests/trainer/cluster/test_ray_backend.py',
+    'tests/trainer/test_pipeline.py', 'tests/test_dropin_pipelines.py',
+    'tests/transform/test_pipeline.py', 'tests/trainer/managed/test_resume.py',
+    'tests/trainer/cluster/test_faults.py')
 
 
 @pytest.hookimpl(optionalhook=True)

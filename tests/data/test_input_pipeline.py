@@ -1,7 +1,7 @@
 """build_dataset on small synthetic TFRecords (fast).
 
 The shard count of the materialized examples is tested with the Beam write
-that makes it (tests/test_transform_executor.py).
+that makes it (tests/transform/test_executor.py).
 """
 
 import collections
@@ -95,7 +95,7 @@ def test_disk_cache_survives_a_killed_run(tmp_path):
   cache_dir = str(tmp_path / 'c')
   killed = subprocess.run(
       [sys.executable, '-c', _KILLED_WHILE_CACHING, patterns[0],
-       cache_dir], cwd=os.path.dirname(os.path.dirname(__file__)),
+       cache_dir], cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
       capture_output=True, text=True, timeout=120)
   assert killed.returncode == -9, killed.stderr[-2000:]
   assert any(name.endswith('.lockfile') for name in os.listdir(cache_dir))

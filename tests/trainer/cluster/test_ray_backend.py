@@ -406,7 +406,7 @@ def test_killed_actor_dead_host_and_partition_the_cluster_resumes_each_time(
         return False
     return True
 
-  # As in test_trainer_faults: under TF's own 10 s heartbeat timeout (and
+  # As in tests/trainer/cluster/test_faults.py: under TF's own 10 s heartbeat timeout (and
   # Ray's 15 s here), far over a step and a save.
   launch = _run_on_ray_acting(task, root, act, hang_timeout_s=4)
 
@@ -472,7 +472,7 @@ def test_elastic_cluster_without_a_spare_host_runs_on_and_grows_back(
   cluster is relaunched with 2. Every update trains the
   examples of an uninterrupted 2-worker run, and the final weights are that
   run's, bit for bit (each update sums the same two per-replica gradients;
-  see test_trainer_faults' elastic test)."""
+  see tests/trainer/cluster/test_faults.py' elastic test)."""
   cluster = ray_hosts_driver
   baseline = _elastic_task(str(tmp_path / 'baseline'), data)
   tt.run_cluster(baseline, str(tmp_path / 'baseline'), max_restarts=0)
@@ -612,7 +612,7 @@ def test_a_driver_on_its_own_host_trains_over_ray_client_as_a_kubeflow_pod(
   tt.assert_each_id_once(task, 16, replicas=2)
 
 
-# As in test_trainer_pipeline: 600 steps beat the majority class of the
+# As in tests/trainer/test_pipeline.py: 600 steps beat the majority class of the
 # 2,000-row sample's eval split (~0.767); the Evaluator blesses only above.
 ACCURACY_BOUND = 0.78
 TAXI_STEPS = 600

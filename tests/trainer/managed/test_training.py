@@ -3,7 +3,7 @@
 Fast tests train a tiny model in this process with OneDeviceStrategy.
 mirrored and central_storage (two logical CPU devices, which must be
 configured before TensorFlow starts) split every batch over their replicas in
-tests/test_trainer_faults.py, which runs them in child processes.
+tests/trainer/cluster/test_faults.py, which runs them in child processes.
 """
 
 import json

@@ -2,7 +2,7 @@
 
 - mirrored and central_storage (2 logical CPUs): SIGKILL at a seeded random
   step, rerun: bit-identical to an uninterrupted run (one_device is covered
-  in test_trainer_resume.py).
+  in tests/trainer/managed/test_resume.py).
 - MultiWorkerMirrored (2 workers) under the local launcher: SIGKILL one
   worker: the launcher relaunches the cluster, which resumes from the last
   checkpoint; SIGTERM one worker: TF's PreemptionCheckpointHandler has both

@@ -102,10 +102,10 @@ def _assert_trained_and_blessed(run, model_run, strategy: str, replicas: int,
 # multi_worker_mirrored in the pipelines of
 # test_gcs_pipeline.py::test_hpm_multi_worker_resumes_from_gcs_after_worker_killed
 # (local launcher) and
-# test_trainer_ray.py::test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed;
+# tests/trainer/cluster/test_ray_backend.py::test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed;
 # mirrored in notebooks/trainer.ipynb. mirrored and central_storage compute
-# one device's large-batch step (test_trainer_accumulation.py,
-# test_trainer_faults.py two-replica tests), so only the asynchronous
+# one device's large-batch step (tests/trainer/managed/test_accumulation.py,
+# tests/trainer/cluster/test_faults.py two-replica tests), so only the asynchronous
 # parameter-server training needs its own run here.
 @pytest.mark.extended
 def test_parameter_server_trains_taxi_and_is_blessed(shared_taxi_root,
