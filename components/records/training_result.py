@@ -6,8 +6,9 @@ replicas, resume events, timing), written once by the chief training process
 attempts, relaunches and their causes, membership changes, the executor's
 own timing), written once by the executor (`write_launch`). `read` and
 `read_launch` are the readers and check the format version. Readers outside
-the trainer (the transform's history) call `newest_steady_rate`. No TFX
-import.
+the trainer read the newest training's rate, which the trainer's executor
+publishes under the pipeline root (`publish_steady_rate`,
+`newest_steady_rate`), instead of searching its folders. No TFX import.
 """
 
 import dataclasses
@@ -20,6 +21,8 @@ from components import storage
 
 FILE_NAME = 'training_result.json'
 LAUNCH_FILE_NAME = 'launch.json'
+# Under the pipeline root: the newest managed training's steady rate.
+STEADY_RATE_PATH = '_hpm_records/steady_rate.json'
 VERSION_KEY = 'format_version'
 # 1: the flat result dict. Files written before the version was recorded
 # have the same format and no VERSION_KEY.
@@ -97,22 +100,25 @@ def steady_rate(result: Dict[str, Any],
   return SteadyRate(float(rate), int(per_step) // replicas, model_run_dir)
 
 
-def newest_steady_rate(pipeline_root: str) -> Optional[SteadyRate]:
-  """The newest training result with a rate under a pipeline root in TFX's
-  layout (`<pipeline_root>/<node>/model_run/<execution>/`); None if none."""
-  pattern = os.path.join(pipeline_root, '*', 'model_run', '*', FILE_NAME)
-  try:
-    paths = tf.io.gfile.glob(pattern)
-  except tf.errors.OpError:
-    return None
-  for file_path in storage.newest_first(paths):
-    model_run_dir = os.path.dirname(file_path)
-    try:
-      result = read(model_run_dir)
-    except (FormatError, ValueError):
-      continue
-    rate = steady_rate(result or {}, model_run_dir)
-    if rate:
-      return rate
-  return None
+def publish_steady_rate(pipeline_root: str, result: Dict[str, Any],
+                        model_run_dir: str) -> None:
+  """Makes a managed training's rate the pipeline's newest (STEADY_RATE_PATH
+  under the pipeline root), for the next OptimizedTransform; a result
+  without a steady rate leaves the last one."""
+  rate = steady_rate(result, model_run_dir)
+  if rate:
+    storage.write_json(os.path.join(pipeline_root, STEADY_RATE_PATH),
+                       {**dataclasses.asdict(rate),
+                        VERSION_KEY: FORMAT_VERSION})
 
+
+def newest_steady_rate(pipeline_root: str) -> Optional[SteadyRate]:
+  """The rate the pipeline's newest managed training published; None where
+  there is none, or where it is of another format."""
+  try:
+    record = _read_versioned(os.path.join(pipeline_root, STEADY_RATE_PATH))
+  except (FormatError, ValueError, tf.errors.OpError):
+    return None
+  return record and SteadyRate(
+      float(record['examples_per_sec']), int(record['reader_batch']),
+      record['model_run_dir'])

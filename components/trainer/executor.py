@@ -29,6 +29,7 @@ from tfx.types import standard_component_specs
 from tfx.utils import io_utils
 
 from components import patches
+from components import pipeline_layout
 from components.records import training_result
 from components.records import tuned_input_pipeline
 from components import storage
@@ -212,6 +213,8 @@ class Executor(base_executor.BaseExecutor):
       raise RuntimeError(f'Training finished but wrote no model to '
                          f'{task.serving_model_dir}.')
     model_run_lib.record_result(model_run, result, launch)
+    training_result.publish_steady_rate(
+        self._pipeline_root(task.model_run_dir), result, task.model_run_dir)
     placement = launch.get('placement')
     if placement:
       model_run_lib.record_placement(model_run, placement)
@@ -374,12 +377,9 @@ class Executor(base_executor.BaseExecutor):
         self._pipeline_root(model_run_dir), location.CHECKPOINT_SUBDIR)
 
   def _pipeline_root(self, model_run_dir: str) -> str:
-    """The pipeline root, from TFX's `<root>/<node>/.system/...` layout.
-
-    Orchestrators with another layout should set fault_tolerance.backup_root;
-    without it the checkpoints go next to this node's outputs.
-    """
-    output_uri = (self._context and self._context.executor_output_uri) or ''
-    if '/.system/' in output_uri:
-      return os.path.dirname(output_uri.split('/.system/')[0])
-    return os.path.dirname(os.path.dirname(model_run_dir))
+    """Orchestrators with another layout than TFX's should set
+    fault_tolerance.backup_root; without it the checkpoints go next to this
+    node's outputs."""
+    return pipeline_layout.pipeline_root(
+        self._context and self._context.executor_output_uri,
+        pipeline_layout.above(model_run_dir, 2))

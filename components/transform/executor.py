@@ -42,6 +42,7 @@ from tensorflow_metadata.proto.v0 import schema_pb2
 from components.data import input_pipeline
 from components.data import shard_index
 from components import patches
+from components import pipeline_layout
 from components.patches import transform as transform_patches
 from components import storage
 from components.transform import artifact as artifact_lib
@@ -194,7 +195,9 @@ class Executor(transform_patches.TransformExecutorHooks):
     tuning = dataclasses.replace(tuning, tune_split=split)
     batch = tuning.measure_batch_size
     plan = _Plan(tuning, tuned_artifact)
-    training = history.previous_training(tuned_artifact.uri)
+    training = history.previous_training(pipeline_layout.pipeline_root(
+        self._context and self._context.executor_output_uri,
+        pipeline_layout.above(tuned_artifact.uri, 3)))
     if training is not None and training.reader_batch != batch:
       plan.mismatches.append(
           f'the previous training ({training.uri}) read batches of '

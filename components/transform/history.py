@@ -11,8 +11,8 @@ live in the pipeline root in TFX's layout
 - the previous TunedInputPipeline artifacts of this node are the siblings of
   this execution's output folder; each has `fingerprint.json` (what it was
   tuned on) next to `config.json` (`records.tuned_input_pipeline`);
-- the latest HighPerfTrainer training result with a steady
-  `examples_per_sec` (`components.records.training_result` finds it).
+- the steady `examples_per_sec` the latest managed HighPerfTrainer training
+  published under the pipeline root (`components.records.training_result`).
 With another layout (e.g. Kubeflow's per-run folders) nothing is found and
 the component tunes from scratch. Any tf.io.gfile filesystem; no TFX import.
 """
@@ -129,19 +129,12 @@ class PreviousTraining:
   uri: str
 
 
-def previous_training(output_uri: str) -> Optional[PreviousTraining]:
-  """The newest HighPerfTrainer training result in this pipeline root.
-
-  Args:
-    output_uri: This execution's output folder,
-      `<pipeline_root>/<node>/<output>/<execution>`.
-  """
-  root = output_uri.rstrip('/')
-  for _ in range(3):
-    root = os.path.dirname(root)
-  if not root:
+def previous_training(pipeline_root: str) -> Optional[PreviousTraining]:
+  """The rate the newest HighPerfTrainer training of this pipeline
+  published (`training_result.publish_steady_rate`)."""
+  if not pipeline_root:
     return None
-  rate = training_result.newest_steady_rate(root)
+  rate = training_result.newest_steady_rate(pipeline_root)
   return rate and PreviousTraining(rate.examples_per_sec, rate.reader_batch,
                                    rate.model_run_dir)
 

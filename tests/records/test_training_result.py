@@ -33,23 +33,18 @@ def test_another_format_is_a_clear_error(tmp_path, content, found):
   assert found in str(error.value) and 'format version 1' in str(error.value)
 
 
-def test_newest_steady_rate_skips_results_without_a_rate(tmp_path):
-  def result(node, execution, values):
-    run = tmp_path / node / 'model_run' / execution
-    run.mkdir(parents=True)
-    training_result.write(str(run), values)
-    return str(run)
-
-  assert training_result.newest_steady_rate(str(tmp_path)) is None
-  older = result('Trainer', '1', {'examples_per_sec': 100.0,
-                                  'global_batch_size': 32})
-  # Written within one second: local mtimes tie, the execution id decides.
+def test_the_newest_published_rate_is_read_and_a_result_without_one_keeps_it(
+    tmp_path):
+  root = str(tmp_path)
+  assert training_result.newest_steady_rate(root) is None
+  training_result.publish_steady_rate(
+      root, {'examples_per_sec': 100.0, 'global_batch_size': 32}, 'run/1')
   # run_fn mode: no steady rate of the managed loop.
-  result('Trainer', '2', {'mode': 'run_fn'})
-  rate = training_result.newest_steady_rate(str(tmp_path))
-  assert rate == training_result.SteadyRate(100.0, 32, older)
-  newer = result('Trainer', '3', {'examples_per_sec': 50.0,
-                                  'global_batch_size': 64,
-                                  'num_replicas': 2})
-  assert training_result.newest_steady_rate(str(tmp_path)) == (
-      training_result.SteadyRate(50.0, 32, newer))
+  training_result.publish_steady_rate(root, {'mode': 'run_fn'}, 'run/2')
+  assert training_result.newest_steady_rate(root) == (
+      training_result.SteadyRate(100.0, 32, 'run/1'))
+  training_result.publish_steady_rate(
+      root, {'examples_per_sec': 50.0, 'global_batch_size': 64,
+             'num_replicas': 2}, 'run/3')
+  assert training_result.newest_steady_rate(root) == (
+      training_result.SteadyRate(50.0, 32, 'run/3'))

@@ -163,7 +163,13 @@ def test_in_process_launcher_trains_in_the_executor(shared_taxi_root,
   assert result['intra_op_threads']['threads'] == 0
   assert "'in_process'" in result['intra_op_threads']['reason']
   assert 'launch' not in result
+  assert training_result.read_launch(model_run.uri)['launcher'] == (
+      'in_process')
   assert not os.path.exists(os.path.join(model_run.uri, 'cluster_logs'))
+  # The rate the next OptimizedTransform reads: published under the root.
+  rate = training_result.newest_steady_rate(shared_taxi_root)
+  assert (rate.model_run_dir, rate.examples_per_sec) == (
+      model_run.uri, result['examples_per_sec'])
 
 
 @pytest.mark.extended

@@ -78,17 +78,14 @@ def test_no_previous_tuning(tmp_path):
 
 
 def test_previous_training_rate_and_reader_batch(tmp_path):
-  this = _this_run(str(tmp_path))
-  assert history.previous_training(this) is None
+  root = str(tmp_path)
+  assert history.previous_training(root) is None
   run_dir = tmp_path / 'Trainer' / 'model_run' / '7'
-  run_dir.mkdir(parents=True)
-  (run_dir / training_result.FILE_NAME).write_text(json.dumps({
+  training_result.publish_steady_rate(root, {
       'examples_per_sec': 28000.0, 'global_batch_size': 64,
       'num_replicas': 2, 'gradient_accumulation_steps': 2,
-      'examples_per_step': 128}))
-  # A stock Trainer's model_run has no training result: ignored.
-  (tmp_path / 'StockTrainer' / 'model_run' / '8').mkdir(parents=True)
-  found = history.previous_training(this)
+      'examples_per_step': 128}, str(run_dir))
+  found = history.previous_training(root)
   assert found.examples_per_sec == 28000.0
   assert found.reader_batch == 64  # Each replica reads 32 x 2 micro-steps.
   assert found.uri == str(run_dir)

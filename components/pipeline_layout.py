@@ -1,0 +1,27 @@
+"""Where a TFX pipeline's root is, seen from inside one of its executors.
+
+Components share records that belong to the pipeline rather than to one
+artifact (the trainer's checkpoints, its last steady rate) under the root.
+TFX gives an executor its output folder, `<root>/<node>/.system/...`, not the
+root itself; any tf.io.gfile filesystem. No TFX import.
+"""
+
+import os
+from typing import Optional
+
+
+def pipeline_root(executor_output_uri: Optional[str], fallback: str) -> str:
+  """The root above `<root>/<node>/.system/...`; without that layout (an
+  executor run by hand, another orchestrator), `fallback`."""
+  output_uri = executor_output_uri or ''
+  if '/.system/' in output_uri:
+    return os.path.dirname(output_uri.split('/.system/')[0])
+  return fallback
+
+
+def above(uri: str, levels: int) -> str:
+  """The folder `levels` levels above `uri`."""
+  uri = uri.rstrip('/')
+  for _ in range(levels):
+    uri = os.path.dirname(uri)
+  return uri
