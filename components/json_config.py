@@ -55,10 +55,12 @@ def check_int(name: str, value: Any, minimum: int) -> None:
 
 def _matches(value: Any, annotation: Any) -> bool:
   """Whether a JSON value fits a field's annotation: int (not bool), float
-  (finite; an int is a float), bool, str, Optional/Union, List, Dict and
-  Any."""
+  (finite; an int is a float), bool, str, Optional/Union, List, Dict, Any
+  and a nested JsonConfig."""
   if annotation is Any:
     return True
+  if isinstance(annotation, type) and issubclass(annotation, JsonConfig):
+    return isinstance(value, annotation)
   origin, args = typing.get_origin(annotation), typing.get_args(annotation)
   if origin is Union:
     return any(_matches(value, arg) for arg in args)
@@ -92,6 +94,9 @@ def _describe(annotation: Any, plural: bool = False) -> str:
   """An annotation as the error names what is allowed."""
   if annotation in _SCALARS:
     return _SCALARS[annotation][plural]
+  if isinstance(annotation, type) and issubclass(annotation, JsonConfig):
+    return f'{"objects" if plural else "an object"} of {annotation.OPTIONS_NAME}'
+
   origin, args = typing.get_origin(annotation), typing.get_args(annotation)
   if origin is Union:
     return ' or '.join(_describe(arg, plural) for arg in args)
@@ -135,14 +140,21 @@ class JsonConfig:
     renamed = {old: cls.RENAMED[old] for old in values if old in cls.RENAMED}
     if renamed:
       raise ValueError(
-          f'{cls.OPTIONS_NAME} option(s) renamed: ' + ', '.join(
+          f'{cls.OPTIONS_NAME} option(s) moved: ' + ', '.join(
               f'{old!r} is now {new!r}' for old, new in sorted(renamed.items()))
-          + '; use the new name (seconds end in _s throughout).')
+          + '; use the new place (options are grouped by concern, seconds '
+          'end in _s).')
     known = sorted(f.name for f in dataclasses.fields(cls))
     unknown = sorted(set(values) - set(known))
     if unknown:
       raise ValueError(f'Unknown {cls.OPTIONS_NAME} option(s) {unknown}; '
                        f'allowed: {known}.')
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+      nested = hints[name]
+      if (isinstance(nested, type) and issubclass(nested, JsonConfig) and
+          isinstance(value, dict)):
+        values[name] = nested.from_dict(value)
     config = cls(**values)
     try:
       config.validate()  # Its messages name the allowed values.

@@ -134,7 +134,8 @@ def with_ray_address(distribution: Dict, address: str, stock: bool) -> Dict:
   if distribution.get('launcher', 'ray') != 'ray':
     raise ValueError(f'--ray-address needs launcher \'ray\', but --distribution '
                      f"sets launcher={distribution['launcher']!r}.")
-  return {**distribution, 'launcher': 'ray', 'ray_address': address}
+  return {**distribution, 'launcher': 'ray',
+          'ray': {**distribution.get('ray', {}), 'address': address}}
 
 
 def log_path(output: str) -> str:

@@ -165,7 +165,7 @@ def test_ray_address_sends_the_trainer_to_a_ray_cluster(tmp_path):
       'distribution']
   distribution = json.loads(parameter['runtimeValue']['constant'])
   assert distribution['launcher'] == 'ray'
-  assert distribution['ray_address'] == 'ray://taxi-ray-head-svc:10001'
+  assert distribution['ray']['address'] == 'ray://taxi-ray-head-svc:10001'
   assert distribution['num_workers'] == 2
   # Elastic on the Ray cluster: the Trainer task gets min_workers as given.
   assert distribution['min_workers'] == 1
@@ -209,7 +209,7 @@ def test_no_baseline_compiles_without_resolver_tasks(tmp_path):
     (['--ray-address', 'ray://head:10001', '--distribution',
       '{"launcher": "local"}'], "sets launcher='local'"),
     (['--ray-address', 'ray://head:10001', '--distribution',
-      '{"ray_placement": "STRICT"}'], "ray_placement='STRICT'"),
+      '{"ray": {"placement": "STRICT"}}'], "ray.placement='STRICT'"),
     (['--ray-address', 'ray://head:10001', '--distribution',
       '{"strategy": "multi_worker_mirrored", "num_workers": 2, '
       '"min_workers": 3}'], 'min_workers=3 must be an integer in [1, '

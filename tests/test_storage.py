@@ -33,6 +33,7 @@ from components import HighPerfTrainer
 from components import OptimizedTransform
 from components.partitioner import executor as partitioner_executor
 from components.records import partition_plan
+from components.records import training_result
 from components.records import tuned_input_pipeline
 from components import storage
 from components.trainer.checkpoint import store as store_lib
@@ -496,8 +497,8 @@ def test_transform_tuning_runs_with_every_input_and_output_on_ram(
   storage.upload_tree(local_examples.uri, examples.uri)
   # A training result of another batch: its rate is not the consumer's.
   training_uri = os.path.join(root, 'Trainer', 'model_run', '1')
-  storage.write_json(os.path.join(training_uri, 'training_result.json'),
-                     {'examples_per_sec': 100.0, 'global_batch_size': 8})
+  training_result.publish_steady_rate(
+      root, {'examples_per_sec': 100.0, 'global_batch_size': 8}, training_uri)
   batch = 16
   graph_dir = str(tmp_path / 'transform_graph')
   _write_transform_graph(preprocessing_module, local_examples, graph_dir)

@@ -41,6 +41,50 @@ def strategies() -> Tuple[str, ...]:
 
 
 @dataclasses.dataclass
+class RayConfig(JsonConfig):
+  """Where and how a cluster's tasks run on Ray (launcher `ray`).
+
+  Attributes:
+    address: The Ray cluster: `auto`, `host:port` of its head, or
+      `ray://host:port`; empty: the RAY_ADDRESS environment variable, else
+      `auto`.
+    placement: RAY_PLACEMENTS, how the tasks' placement group spreads them
+      over the nodes.
+    resources: What each task reserves on its node: `cpus` (default 1),
+      `gpus` (default 0), `memory_mb` (default 0: no reservation).
+  """
+  OPTIONS_NAME = 'distribution.ray'
+  address: str = ''
+  placement: str = 'SPREAD'
+  resources: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def validate(self) -> 'RayConfig':
+    if not isinstance(self.address, str):
+      raise ValueError(f'ray.address={self.address!r} must be a string '
+                       "('auto', 'host:port' or 'ray://host:port').")
+    check_choice('ray.placement', self.placement, RAY_PLACEMENTS)
+    if not isinstance(self.resources, dict):
+      raise ValueError(f'ray.resources={self.resources!r} must be a dict '
+                       f'with keys from {sorted(RAY_RESOURCE_KEYS)}.')
+    unknown = sorted(set(self.resources) - set(RAY_RESOURCE_KEYS))
+    if unknown:
+      raise ValueError(f'Unknown ray.resources key(s) {unknown}; allowed: '
+                       f'{sorted(RAY_RESOURCE_KEYS)}.')
+    for key, value in self.resources.items():
+      if not is_number(value) or value < 0:
+        raise ValueError(f'ray.resources[{key!r}]={value!r} must be a finite '
+                         'number >= 0.')
+    if not any(self.task_resources().values()):
+      raise ValueError(f'ray.resources={self.resources!r} reserves '
+                       'nothing; each task needs cpus, gpus or memory_mb > 0.')
+    return self
+
+  def task_resources(self) -> Dict[str, float]:
+    """resources with the defaults filled in."""
+    return {**RAY_RESOURCE_KEYS, **self.resources}
+
+
+@dataclasses.dataclass
 class DistributionConfig(JsonConfig):
   """How HighPerfTrainer distributes training.
 
@@ -66,14 +110,7 @@ class DistributionConfig(JsonConfig):
     min_workers: Below num_workers, an elastic MultiWorkerMirrored cluster
       (launcher `ray`) that may run with fewer workers, the same update batch
       and data order (`membership`); None: num_workers.
-    ray_address: The Ray cluster (launcher `ray`): `auto`, `host:port` of
-      its head, or `ray://host:port`; empty: the RAY_ADDRESS environment
-      variable, else `auto`.
-    ray_placement: RAY_PLACEMENTS, how the tasks' placement group spreads
-      them over the nodes (launcher `ray`).
-    ray_resources: What each task reserves on its node (launcher `ray`):
-      `cpus` (default 1), `gpus` (default 0), `memory_mb` (default 0: no
-      reservation).
+    ray: Where and how the tasks run on Ray (launcher `ray`): `RayConfig`.
     logical_cpu_devices: Where there is no GPU, split the CPU into this many
       logical devices so that `mirrored` / `central_storage` run that many
       replicas; 0 leaves the CPU as one device.
@@ -87,8 +124,6 @@ class DistributionConfig(JsonConfig):
     train_epochs: Train for this many passes over the train split instead of
       `train_args.num_steps` (0: use the steps).
     tpu_address: TPU name or grpc address for the TPU cluster resolver.
-    timeout_s: Wall-clock limit of the whole training (all restarts); the
-      cluster is killed and the component fails past it. 0: no limit.
     steps_per_execution: Training steps run inside one traced call (managed
       mode), so the host round trip of a call and its loss read-back are
       paid once per call: an int >= 1, or 'auto', which measures the
@@ -111,6 +146,9 @@ class DistributionConfig(JsonConfig):
       a seed, and a synchronous strategy.
   """
   OPTIONS_NAME = 'distribution'
+  RENAMED = {'ray_address': 'ray.address', 'ray_placement': 'ray.placement',
+             'ray_resources': 'ray.resources',
+             'timeout_s': 'fault_tolerance.timeout_s'}
   strategy: str = 'auto'
   mode: str = 'auto'
   launcher: str = dataclasses.field(
@@ -118,20 +156,14 @@ class DistributionConfig(JsonConfig):
   num_workers: int = 1
   num_ps: int = 0
   min_workers: Optional[int] = None
-  ray_address: str = dataclasses.field(
-      default='', metadata=TRAJECTORY_NEUTRAL)
-  ray_placement: str = dataclasses.field(
-      default='SPREAD', metadata=TRAJECTORY_NEUTRAL)
-  ray_resources: Dict[str, float] = dataclasses.field(
-      default_factory=dict, metadata=TRAJECTORY_NEUTRAL)
+  ray: RayConfig = dataclasses.field(default_factory=lambda: RayConfig(),
+                                     metadata=TRAJECTORY_NEUTRAL)
   logical_cpu_devices: int = 0
   per_replica_batch_size: Optional[int] = None
   global_batch_size: Optional[int] = None
   gradient_accumulation_steps: int = 1
   train_epochs: int = 0
   tpu_address: str = ''
-  timeout_s: float = dataclasses.field(
-      default=0, metadata=TRAJECTORY_NEUTRAL)
   steps_per_execution: Union[int, str] = dataclasses.field(
       default=AUTO, metadata=TRAJECTORY_NEUTRAL)
   intra_op_threads: Union[int, str] = AUTO
@@ -147,9 +179,6 @@ class DistributionConfig(JsonConfig):
       check_int(name, getattr(self, name), minimum=1)
     for name in ('num_ps', 'logical_cpu_devices', 'train_epochs'):
       check_int(name, getattr(self, name), minimum=0)
-    if not is_number(self.timeout_s) or self.timeout_s < 0:
-      raise ValueError(f'timeout_s={self.timeout_s!r} must be a finite number '
-                       '>= 0 (0: no limit).')
     if self.steps_per_execution != AUTO and not is_int(
         self.steps_per_execution, minimum=1):
       raise ValueError(
@@ -173,35 +202,13 @@ class DistributionConfig(JsonConfig):
     return membership.is_elastic(self.num_workers, self.min_workers)
 
   def _validate_ray(self) -> None:
-    if not isinstance(self.ray_address, str):
-      raise ValueError(f'ray_address={self.ray_address!r} must be a string '
-                       "('auto', 'host:port' or 'ray://host:port').")
-    check_choice('ray_placement', self.ray_placement, RAY_PLACEMENTS)
-    if not isinstance(self.ray_resources, dict):
-      raise ValueError(f'ray_resources={self.ray_resources!r} must be a dict '
-                       f'with keys from {sorted(RAY_RESOURCE_KEYS)}.')
-    unknown = sorted(set(self.ray_resources) - set(RAY_RESOURCE_KEYS))
-    if unknown:
-      raise ValueError(f'Unknown ray_resources key(s) {unknown}; allowed: '
-                       f'{sorted(RAY_RESOURCE_KEYS)}.')
-    for key, value in self.ray_resources.items():
-      if not is_number(value) or value < 0:
-        raise ValueError(f'ray_resources[{key!r}]={value!r} must be a finite '
-                         'number >= 0.')
-    if not any(self.ray_task_resources().values()):
-      raise ValueError(f'ray_resources={self.ray_resources!r} reserves '
-                       'nothing; each task needs cpus, gpus or memory_mb > 0.')
-    if self.launcher != 'ray':
-      changed = {name: getattr(self, name) for name, default in (
-          ('ray_address', ''), ('ray_placement', 'SPREAD'),
-          ('ray_resources', {})) if getattr(self, name) != default}
-      if changed:
-        raise ValueError(f'{changed} need launcher=\'ray\', not '
-                         f'launcher={self.launcher!r}.')
-
-  def ray_task_resources(self) -> Dict[str, float]:
-    """ray_resources with the defaults filled in."""
-    return {**RAY_RESOURCE_KEYS, **self.ray_resources}
+    if not isinstance(self.ray, RayConfig):
+      raise ValueError(f'ray={self.ray!r} must be an object with keys from '
+                       f'{[f.name for f in dataclasses.fields(RayConfig)]}.')
+    self.ray.validate()
+    if self.launcher != 'ray' and self.ray != RayConfig():
+      raise ValueError(f'ray={self.ray.to_dict()} needs launcher=\'ray\', not '
+                       f'launcher={self.launcher!r}.')
 
   def _validate_seed(self) -> None:
     if self.seed is not None and not (is_int(self.seed, minimum=0) and

@@ -312,7 +312,7 @@ class Executor(base_executor.BaseExecutor):
                 config.strategy, config.num_workers, config.num_ps,
                 argv_for_role),
             local_logs,
-            timeout_s=config.timeout_s,
+            timeout_s=fault_tolerance.timeout_s,
             max_restarts=fault_tolerance.max_restarts,
             hang_timeout_s=fault_tolerance.hang_timeout_s,
             read_progress=read_progress)
@@ -349,11 +349,11 @@ class Executor(base_executor.BaseExecutor):
     return ray_backend.run_on_ray(
         config.strategy, config.num_workers, config.num_ps, argv_for_role,
         task.to_json(), local_logs,
-        placement_strategy=config.ray_placement,
-        resources=config.ray_task_resources(),
+        placement_strategy=config.ray.placement,
+        resources=config.ray.task_resources(),
         local_paths=task.local_output_dirs(),
         min_workers=config.min_workers,
-        timeout_s=config.timeout_s,
+        timeout_s=fault_tolerance.timeout_s,
         max_restarts=fault_tolerance.max_restarts,
         hang_timeout_s=fault_tolerance.hang_timeout_s,
         rescale_check_s=fault_tolerance.rescale_check_s,

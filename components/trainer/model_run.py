@@ -52,7 +52,7 @@ def record_decision(model_run,
   if config.launcher == 'ray':
     from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
     model_run.set_string_custom_property(
-        'ray_address', ray_backend.resolve_address(config.ray_address))
+        'ray_address', ray_backend.resolve_address(config.ray.address))
   # Ints: TFX's Kubeflow entrypoint cannot translate MLMD bool values.
   if config.seed is not None:
     model_run.set_int_custom_property('seed', config.seed)

@@ -126,8 +126,8 @@ def test_run_fn_path_parameter(tmp_path):
      'gradient_accumulation_steps=0 must be an integer >= 1'),
     ({'launcher': 'ssh'}, "launcher='ssh' is not one of ('auto', "
      "'in_process', 'local', 'ray')"),
-    ({'launcher': 'ray', 'ray_placement': 'RANDOM'},
-     "ray_placement='RANDOM' is not one of ('SPREAD', 'PACK')"),
+    ({'launcher': 'ray', 'ray': {'placement': 'RANDOM'}},
+     "ray.placement='RANDOM' is not one of ('SPREAD', 'PACK')"),
     ({'num_gpus': 2}, "Unknown distribution option(s) ['num_gpus']"),
 ])
 def test_bad_distribution_fails_at_construction(distribution, expected):

@@ -103,7 +103,7 @@ def test_batch_sizes_exclusive_and_positive():
 
 @pytest.mark.parametrize('field,value', [
     ('gradient_accumulation_steps', 0), ('train_epochs', -1),
-    ('logical_cpu_devices', -2), ('num_ps', -1), ('timeout_s', -5),
+    ('logical_cpu_devices', -2), ('num_ps', -1),
     ('steps_per_execution', 0), ('steps_per_execution', 'fast'),
     ('steps_per_execution', True)])
 def test_negative_or_zero_counts(field, value):
@@ -152,14 +152,17 @@ def test_elastic_configs_that_keep_the_update_batch():
     float('nan'), float('inf'), float('-inf'), True, '60', None, [60]])
 def test_timeout_must_be_a_finite_number(value):
   """NaN passed the '< 0' check (every comparison with NaN is False)."""
-  message = _error(timeout_s=value)
-  assert f'timeout_s={value!r} must be a finite number >= 0' in message
+  from components.trainer.checkpoint.config import FaultToleranceConfig  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError) as error:
+    FaultToleranceConfig.from_dict({'timeout_s': value})
+  assert f'timeout_s={value!r} must be a finite number >= 0' in str(
+      error.value)
 
 
 @pytest.mark.parametrize('value', [float('nan'), float('inf'), '1', None])
 def test_ray_resources_must_be_finite_numbers(value):
-  message = _error(launcher='ray', ray_resources={'cpus': value})
-  assert f"ray_resources['cpus']={value!r} must be a finite number" in message
+  message = _error(launcher='ray', ray={'resources': {'cpus': value}})
+  assert f"ray.resources['cpus']={value!r} must be a finite number" in message
 
 
 def test_batch_arithmetic():
@@ -323,9 +326,16 @@ def test_an_old_option_name_fails_naming_the_new_one(old, new):
 
 
 def test_only_trajectory_options_are_in_the_fingerprint():
-  config = DistributionConfig(launcher='ray', timeout_s=5, num_workers=2,
+  config = DistributionConfig(launcher='ray', num_workers=2,
                               steps_per_execution=4)
   trajectory = config_lib.trajectory(config)
   assert trajectory['num_workers'] == 2
-  assert not {'launcher', 'timeout_s', 'steps_per_execution', 'ray_address',
-              'ray_placement', 'ray_resources'} & set(trajectory)
+  assert not {'launcher', 'steps_per_execution', 'ray'} & set(trajectory)
+
+
+@pytest.mark.parametrize('old,new', [
+    ('ray_address', 'ray.address'), ('ray_placement', 'ray.placement'),
+    ('ray_resources', 'ray.resources'),
+    ('timeout_s', 'fault_tolerance.timeout_s')])
+def test_a_moved_distribution_option_fails_naming_its_place(old, new):
+  assert f"'{old}' is now '{new}'" in _error(**{old: 1})

@@ -50,8 +50,9 @@ def _run(root: str, data_root: str, distribution: dict,
         train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps),
         custom_config=custom_config,
-        distribution={'timeout_s': 900, **distribution},
-        fault_tolerance=fault_tolerance or {'max_restarts': 0})
+        distribution=distribution,
+        fault_tolerance={'timeout_s': 900,
+                         **(fault_tolerance or {'max_restarts': 0})})
 
   return taxi_runs.run(root, data_root, make_trainer, train_steps=train_steps,
                        eval_steps=EVAL_STEPS,

@@ -85,13 +85,15 @@ class CheckpointConfig(JsonConfig):
 
 @dataclasses.dataclass
 class FaultToleranceConfig(CheckpointConfig):
-  """The `fault_tolerance` exec property: checkpoints and relaunches.
+  """The `fault_tolerance` exec property: checkpoints and supervision.
 
-  One flat JSON object (what the component has always accepted): the keys of
-  CheckpointConfig, for the training processes, and `max_restarts`, for the
-  supervisor.
+  One flat JSON object: the keys of CheckpointConfig, for the training
+  processes, and the supervisor's (restarts, hangs, the time limit, elastic
+  rescaling).
 
   Attributes:
+    timeout_s: Wall-clock limit of the whole training (all restarts); the
+      cluster is killed and the component fails past it. 0: no limit.
     max_restarts: Relaunches of a failed cluster the supervisor allows (a
       relaunch after a task was preempted is not counted).
     hang_timeout_s: Seconds without a new training step, as the chief's
@@ -112,6 +114,7 @@ class FaultToleranceConfig(CheckpointConfig):
              'lease_heartbeat_seconds': 'lease_heartbeat_s',
              'rescale_check_seconds': 'rescale_check_s'}
   max_restarts: int = 2
+  timeout_s: float = 0
   hang_timeout_s: float = 30.0
   rescale_check_s: float = 60.0
 
@@ -120,6 +123,9 @@ class FaultToleranceConfig(CheckpointConfig):
     if not is_int(self.max_restarts, minimum=0):
       raise ValueError(f'max_restarts={self.max_restarts!r} must be an integer '
                        '>= 0.')
+    if not is_number(self.timeout_s) or self.timeout_s < 0:
+      raise ValueError(f'timeout_s={self.timeout_s!r} must be a finite number '
+                       '>= 0 (0: no limit).')
     if not is_number(self.hang_timeout_s) or self.hang_timeout_s < 0:
       raise ValueError(f'hang_timeout_s={self.hang_timeout_s!r} must be a '
                        'finite number of seconds >= 0 (0: no hang detection).')

@@ -73,7 +73,7 @@ class StorageNotSharedError(ValueError):
 
 
 def resolve_address(address: str) -> str:
-  """ray_address, else RAY_ADDRESS, else `auto` (the node's own cluster)."""
+  """distribution.ray.address, else RAY_ADDRESS, else `auto` (the node's own cluster)."""
   return address or os.environ.get('RAY_ADDRESS') or 'auto'
 
 
@@ -89,9 +89,9 @@ def _check_reachable(address: str) -> None:
     socket.create_connection((host, int(port)), CONNECT_TIMEOUT_S).close()
   except (OSError, ValueError) as e:
     raise RayUnreachableError(
-        f'No Ray cluster answers at ray_address={address!r} '
+        f'No Ray cluster answers at ray.address={address!r} '
         f'({type(e).__name__}: {e}). Start one (`ray start --head`), or set '
-        "ray_address / RAY_ADDRESS to its head's host:port.") from e
+        "ray.address / RAY_ADDRESS to its head's host:port.") from e
 
 
 def connect(address: str) -> str:
@@ -108,7 +108,7 @@ def connect(address: str) -> str:
              logging_level=py_logging.WARNING)
   except (ConnectionError, RuntimeError) as e:
     raise RayUnreachableError(
-        f'Cannot connect to the Ray cluster at ray_address={address!r}: '
+        f'Cannot connect to the Ray cluster at ray.address={address!r}: '
         f'{e}') from e
   return address
 
@@ -125,7 +125,7 @@ def disconnect() -> None:
 
 def task_nodes(resources: Dict[str, float]) -> List[Dict[str, Any]]:
   """The alive nodes with room, when idle, for one task of `resources`
-  (DistributionConfig.ray_task_resources): a head that schedules no tasks
+  (RayConfig.task_resources): a head that schedules no tasks
   (num-cpus 0, as in kubeflow/raycluster.yaml) is not one."""
   task_bundle = ray_placement.bundle(resources)
   return [node for node in ray.nodes() if node['Alive'] and all(
@@ -160,17 +160,17 @@ def check_shared_storage(placement: Dict[str, Dict[str, Any]],
         f'{hosts}, but {local_paths} are local paths that the other hosts '
         'cannot see. Put the pipeline root (or fault_tolerance.backup_root) '
         'on storage every node reaches (gs://, s3://, hdfs://), or use '
-        "ray_placement='PACK' on a node large enough for all tasks.")
+        "ray.placement='PACK' on a node large enough for all tasks.")
 
 
 def _placement_error(tasks: int, task_bundle: Dict[str, float],
                      placement_strategy: str) -> PlacementError:
   return PlacementError(
       f'The Ray cluster cannot place {tasks} tasks of {task_bundle} each '
-      f'(ray_resources, strategy {placement_strategy}) within '
+      f'(ray.resources, strategy {placement_strategy}) within '
       f'{ray_placement.PLACEMENT_TIMEOUT_S:g} s; available: '
       f'{ray.available_resources()}. Lower num_workers / num_ps or '
-      'ray_resources, or add nodes.')
+      'ray.resources, or add nodes.')
 
 
 class _RayAttempt:

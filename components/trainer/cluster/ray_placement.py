@@ -24,7 +24,7 @@ GROW_CHECK_WAIT_S = 2.0
 
 
 def bundle(resources: Dict[str, float]) -> Dict[str, float]:
-  """What one task reserves, from DistributionConfig.ray_task_resources."""
+  """What one task reserves, from RayConfig.task_resources."""
   wanted = {'CPU': resources['cpus'], 'GPU': resources['gpus'],
             'memory': int(resources['memory_mb'] * 2**20)}
   return {key: value for key, value in wanted.items() if value}

@@ -88,13 +88,6 @@ def fit(seconds_per_call: Dict[int, float]
   return overhead, step
 
 
-def traced_function(steps: int) -> int:
-  """Which of a step runner's traced functions a call of `steps` runs: 1
-  (single steps) or 2 (longer calls, their length a tensor argument, so a
-  new length does not trace again)."""
-  return min(steps, 2)
-
-
 def candidates(max_call: Optional[int] = None) -> Tuple[int, ...]:
   """AUTO_CANDIDATES up to `max_call` (the checkpoint interval: no call
   crosses it), and `max_call` itself."""
@@ -148,7 +141,8 @@ class CallSizer:
 
   The driver asks `size()` before each call and reports every call with
   `observe(steps, seconds, step)`; calls it could not run at the asked
-  length (a save boundary, the end of training) are reported with
+  length (a save boundary, the end of training) and the first call of each
+  of the runner's traced functions (the trace's time) are reported with
   `measured=False`, and a call's seconds leave out a checkpoint saved after
   it.
   """
@@ -164,7 +158,6 @@ class CallSizer:
     self.choices: List[Choice] = []
     self._probe: Optional[List[int]] = None  # Lengths still to measure.
     self._samples: Dict[int, List[float]] = {}  # Calls of the lengths compared.
-    self._traced: set = set()  # traced_function()s run at least once.
     self._watch: List[float] = []
     self._expected: Optional[float] = None  # Seconds per step when chosen.
     if self.auto:
@@ -190,10 +183,7 @@ class CallSizer:
     ended at `step`."""
     if not self.auto or steps <= 0:
       return
-    function = traced_function(steps)
-    first_of_function = function not in self._traced
-    self._traced.add(function)
-    if not measured or first_of_function or steps != self.size():
+    if not measured or steps != self.size():
       return
     if self._probe:
       self._probe_call(steps, seconds, step)

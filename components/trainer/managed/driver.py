@@ -102,7 +102,8 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
   checkpointer.last_save_time = time.monotonic()
   current, pending, loss = start, None, math.nan
   # The previous call, timed from its start to this one's less its save:
-  # (steps, start, whether it ran at the asked length, seconds saving).
+  # (steps, start, whether it measures its length: run at the asked length
+  # and not its function's tracing call, seconds saving).
   timed = None
   traced = set()
   try:
@@ -115,9 +116,11 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
       asked = sizer.size()
       k = min(asked, train_steps - current,
               (next_save or train_steps) - current)
-      # The first call of each traced function records no step for a while.
-      function = call_size.traced_function(k)
-      if function not in traced:
+      # The first call of each traced function records no step for a while,
+      # and its time is the trace's, not the calls'.
+      function = runner.traced_function(k)
+      first_of_function = function not in traced
+      if first_of_function:
         traced.add(function)
         checkpointer.progress.pausing(current, 'tracing')
       current, call_loss = watcher.run(runner, current, k)
@@ -140,7 +143,8 @@ def drive(runner: Callable, checkpointer: Checkpointer, watcher, *,
         checkpointer.save(current)
         saved_s = time.monotonic() - saving
       record_progress(previous, current, loss, stats)
-      timed = (current - previous, began, k == asked, saved_s)
+      timed = (current - previous, began,
+               k == asked and not first_of_function, saved_s)
   except preemption.Preempted:
     step = read_step() if read_step else current
     return stats.summary(step, loss, preempted=True)

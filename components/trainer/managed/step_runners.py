@@ -73,6 +73,12 @@ class SynchronousSteps:
 
     self._run, self._run_one = run, run_one
 
+  @staticmethod
+  def traced_function(k: int) -> str:
+    """Single steps and longer calls are two traces; a longer call's length
+    is a tensor argument, so a new length does not trace again."""
+    return 'one_step' if k == 1 else 'k_steps'
+
   def __call__(self, current: int, k: int) -> Tuple[int, tf.Tensor]:
     if k == 1:  # No loop around the step (what multi-worker clusters run).
       return current + 1, self._run_one()
@@ -96,6 +102,11 @@ class PipelineSteps:
       return _mean_loss(total, k)
 
     self._run = run
+
+  @staticmethod
+  def traced_function(k: int) -> str:
+    del k  # One trace: the length is a tensor argument.
+    return 'k_steps'
 
   def __call__(self, current: int, k: int) -> Tuple[int, tf.Tensor]:
     return current + k, self._run(self._iterator, tf.constant(k, tf.int64))
@@ -126,6 +137,11 @@ class ParameterServerSteps:
       return tf.constant(0.0)
 
     self._worker_step = worker_step
+
+  @staticmethod
+  def traced_function(k: int) -> str:
+    del k  # Every closure runs the one traced worker step.
+    return 'worker_step'
 
   def __call__(self, current: int, k: int) -> Tuple[int, float]:
     del current  # Read back: guarded closures may not all have updated.

@@ -54,8 +54,8 @@ def detect_environment(config: DistributionConfig,
   ray_nodes = 0
   if config.launcher == 'ray':
     from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
-    ray_backend.connect(config.ray_address)
-    ray_nodes = len(ray_backend.task_nodes(config.ray_task_resources()))
+    ray_backend.connect(config.ray.address)
+    ray_nodes = len(ray_backend.task_nodes(config.ray.task_resources()))
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # Listing physical devices does not initialize the runtime, so logical
   # devices can still be configured afterwards.

@@ -74,15 +74,17 @@ def _error(**values) -> str:
 
 
 @pytest.mark.parametrize('values,expected', [
-    ({'ray_placement': 'STRICT_SPREAD'},
-     ["ray_placement='STRICT_SPREAD'", "('SPREAD', 'PACK')"]),
-    ({'ray_resources': {'cpu': 1}},
+    ({'ray': {'placement': 'STRICT_SPREAD'}},
+     ["ray.placement='STRICT_SPREAD'", "('SPREAD', 'PACK')"]),
+    ({'ray': {'resources': {'cpu': 1}}},
      ["['cpu']", "['cpus', 'gpus', 'memory_mb']"]),
-    ({'ray_resources': {'gpus': -1}}, ["ray_resources['gpus']=-1", '>= 0']),
-    ({'ray_resources': {'cpus': True}}, ["ray_resources['cpus']=True"]),
-    ({'ray_resources': {'cpus': 0}}, ['reserves nothing', 'memory_mb']),
-    ({'ray_resources': [1]}, ['ray_resources=[1]', 'must be a dict']),
-    ({'ray_address': 6379}, ['ray_address=6379', 'host:port']),
+    ({'ray': {'resources': {'gpus': -1}}},
+     ["ray.resources['gpus']=-1", '>= 0']),
+    ({'ray': {'resources': {'cpus': True}}}, ["ray.resources['cpus']=True"]),
+    ({'ray': {'resources': {'cpus': 0}}}, ['reserves nothing', 'memory_mb']),
+    ({'ray': {'resources': [1]}}, ['ray.resources=[1]', 'must be a dict']),
+    ({'ray': {'address': 6379}}, ['ray.address=6379', 'host:port']),
+    ({'ray': ['head:6379']}, ["ray=['head:6379'] must be an object"]),
     ({'strategy': 'parameter_server', 'num_workers': 2},
      ["launcher='ray' needs num_ps >= 1", 'num_ps=0']),
 ])
@@ -93,18 +95,19 @@ def test_bad_ray_options_are_named(values, expected):
 
 
 def test_ray_options_need_launcher_ray():
-  message = _error(launcher='local', ray_placement='PACK')
-  assert "{'ray_placement': 'PACK'}" in message
+  message = _error(launcher='local', ray={'placement': 'PACK'})
+  assert "'placement': 'PACK'" in message
   assert "launcher='ray'" in message and "launcher='local'" in message
 
 
 def test_ray_options_round_trip():
   config = DistributionConfig.from_dict(
-      {'launcher': 'ray', 'ray_address': 'head:6379', 'ray_placement': 'PACK',
-       'ray_resources': {'gpus': 1, 'memory_mb': 512},
+      {'launcher': 'ray', 'ray': {
+          'address': 'head:6379', 'placement': 'PACK',
+          'resources': {'gpus': 1, 'memory_mb': 512}},
        'strategy': 'multi_worker_mirrored', 'num_workers': 2})
   assert DistributionConfig.from_json(config.to_json()) == config
-  assert config.ray_task_resources() == {'cpus': 1, 'gpus': 1,
+  assert config.ray.task_resources() == {'cpus': 1, 'gpus': 1,
                                          'memory_mb': 512}
   assert config.expected_replicas() == 2
 
@@ -144,7 +147,7 @@ def test_unreachable_cluster_fails_fast_naming_the_address():
   address = f'127.0.0.1:{portpicker.pick_unused_port()}'
   with pytest.raises(ray_backend.RayUnreachableError) as error:
     ray_backend.connect(address)
-  assert f'ray_address={address!r}' in str(error.value)
+  assert f'ray.address={address!r}' in str(error.value)
 
 
 def test_raycluster_manifest_runs_the_locked_ray_in_the_pipeline_image():
@@ -646,7 +649,8 @@ def test_taxi_pipeline_on_gcs_spreads_over_the_ray_hosts_and_is_blessed(
         transform_graph=inputs.transform_graph, schema=inputs.schema,
         train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps),
-        distribution={'launcher': 'ray', 'timeout_s': CLUSTER_TIMEOUT_S})
+        distribution={'launcher': 'ray'},
+        fault_tolerance={'timeout_s': CLUSTER_TIMEOUT_S})
 
   handler = signal.getsignal(signal.SIGTERM)
   run = taxi_runs.run(gcs_root, taxi_sample_dir, make_trainer,

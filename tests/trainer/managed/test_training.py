@@ -25,6 +25,7 @@ from components.trainer.managed import evaluation
 from components.trainer.managed import export
 from components.trainer.managed import preemption
 from components.trainer.managed import progress
+from components.trainer.managed import step_runners
 from components.trainer.managed import training
 from components.trainer.process.context import ProcessContext
 from tests.support import trainer_testing as tt
@@ -360,15 +361,19 @@ def test_auto_times_a_call_without_the_checkpoint_saved_after_it():
   # looked 3x slower per step than 64 and the default job ran two calls
   # per checkpoint interval; without, 100's 10 ms call overhead spread over
   # more steps wins.
-  def runner(current, k):
-    time.sleep(10e-3 + k * 1e-4)
-    return current + k, 0.0
+  class Runner:
+    traced_function = staticmethod(
+        step_runners.SynchronousSteps.traced_function)
+
+    def __call__(self, current, k):
+      time.sleep(10e-3 + k * 1e-4)
+      return current + k, 0.0
 
   sizer = call_size.CallSizer('auto', max_call=100)
-  driver.drive(runner, _SlowSaves(100, 0.05),
-                  preemption.SigtermWatcher(lambda: None), start=0,
-                  train_steps=1_000, sizer=sizer,
-                  record_progress=lambda *args: None)
+  driver.drive(Runner(), _SlowSaves(100, 0.05),
+               preemption.SigtermWatcher(lambda: None), start=0,
+               train_steps=1_000, sizer=sizer,
+               record_progress=lambda *args: None)
   [choice] = sizer.choices
   assert sorted(choice.seconds_per_call) == [4, 64, 100]
   assert choice.seconds_per_call[100] < 0.05
