@@ -30,7 +30,8 @@ from tests.support import taxi_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
-README = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'README.md')
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), 'README.md')
 STOCK_TAXI_MODULE = os.path.join(
     os.path.dirname(tfx.__file__), '..', 'examples', 'chicago_taxi_pipeline',
     'taxi_utils_native_keras.py')

@@ -41,7 +41,8 @@ from tests.support import taxi_runs
 # with the stock Transform and the tuning reuse (about 5 min).
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
-README = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'README.md')
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), 'README.md')
 NUM_SHARDS = 4
 BATCH = 64
 TUNING = {'time_budget_s': 4.0, 'num_output_shards': NUM_SHARDS,
