@@ -87,19 +87,31 @@ def read_batch_size(config: InputPipelineConfig, batch_size: int) -> int:
 
 
 def read_batches(files: tf.data.Dataset, config: InputPipelineConfig,
-                 compression_type: str, batch_size: int) -> tf.data.Dataset:
+                 compression_type: str, batch_size: int,
+                 readable_records: Optional[Dict[str, int]] = None
+                ) -> tf.data.Dataset:
   """Batches of serialized records from a dataset of file names.
 
   With `batch_in_reader`, each file's records are batched by its own reader
   (one per interleave worker), so batches hold consecutive records of one file
   and the last batch of a file may be short; `rebatch` cuts the training
-  batches later.
+  batches later. `readable_records`: files read only up to that many records
+  (damaged past them, `unreadable`).
   """
+  limits = None
+  if readable_records:
+    limits = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+        tf.constant(sorted(readable_records)),
+        tf.constant([readable_records[f] for f in sorted(readable_records)],
+                    tf.int64)), default_value=-1)
+
   @tf.autograph.experimental.do_not_convert
   def reader(filename):
     records = tf.data.TFRecordDataset(
         filename, compression_type=compression_type,
         buffer_size=config.read_buffer_bytes)
+    if limits is not None:
+      records = records.take(limits.lookup(filename))
     return records.batch(batch_size) if config.batch_in_reader else records
 
   dataset = files.interleave(
@@ -253,7 +265,8 @@ def build_dataset(file_patterns: List[str],
                   drop_remainder: bool = True,
                   split: Optional[str] = None,
                   global_order: bool = False,
-                  records_per_file: Optional[Dict[str, int]] = None
+                  records_per_file: Optional[Dict[str, int]] = None,
+                  readable_records: Optional[Dict[str, int]] = None
                  ) -> tf.data.Dataset:
   """Batched `(features, label)` (or `features` if no label_key) dataset.
 
@@ -294,6 +307,8 @@ def build_dataset(file_patterns: List[str],
       of the files.
     records_per_file: Each file's record count (its shard index), so that
       a resume need not count an epoch's rows by reading it.
+    readable_records: Files read only up to that many records (damaged past
+      them; `unreadable`, where the user opted in).
   """
   config = (config or InputPipelineConfig()).validate()
   compression_type = config.compression_type
@@ -329,7 +344,7 @@ def build_dataset(file_patterns: List[str],
 
   def serialized(file_names):
     batches = read_batches(file_names, config, compression_type,
-                           reading_batch)
+                           reading_batch, readable_records)
     return (batches.shard(num_pipelines, pipeline_id) if shard_batches
             else batches)
 

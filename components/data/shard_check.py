@@ -9,8 +9,9 @@ A gzip file cut where a record ends reads without error in TF, so a gzip
 file is also read through to its end-of-stream marker.
 """
 
+import re
 import zlib
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -31,6 +32,12 @@ def _count(path: str, compression_type: str, skip_damage: bool) -> int:
 _CHUNK_BYTES = 1 << 20
 
 
+def _plain(message: str) -> str:
+  """TF's message without the function and op names around it."""
+  message = re.sub(r'\{\{function_node [^}]*\}\}\s*', '', message)
+  return re.sub(r'\s*\[Op:[^\]]*\].*$', '', message, flags=re.S).strip()
+
+
 def _gzip_complete(path: str) -> bool:
   """Whether the file's gzip stream reaches its end-of-stream marker."""
   stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -48,20 +55,26 @@ def _gzip_complete(path: str) -> bool:
   return True
 
 
+def read_to_end(path: str, compression_type: str
+                ) -> Tuple[int, Optional[str]]:
+  """(records read before any damage, what is wrong or None)."""
+  try:
+    records = _count(path, compression_type, skip_damage=False)
+  except tf.errors.DataLossError as e:
+    return (_count(path, compression_type, skip_damage=True),
+            _plain(e.message))
+  if compression_type == 'GZIP' and not _gzip_complete(path):
+    return records, ('the gzip stream ends before its end-of-stream marker '
+                     '(the file was cut short)')
+  return records, None
+
+
 def first_damaged(file_patterns: Sequence[str], compression_type: str
                   ) -> Optional[Dict[str, object]]:
   """The first file (by path) that fails to read: {'path', 'readable_records'
   (before the damage), 'error'}; None if every file reads to its end."""
   for path in _files(file_patterns):
-    try:
-      records = _count(path, compression_type, skip_damage=False)
-    except tf.errors.DataLossError as e:
-      return {'path': path,
-              'readable_records': _count(path, compression_type,
-                                         skip_damage=True),
-              'error': e.message.strip()}
-    if compression_type == 'GZIP' and not _gzip_complete(path):
-      return {'path': path, 'readable_records': records,
-              'error': 'the gzip stream ends before its end-of-stream marker '
-                       '(the file was cut short)'}
+    records, error = read_to_end(path, compression_type)
+    if error is not None:
+      return {'path': path, 'readable_records': records, 'error': error}
   return None

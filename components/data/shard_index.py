@@ -27,6 +27,9 @@ INDEX_NAME = 'shard_index-{split}.json'
 _SPLIT_PREFIX = 'Split-'
 # Files counted at once: reading is I/O and decompression in TF's threads.
 _COUNTING_THREADS = 8
+# The source of an index OptimizedTransform wrote (its counts are the
+# files' as written).
+WRITTEN_WITH_THE_EXAMPLES = 'written with the examples'
 
 
 class ShardChangedError(ValueError):
@@ -99,12 +102,17 @@ def artifact_index_path(folder: str) -> Optional[str]:
       os.path.dirname(folder.rstrip('/')), INDEX_NAME.format(split=split))
 
 
-def build(folder: str, files: Sequence[str], compression: str) -> ShardIndex:
-  """Counts the records of `files` (all in `folder`), in parallel."""
+def build(folder: str, files: Sequence[str], compression: str,
+          known: Optional[Dict[str, int]] = None) -> ShardIndex:
+  """Counts the records of `files` (all in `folder`), in parallel, unless
+  `known` has their counts already."""
   files = sorted(files)
-  with concurrent.futures.ThreadPoolExecutor(_COUNTING_THREADS) as pool:
-    counts = list(pool.map(
-        lambda f: input_pipeline.count_records([f], compression), files))
+  if known and all(f in known for f in files):
+    counts = [known[f] for f in files]
+  else:
+    with concurrent.futures.ThreadPoolExecutor(_COUNTING_THREADS) as pool:
+      counts = list(pool.map(
+          lambda f: input_pipeline.count_records([f], compression), files))
   return ShardIndex(folder, compression, tuple(
       Shard(os.path.relpath(path, folder), records,
             tf.io.gfile.stat(path).length)
@@ -150,20 +158,21 @@ def check(index: ShardIndex, files: Sequence[str], index_path: str) -> None:
 
 
 def ensure(file_patterns: Sequence[str], files: List[str], compression: str,
-           own_dir: str, build_missing: bool = True
+           own_dir: str, build_missing: bool = True,
+           counts: Optional[Dict[str, int]] = None
            ) -> Tuple[Optional[ShardIndex], str]:
   """The checked index of the split `file_patterns` glob, and where it came
   from: the artifact's (OptimizedTransform wrote it), one this training
   built before (in `own_dir`), or one built now and kept there (unless not
-  `build_missing`). (None, why) when the patterns are not one split folder
-  or there is none to read."""
+  `build_missing`; from `counts` where they are known). (None, why) when
+  the patterns are not one split folder or there is none to read."""
   folder = split_folder(file_patterns)
   if folder is None:
     return None, 'the file patterns are not one folder'
   artifact_path = artifact_index_path(folder)
   own_path = os.path.join(own_dir, INDEX_NAME.format(
       split=_split_name(folder) or os.path.basename(folder)))
-  for source, path in (('written with the examples', artifact_path),
+  for source, path in ((WRITTEN_WITH_THE_EXAMPLES, artifact_path),
                        ('built by an earlier attempt', own_path)):
     index = read(folder, path) if path else None
     if index is not None:
@@ -171,6 +180,6 @@ def ensure(file_patterns: Sequence[str], files: List[str], compression: str,
       return index, f'{source} ({path})'
   if not build_missing:
     return None, 'no index to read'
-  index = build(folder, files, compression)
+  index = build(folder, files, compression, counts)
   write(index, own_path)
   return index, f'built now ({own_path})'

@@ -99,6 +99,10 @@ def record_result(model_run, result: Dict[str, Any],
                                     counts[supervisor.PREEMPTION])
   model_run.set_int_custom_property('membership_relaunches',
                                     counts[supervisor.MEMBERSHIP])
+  # Data files read only up to their first unreadable record (opt-in).
+  if result.get('unreadable_records'):
+    model_run.set_string_custom_property(
+        'unreadable_records', json.dumps(result['unreadable_records']))
   # Where a fresh managed training started from the base model.
   if result.get('warm_start'):
     model_run.set_string_custom_property(

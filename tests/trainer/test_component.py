@@ -346,3 +346,14 @@ def test_a_result_without_a_loss_is_stored_in_mlmd(tmp_path):
   assert 'train_loss' not in stored.custom_properties
   assert stored.custom_properties['train_wall_s'].double_value == 1.5
   assert stored.custom_properties['train_steps'].int_value == 1500
+
+
+def test_skipped_unreadable_records_are_on_model_run(tmp_path):
+  model_run = standard_artifacts.ModelRun()
+  model_run.uri = str(tmp_path)
+  skipped = [{'path': '/d/train-03.gz', 'position': 40, 'skipped': None,
+              'error': 'incorrect data check'}]
+  model_run_lib.record_result(
+      model_run, {'mode': 'managed', 'unreadable_records': skipped}, {})
+  assert json.loads(model_run.get_string_custom_property(
+      'unreadable_records')) == skipped

@@ -94,6 +94,11 @@ class FaultToleranceConfig(CheckpointConfig):
   Attributes:
     timeout_s: Wall-clock limit of the whole training (all restarts); the
       cluster is killed and the component fails past it. 0: no limit.
+    skip_unreadable_records: Train on past damaged data files, reading each
+      only up to its first unreadable record (`components.data.unreadable`):
+      the files are read through once per training first, and every
+      skipped file, position and count is logged and recorded on
+      `model_run`. Off: a damaged file fails the training naming it.
     max_restarts: Relaunches of a failed cluster the supervisor allows (a
       relaunch after a task was preempted is not counted).
     hang_timeout_s: Seconds without a new training step, as the chief's
@@ -115,6 +120,7 @@ class FaultToleranceConfig(CheckpointConfig):
              'rescale_check_seconds': 'rescale_check_s'}
   max_restarts: int = 2
   timeout_s: float = 0
+  skip_unreadable_records: bool = False
   hang_timeout_s: float = 30.0
   rescale_check_s: float = 60.0
 
@@ -123,6 +129,10 @@ class FaultToleranceConfig(CheckpointConfig):
     if not is_int(self.max_restarts, minimum=0):
       raise ValueError(f'max_restarts={self.max_restarts!r} must be an integer '
                        '>= 0.')
+    if not isinstance(self.skip_unreadable_records, bool):
+      raise ValueError(f'skip_unreadable_records='
+                       f'{self.skip_unreadable_records!r} must be true or '
+                       'false.')
     if not is_number(self.timeout_s) or self.timeout_s < 0:
       raise ValueError(f'timeout_s={self.timeout_s!r} must be a finite number '
                        '>= 0 (0: no limit).')

@@ -10,13 +10,14 @@ dataset.
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
 import tensorflow as tf
 
 from components.data import input_pipeline
 from components.data import shard_index
+from components.data import unreadable
 from components.trainer import fn_args
 from components.trainer.process.task import TrainingTask
 
@@ -80,7 +81,8 @@ def train_dataset_fn(task: TrainingTask, data: TrainingData,
                      examples_per_step: int, start_step: int, seed,
                      config: input_pipeline.InputPipelineConfig,
                      records_per_file: Optional[Dict[str, int]] = None,
-                     global_order: bool = False
+                     global_order: bool = False,
+                     readable_records: Optional[Dict[str, int]] = None
                     ) -> Callable[[tf.distribute.InputContext],
                                   tf.data.Dataset]:
   """A `dataset_fn` for `distribute_datasets_from_function`.
@@ -88,7 +90,8 @@ def train_dataset_fn(task: TrainingTask, data: TrainingData,
   `seed`: an int, or PER_WORKER_SEED for a new seed per dataset;
   `records_per_file`: the train split's shard index (a resume then does not
   count the epoch's rows); `global_order`: the same data order at every
-  worker count (an elastic cluster).
+  worker count (an elastic cluster); `readable_records`: damaged files'
+  readable prefixes (`check_data`).
   """
 
   def dataset_fn(input_context: tf.distribute.InputContext):
@@ -101,7 +104,8 @@ def train_dataset_fn(task: TrainingTask, data: TrainingData,
         seed=_clock_seed() if seed is PER_WORKER_SEED else seed,
         input_context=input_context,
         skip_batches=start_step * batches_per_step,
-        global_order=global_order, records_per_file=records_per_file)
+        global_order=global_order, records_per_file=records_per_file,
+        readable_records=readable_records)
   return dataset_fn
 
 
@@ -114,7 +118,8 @@ def sample_features(task: TrainingTask, data: TrainingData):
   return features
 
 
-def eval_dataset_fn(task: TrainingTask, data: TrainingData, global_batch: int
+def eval_dataset_fn(task: TrainingTask, data: TrainingData, global_batch: int,
+                    readable_records: Optional[Dict[str, int]] = None
                    ) -> Optional[Callable[[tf.distribute.InputContext],
                                           tf.data.Dataset]]:
   """A `dataset_fn` of the eval split, unshuffled, for
@@ -135,36 +140,77 @@ def eval_dataset_fn(task: TrainingTask, data: TrainingData, global_batch: int
         task.eval_files, data.feature_spec, data.label_key,
         batch_size=global_batch,
         config=dataclasses.replace(data.config, cache='none'), shuffle=False,
-        seed=DATA_SEED, input_context=input_context)
+        seed=DATA_SEED, input_context=input_context,
+        readable_records=readable_records)
   return dataset_fn
 
 
+@dataclasses.dataclass
+class DataCheck:
+  """What `check_data` found: each split's index (as recorded), the train
+  split's record count per file, and, where the user opted in to skipping
+  unreadable records, each damaged file's readable prefix."""
+  indexes: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  train_records: Optional[Dict[str, int]] = None
+  readable_records: Dict[str, int] = dataclasses.field(default_factory=dict)
+  unreadable: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
 def check_data(task: TrainingTask, data: TrainingData, is_chief: bool,
-               all_workers: Callable[[bool], bool]
-              ) -> Tuple[Dict[str, Any], Optional[Dict[str, int]]]:
+               all_workers: Callable[[bool], bool],
+               skip_unreadable: bool = False) -> DataCheck:
   """Each split's files against its shard index (written with the
   examples, else built once beside the checkpoints by the chief; the other
   workers read it after `all_workers`): a changed or missing shard fails
-  here, before any step, naming it. Returns what was checked, and the train
-  split's record count per file (a resume then need not count its epoch)."""
+  here, before any step, naming it. With `skip_unreadable`, the files are
+  first read through once per training (`unreadable`) and each damaged
+  file's readable prefix is what the datasets read."""
+  found = DataCheck()
   if data.config.transform_placement == 'on_the_fly':
-    return {}, None
-  checked, train_records = {}, None
-  for split, patterns in (('train', task.train_files),
-                          ('eval', task.eval_files)):
-    if not patterns:
-      continue
+    return found
+  splits = [(split, patterns, input_pipeline.list_files(patterns))
+            for split, patterns in (('train', task.train_files),
+                                    ('eval', task.eval_files)) if patterns]
+  scanned, indexed = None, {}
+  if skip_unreadable:
+    files = sorted({f for _, _, split_files in splits for f in split_files})
+    if is_chief:
+      scanned = unreadable.read(task.checkpoint_dir, files)
+      if scanned is None:
+        scanned = unreadable.scan(files, data.config.compression_type)
+        unreadable.write(task.checkpoint_dir, files, scanned)
+    all_workers(True)
+    if not is_chief:
+      scanned = unreadable.read(task.checkpoint_dir, files)
+  for split, patterns, files in splits:
     if not is_chief:
       all_workers(True)  # The chief has written the index.
     index, source = shard_index.ensure(
-        patterns, input_pipeline.list_files(patterns),
-        data.config.compression_type, task.checkpoint_dir,
-        build_missing=is_chief)
+        patterns, files, data.config.compression_type, task.checkpoint_dir,
+        build_missing=is_chief, counts=scanned and scanned.readable)
     if is_chief:
       all_workers(True)
-    checked[split] = {'source': source} if index is None else {
+    found.indexes[split] = {'source': source} if index is None else {
         'shards': len(index.shards), 'records': index.records,
         'source': source}
     if split == 'train' and index is not None:
-      train_records = index.records_by_path()
-  return checked, train_records
+      found.train_records = index.records_by_path()
+      if source.startswith(shard_index.WRITTEN_WITH_THE_EXAMPLES):
+        indexed = found.train_records
+  if scanned is not None and scanned.unreadable:
+    found.readable_records = scanned.limits()
+    found.unreadable = [
+        {**u, 'skipped': (indexed[u['path']] - u['position']
+                          if u['path'] in indexed else u['skipped'])}
+        for u in scanned.describe()]
+    if found.train_records is not None:
+      found.train_records = {**found.train_records, **{
+          path: count for path, count in found.readable_records.items()
+          if path in found.train_records}}
+    for u in found.unreadable:
+      logging.warning(
+          'skip_unreadable_records: %s is read up to record %d; %s '
+          'record(s) after it are skipped (%s).', u['path'], u['position'],
+          'the remaining' if u['skipped'] is None else u['skipped'],
+          u['error'])
+  return found

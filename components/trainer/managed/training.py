@@ -86,8 +86,9 @@ class ManagedTraining:
     self.module = user_module.load(task.module_file, task.module_path)
     self.data = datasets.training_data(task, self.module)
     self.distribution = context.config
-    self.fault_tolerance = FaultToleranceConfig.from_dict(
-        task.fault_tolerance).checkpoint()
+    fault_tolerance = FaultToleranceConfig.from_dict(task.fault_tolerance)
+    self.fault_tolerance = fault_tolerance.checkpoint()
+    self.skip_unreadable = fault_tolerance.skip_unreadable_records
     self.accumulation = context.accumulation
     self.replicas = context.replicas
     self.global_batch = context.global_batch
@@ -113,8 +114,7 @@ class ManagedTraining:
     self.sizer = None
     # Set by restore: the data checked against its shard indexes (chief),
     # and the warm start, if any.
-    self.shard_indexes: Dict[str, Any] = {}
-    self.train_records: Optional[Dict[str, int]] = None
+    self.data_check = datasets.DataCheck()
     self.warm_started = None
 
   # --- model and checkpoint
@@ -166,8 +166,9 @@ class ManagedTraining:
     # No worker reads checkpoints before the chief holds the lease: until
     # then another run may still be pruning them.
     self.all_workers(True)
-    self.shard_indexes, self.train_records = datasets.check_data(
-        self.task, self.data, self.is_chief, self.all_workers)
+    self.data_check = datasets.check_data(
+        self.task, self.data, self.is_chief, self.all_workers,
+        self.skip_unreadable)
     start = self.checkpointer.restore()
     if start == 0 and self.task.base_model:
       # Every worker reads the same base model: their copies stay equal.
@@ -227,7 +228,8 @@ class ManagedTraining:
     dataset_fn = datasets.train_dataset_fn(
         self.task, self.data, self.examples_per_step, start,
         datasets.data_seed(self.distribution.seed), self.data.config,
-        self.train_records, global_order)
+        self.data_check.train_records, global_order,
+        self.data_check.readable_records)
     if self.pipeline_runner is None:
       runner = step_runners.SynchronousSteps(
           self.strategy, dataset_fn, replica_step, self.step,
@@ -277,7 +279,8 @@ class ManagedTraining:
     with self.timed('eval_s'):
       metrics = evaluation.evaluate(
           model, strategy, self.spec.lockstep_workers,
-          datasets.eval_dataset_fn(self.task, self.data, self.global_batch),
+          datasets.eval_dataset_fn(self.task, self.data, self.global_batch,
+                                   self.data_check.readable_records),
           self.task.eval_steps,
           self.task.model_run_dir if self.is_chief else None,
           self.train_steps)
@@ -320,7 +323,8 @@ class ManagedTraining:
         'checkpoint_s': round(self.checkpointer.save_seconds, 4),
         'resume_events': self.checkpointer.events,
         'warm_start': self.warm_started,
-        'shard_index': self.shard_indexes,
+        'shard_index': self.data_check.indexes,
+        'unreadable_records': self.data_check.unreadable,
         'wall_s': round(time.monotonic() - self.started, 3),
         'timing': {**self.timing,
                    'first_call_s': summary.get('first_step_s')},

@@ -388,3 +388,33 @@ def test_a_read_only_checkpoint_location_fails_at_once_and_loses_nothing(
     assert result['start_step'] == TRAIN_STEPS // 2
     _assert_same_tensors(task, baseline)
     shutil.rmtree(checkpoints)
+
+
+@pytest.mark.slow
+def test_a_full_model_location_fails_the_export_at_once_and_resumes_to_it(
+    tmp_path, dataset, baseline):
+  """Training ends, its last checkpoint is saved, the export finds the model
+  location full: named, not retried; after space is freed the rerun resumes
+  at the end and exports."""
+  root = str(tmp_path / 'run')
+  with _tmpfs(str(tmp_path / 'model_disk'), '1m') as disk:
+    task = _task(root, dataset)
+    task.serving_model_dir = os.path.join(disk, 'serving_model')
+    filler = _fill(disk)
+
+    with pytest.raises(supervisor.ClusterFailedError) as error:
+      _train(task, root)
+
+    message = str(error.value)
+    assert message.startswith(
+        f'The model location {task.serving_model_dir} is full'), message
+    assert '(storage_full: not retried)' in message, message
+    assert error.value.relaunches == []
+    assert _published_steps(task.checkpoint_dir)[-1] == TRAIN_STEPS
+
+    os.remove(filler)
+    _train(task, root)
+    result = tt.read_result(task)
+    assert result['start_step'] == result['steps'] == TRAIN_STEPS
+    assert result['exported']
+    _assert_same_tensors(task, baseline)
