@@ -11,6 +11,7 @@ when complete. No TFX import: training processes use it too.
 import dataclasses
 import json
 import os
+import shutil
 import threading
 import uuid
 from typing import Any, Callable, List, Optional, Tuple, TypeVar
@@ -98,6 +99,18 @@ def is_local(path: str) -> bool:
   """True for a plain path or file:// URI, False for gs://, s3://, ram://."""
   scheme, sep, _ = path.partition('://')
   return not sep or scheme in _LOCAL_SCHEMES
+
+
+def free_bytes(path: str) -> int:
+  """Free bytes of the local file system holding `path` (or its nearest
+  existing parent)."""
+  path = path.partition('://')[2] if '://' in path else path
+  while path and not os.path.exists(path):
+    parent = os.path.dirname(path.rstrip('/'))
+    if parent == path:
+      break
+    path = parent
+  return shutil.disk_usage(path or '/').free
 
 
 def is_process_local(path: str) -> bool:

@@ -45,6 +45,7 @@ from components import patches
 from components import pipeline_layout
 from components.patches import transform as transform_patches
 from components import storage
+from components import write_errors
 from components.transform import artifact as artifact_lib
 from components.transform.config import TuningConfig
 from components.transform import consumer as consumer_lib
@@ -109,6 +110,34 @@ def _user_function(fn: Callable[..., Any]) -> Callable[..., Any]:
   return getattr(fn, '__wrapped__', fn)
 
 
+def _raise_if_a_location_failed(error: BaseException,
+                                outputs: Dict[str, List[types.Artifact]]
+                               ) -> None:
+  """A stock write that failed for a full or read-only location, named: the
+  output the error mentions, else the local one with the least free space
+  (Beam's errors name no path), else all of them."""
+  problem = write_errors.location_problem(error)
+  if problem is None:
+    return
+  number, what = problem
+  text = str(error)
+  named = [(key, artifact.uri) for key, artifacts in sorted(outputs.items())
+           for artifact in artifacts]
+  found = [(k, u) for k, u in named if u in text]
+  if not found:
+    local = [(storage.free_bytes(u), k, u) for k, u in named
+             if storage.is_local(u)]
+    found = [min(local)[1:]] if local else []
+  where = (f'The {found[0][0]} output location {found[0][1]}' if found else
+           f'One of the output locations {[u for _, u in named]}')
+  first_line = next((line for line in text.splitlines() if line.strip()),
+                    type(error).__name__)
+  raise storage.ExplainedOSError(
+      number, f'{where} {what} ({first_line}). Free space there (or make it '
+      'writable) and rerun; the inputs and other runs\' outputs are '
+      'untouched, and nothing is retried.') from error
+
+
 class Executor(transform_patches.TransformExecutorHooks):
   """Runs the stock Transform with sharded output and tunes the reader."""
 
@@ -150,14 +179,18 @@ class Executor(transform_patches.TransformExecutorHooks):
     executor_utils.MatchNumberOfTransformedExamplesArtifacts(
         input_dict, output_dict)
     start = time.monotonic()
+    stock_outputs = {k: v for k, v in output_dict.items()
+                     if k != TUNED_INPUT_PIPELINE_KEY}
     with transform_patches.sharded_writes(plan.tuning.num_output_shards), \
         patches.installed(patches.TRANSFORM_EXECUTOR_HOOKS,
                           patches.UNZIPPED_WHEEL_INSTALLS):
-      super().Do(
-          input_dict,
-          {k: v for k, v in output_dict.items()
-           if k != TUNED_INPUT_PIPELINE_KEY},
-          {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
+      try:
+        super().Do(
+            input_dict, stock_outputs,
+            {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
+      except Exception as e:  # pylint: disable=broad-except
+        _raise_if_a_location_failed(e, stock_outputs)
+        raise
     _write_shard_indexes(output_dict.get(
         standard_component_specs.TRANSFORMED_EXAMPLES_KEY) or [])
     if plan.tuned_artifact is None:

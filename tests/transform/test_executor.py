@@ -135,3 +135,29 @@ def test_every_stock_input_is_taken_and_what_cannot_be_tuned_is_said(
     assert why is None
   else:
     assert re.search(expected[1], why), why
+
+
+def test_a_full_output_location_fails_the_write_naming_it(tmp_path):
+  """Beam's own write on a full file system: the error names the output and
+  says the location is full (not retried: nothing a rerun can cure)."""
+  from components import storage  # pylint: disable=g-import-not-at-top
+  from components.transform import executor as our_executor  # pylint: disable=g-import-not-at-top
+  from tests.support import small_disk  # pylint: disable=g-import-not-at-top
+  with small_disk.tmpfs(str(tmp_path / 'disk'), '256k') as disk:
+    small_disk.fill(disk)
+    with pytest.raises(Exception) as beam_error:
+      _write(disk, 2)
+    examples = standard_artifacts.Examples()
+    examples.uri = os.path.join(disk, 'Split-train')
+    graph = standard_artifacts.TransformGraph()
+    graph.uri = str(tmp_path / 'graph')
+    with pytest.raises(storage.ExplainedOSError) as error:
+      our_executor._raise_if_a_location_failed(  # pylint: disable=protected-access
+          beam_error.value, {'transform_graph': [graph],
+                             'transformed_examples': [examples]})
+  message = str(error.value)
+  assert message.startswith(
+      f'The transformed_examples output location {examples.uri} is full ('), (
+          message)
+  assert 'No space left on device' in message
+  assert error.value.__cause__ is beam_error.value

@@ -247,8 +247,7 @@ class CheckpointStore:
              f'{last["step"]}\'s)' if last else '')
     free = ''
     if storage.is_local(self.directory):
-      free = (f', {shutil.disk_usage(self.directory).free:,} bytes are free '
-              'there')
+      free = f', {storage.free_bytes(self.directory):,} bytes are free there'
     kept = (f'The last good checkpoint is step {last["step"]} ({last["path"]}),'
             ' kept: a rerun resumes from it.' if last else
             'No checkpoint was saved yet: a rerun starts from step 0.')

@@ -18,6 +18,8 @@ import json
 import re
 from typing import Callable, Optional, Tuple
 
+from components import write_errors
+
 # The line a process writes before exiting NOT_RETRYABLE_EXIT_CODE.
 FAILURE_MARK = 'tfx-hpm failure: '
 
@@ -62,9 +64,6 @@ TRANSIENT = FailureClass(
     'The cluster is relaunched from its last checkpoint while max_restarts '
     'lasts.')
 
-_FULL = (errno.ENOSPC, errno.EDQUOT)
-_FULL_TEXT = ('No space left on device', 'Disk quota exceeded')
-_READ_ONLY_TEXT = 'Read-only file system'
 _FILE_NOT_FOUND_TEXT = ('No such file or directory', 'gs://', 's3://')
 _TF_FUNCTION_PREFIX = re.compile(r'\{\{function_node [^}]*\}\}\s*')
 _TF_HEADERS = ('Graph execution error', 'Detected at node')
@@ -84,10 +83,8 @@ CLASSES: Tuple[Tuple[FailureClass, Callable[[BaseException], bool]], ...] = (
     (BAD_BASE_MODEL, lambda e: 'WarmStartError' in _names(e)),
     (CORRUPT_DATA, lambda e: 'DataLossError' in _names(e) or (
         'ShardChangedError' in _names(e))),
-    (STORAGE_FULL, lambda e: _has_errno(e, _FULL) or any(
-        text in str(e) for text in _FULL_TEXT)),
-    (STORAGE_READ_ONLY, lambda e: _has_errno(e, (errno.EROFS,)) or (
-        _READ_ONLY_TEXT in str(e))),
+    (STORAGE_FULL, write_errors.is_full),
+    (STORAGE_READ_ONLY, write_errors.is_read_only),
     (PERMISSION_DENIED, lambda e: _has_errno(e, (errno.EACCES, errno.EPERM))
      or 'PermissionDeniedError' in _names(e)),
     # A file, not another kind of resource (a restarted parameter server

@@ -8,7 +8,6 @@ flipped byte, a checkpoint location (a small tmpfs) that fills up
 mid-training, and one that is read-only.
 """
 
-import contextlib
 import errno
 import os
 import shutil
@@ -28,6 +27,7 @@ from components.trainer.cluster import failures
 from components.trainer.cluster import local_backend
 from components.trainer.cluster.local_backend import ProcessSpec
 from components.trainer.cluster import supervisor
+from tests.support import small_disk
 from tests.support import trainer_testing as tt
 
 TRAIN_STEPS = 80  # More than an epoch (64 steps): every file is read.
@@ -291,37 +291,11 @@ def test_a_shard_changed_since_the_last_attempt_fails_before_any_step(
   assert steps == set(range(8))
 
 
-@contextlib.contextmanager
-def _tmpfs(path: str, size: str):
-  os.makedirs(path)
-  mounted = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}',
-                            'tmpfs', path], capture_output=True, text=True)
-  if mounted.returncode:
-    pytest.skip(f'cannot mount a tmpfs here (needs root): '
-                f'{mounted.stderr.strip()}')
-  try:
-    yield path
-  finally:
-    subprocess.run(['umount', '-l', path], check=False)
-
-
-def _fill(directory: str) -> str:
-  """Writes a file until the filesystem is full; returns its path."""
-  path = os.path.join(directory, 'filler')
-  with open(path, 'wb', buffering=0) as f:  # Unbuffered: nothing left to
-    try:                                    # flush on close.
-      while True:
-        f.write(b'\0' * 4096)
-    except OSError as e:
-      assert e.errno == errno.ENOSPC, e
-  return path
-
-
 @pytest.mark.slow
 def test_a_full_checkpoint_location_says_so_keeps_the_last_good_one_and_resumes(
     tmp_path, dataset, baseline):
   root = str(tmp_path / 'run')
-  with _tmpfs(str(tmp_path / 'small_disk'), '2m') as disk:
+  with small_disk.tmpfs(str(tmp_path / 'small_disk'), '2m') as disk:
     checkpoints = os.path.join(disk, 'checkpoints')
     task = _task(root, dataset, checkpoint_dir=checkpoints,
                  step_sleep_s=0.1)
@@ -333,7 +307,7 @@ def test_a_full_checkpoint_location_says_so_keeps_the_last_good_one_and_resumes(
                               store_lib.MANIFEST_NAME)
       while not os.path.exists(manifest):
         time.sleep(0.02)
-      filler.append(_fill(disk))
+      filler.append(small_disk.fill(disk))
 
     filling = threading.Thread(target=fill_after_the_first_checkpoint,
                                daemon=True)
@@ -363,7 +337,7 @@ def test_a_full_checkpoint_location_says_so_keeps_the_last_good_one_and_resumes(
 def test_a_read_only_checkpoint_location_fails_at_once_and_loses_nothing(
     tmp_path, dataset, baseline):
   root = str(tmp_path / 'run')
-  with _tmpfs(str(tmp_path / 'disk'), '4m') as disk:
+  with small_disk.tmpfs(str(tmp_path / 'disk'), '4m') as disk:
     checkpoints = os.path.join(disk, 'checkpoints')
     first = _task(root, dataset, checkpoint_dir=checkpoints)
     first.train_steps = TRAIN_STEPS // 2
@@ -397,10 +371,10 @@ def test_a_full_model_location_fails_the_export_at_once_and_resumes_to_it(
   location full: named, not retried; after space is freed the rerun resumes
   at the end and exports."""
   root = str(tmp_path / 'run')
-  with _tmpfs(str(tmp_path / 'model_disk'), '1m') as disk:
+  with small_disk.tmpfs(str(tmp_path / 'model_disk'), '1m') as disk:
     task = _task(root, dataset)
     task.serving_model_dir = os.path.join(disk, 'serving_model')
-    filler = _fill(disk)
+    filler = small_disk.fill(disk)
 
     with pytest.raises(supervisor.ClusterFailedError) as error:
       _train(task, root)
