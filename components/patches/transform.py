@@ -15,8 +15,9 @@
 
 import contextlib
 import functools
+import os
 import threading
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import apache_beam as beam
 from tfx.components.transform import executor as transform_executor
@@ -29,15 +30,18 @@ METRICS_NAMESPACE = 'tfx_hpm'
 # Counter name prefix of the examples written per output path.
 EXAMPLES_COUNTER = 'examples_written:'
 
-_shards_by_thread: Dict[int, int] = {}
+_shards_by_thread: Dict[int, Tuple[int, Dict[str, int]]] = {}
 
 
 @contextlib.contextmanager
-def sharded_writes(num_shards: int) -> Iterator[None]:
-  """Makes the stock executor, in this thread, write `num_shards` files."""
+def sharded_writes(num_shards: int,
+                   by_split: Optional[Dict[str, int]] = None
+                  ) -> Iterator[None]:
+  """Makes the stock executor, in this thread, write `num_shards` files per
+  split, or `by_split[<split>]` where given."""
   thread = threading.get_ident()
   with patches.installed(patches.SHARDED_TRANSFORM_WRITES):
-    _shards_by_thread[thread] = num_shards
+    _shards_by_thread[thread] = (num_shards, dict(by_split or {}))
     try:
       yield
     finally:
@@ -54,15 +58,24 @@ def sharded_processor(stock: type) -> type:
     @staticmethod
     def _EncodeAndWrite(schema: schema_pb2.Schema, file_format: str,  # pylint: disable=invalid-name
                         output_path: str):
-      num_shards = _shards_by_thread.get(threading.get_ident())
-      if num_shards is None or file_format != labels.FORMAT_TFRECORD:
+      shards = _shards_by_thread.get(threading.get_ident())
+      if shards is None or file_format != labels.FORMAT_TFRECORD:
         return stock._EncodeAndWrite(  # pylint: disable=protected-access
             schema=schema, file_format=file_format, output_path=output_path)
+      default, by_split = shards
+      split = _split_of(output_path)
       return _EncodeAndWriteSharded(  # pylint: disable=no-value-for-parameter
-          schema=schema, output_path=output_path, num_shards=num_shards,
+          schema=schema, output_path=output_path,
+          num_shards=by_split.get(split, default),
           to_examples=stock._RecordBatchToExamplesFn)  # pylint: disable=protected-access
 
   return ShardedTransformProcessor
+
+
+def _split_of(output_path: str) -> Optional[str]:
+  """`<name>` of the `Split-<name>` folder the stock executor writes into."""
+  folder = os.path.basename(os.path.dirname(output_path.rstrip('/')))
+  return folder[len('Split-'):] if folder.startswith('Split-') else None
 
 
 @beam.ptransform_fn

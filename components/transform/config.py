@@ -48,7 +48,12 @@ class TuningConfig(JsonConfig):
     num_output_shards: Files per materialized split, written by Transform's
       own Beam write (so it scales with the runner), so that parallel
       interleave and per-worker sharding have files to work with; 0 lets the
-      runner decide, as the stock Transform does.
+      runner decide, as the stock Transform does. A lower bound: a split
+      whose raw examples exceed `num_output_shards x max_shard_mb` gets one
+      file per `max_shard_mb` of them, so that one shard stays a small part
+      of an epoch at any size (a resume reads at most one shard per reader).
+    max_shard_mb: The bound on a materialized shard, estimated from the raw
+      examples' size (0: no bound, `num_output_shards` files).
     max_candidates: Most pipeline configs measured (the time budget may stop
       the search earlier).
     measure_seconds: Timed seconds per measured pipeline.
@@ -78,6 +83,7 @@ class TuningConfig(JsonConfig):
   cache_dir: Optional[str] = None
   materialize: str = 'auto'
   num_output_shards: int = 16
+  max_shard_mb: float = 128.0
   max_candidates: int = 12
   measure_seconds: float = 0.3
   allow_nondeterministic: bool = False
@@ -124,6 +130,9 @@ class TuningConfig(JsonConfig):
       raise ValueError('num_output_shards must be an int >= 0 (0 keeps '
                        "Transform's files), got "
                        f'{self.num_output_shards!r}.')
+    if not _is_number(self.max_shard_mb) or self.max_shard_mb < 0:
+      raise ValueError('max_shard_mb must be a finite number >= 0 (0: no '
+                       f'bound), got {self.max_shard_mb!r}.')
     if (not _is_number(self.measure_seconds) or self.measure_seconds <= 0 or
         self.measure_seconds > self.time_budget_s):
       raise ValueError('measure_seconds must be positive and at most '

@@ -1,6 +1,8 @@
 """The tuner's decisions from measured numbers: cache, placement, whether
-training is input-bound, the search space and its order. No measurement."""
+training is input-bound, the search space and its order; and the shard
+count of a materialized split. No measurement."""
 
+import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -155,3 +157,14 @@ def choose_placement(tuning: TuningConfig, defaults: Dict[str, Measurement],
                           f'reading materialized ones ({rates})')
   return 'materialized', ('materialized: reading transformed examples beats '
                           f'transforming on the fly ({rates})')
+
+
+def shard_count(raw_bytes: int, num_output_shards: int,
+                max_shard_mb: float) -> int:
+  """Files for a materialized split of `raw_bytes` of raw examples:
+  `num_output_shards`, or more where a shard would exceed `max_shard_mb`
+  (0 for either: no bound; 0 shards lets the runner decide)."""
+  if not num_output_shards or not max_shard_mb:
+    return num_output_shards
+  return max(num_output_shards,
+             math.ceil(raw_bytes / (max_shard_mb * 2**20)))

@@ -49,6 +49,7 @@ from components import write_errors
 from components.transform import artifact as artifact_lib
 from components.transform.config import TuningConfig
 from components.transform import consumer as consumer_lib
+from components.transform import decisions
 from components.transform import history
 from components.transform import measurement
 from components.transform import report
@@ -181,7 +182,16 @@ class Executor(transform_patches.TransformExecutorHooks):
     start = time.monotonic()
     stock_outputs = {k: v for k, v in output_dict.items()
                      if k != TUNED_INPUT_PIPELINE_KEY}
-    with transform_patches.sharded_writes(plan.tuning.num_output_shards), \
+    tuning = plan.tuning
+    shards = {split: decisions.shard_count(size, tuning.num_output_shards,
+                                           tuning.max_shard_mb)
+              for split, size in tuning_inputs.raw_bytes_by_split(
+                  input_dict.get(standard_component_specs.EXAMPLES_KEY) or []
+              ).items()}
+    if any(count != tuning.num_output_shards for count in shards.values()):
+      logging.info('OptimizedTransform: shards per split, at most %g MB of '
+                   'raw examples each: %s', tuning.max_shard_mb, shards)
+    with transform_patches.sharded_writes(tuning.num_output_shards, shards), \
         patches.installed(patches.TRANSFORM_EXECUTOR_HOOKS,
                           patches.UNZIPPED_WHEEL_INSTALLS):
       try:
@@ -331,7 +341,9 @@ class Executor(transform_patches.TransformExecutorHooks):
         'stock Transform seconds (inside this step, sharded Beam write '
         'included)': f'{transform_seconds:.1f}',
         'materialized files per split': (
-            str(tuning.num_output_shards or 'as the Beam runner wrote them')
+            (f'{tuning.num_output_shards}, more where a shard would exceed '
+             f'{tuning.max_shard_mb:g} MB of raw examples'
+             if tuning.num_output_shards else 'as the Beam runner wrote them')
             if transformed else 'none'),
         'examples per split (Beam counter)': ', '.join(
             f'{os.path.basename(os.path.dirname(path))}: {n:,}'

@@ -161,3 +161,26 @@ def test_a_full_output_location_fails_the_write_naming_it(tmp_path):
           message)
   assert 'No space left on device' in message
   assert error.value.__cause__ is beam_error.value
+
+
+def test_a_split_gets_a_shard_per_bounded_size():
+  from components.transform import decisions  # pylint: disable=g-import-not-at-top
+  mb = 2**20
+  assert decisions.shard_count(10 * mb, 16, 128) == 16  # Small: the floor.
+  assert decisions.shard_count(100_000 * mb, 16, 128) == 782  # 100 GB.
+  assert decisions.shard_count(100_000 * mb, 16, 0) == 16  # No bound.
+  assert decisions.shard_count(100_000 * mb, 0, 128) == 0  # Runner decides.
+
+
+def test_each_split_is_written_in_its_own_shard_count(tmp_path):
+  output_path = os.path.join(str(tmp_path), 'Split-eval',
+                             'transformed_examples')
+  with transform_patches.sharded_writes(4, {'eval': 3, 'train': 7}):
+    processor = transform_executor.TransformProcessor()
+    with beam.Pipeline(argv=['--direct_running_mode=in_memory',
+                             '--direct_num_workers=1']) as pipeline:
+      _ = (pipeline | beam.Create(_batches(), reshuffle=False)
+           | processor._EncodeAndWrite(  # pylint: disable=protected-access
+               schema=SCHEMA, file_format=labels.FORMAT_TFRECORD,
+               output_path=output_path))
+  assert len(glob.glob(os.path.join(str(tmp_path), 'Split-eval', '*'))) == 3
