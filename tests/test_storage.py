@@ -39,6 +39,7 @@ from components import storage
 from components.trainer.checkpoint import store as store_lib
 from components.trainer import executor as trainer_executor
 from components.trainer import model_run as trainer_model_run
+from components.trainer.config import DistributionConfig
 from components.transform.config import TuningConfig
 from components.transform import executor as transform_executor
 from components.transform import tuner
@@ -238,8 +239,14 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
           'backup_root': backup_root, 'save_every_steps': 2,
           'delete_after_export': False}),
   })
+  validations = []
+  validate = DistributionConfig.validate
+  monkeypatch.setattr(DistributionConfig, 'validate', lambda config: (
+      validations.append(config.strategy), validate(config))[1])
   trainer_executor.Executor().Do(
       {'examples': [examples], 'schema': [schema]}, outputs, properties)
+  # The executor and the training in its process share one validation.
+  assert validations == ['auto']
 
   serving = os.path.join(model_uri, 'Format-Serving')
   loaded = tf.saved_model.load(serving)

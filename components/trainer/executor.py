@@ -275,7 +275,7 @@ class Executor(base_executor.BaseExecutor):
             ) -> Dict[str, Any]:
     """Trains; returns the launch record (the chief wrote the result)."""
     if config.launcher == 'in_process':
-      entry.run_in_process(task)
+      entry.run_in_process(task, config)
       return {'launcher': 'in_process'}
     unshared = {k: v for k, v in task.output_dirs().items()
                 if storage.is_process_local(v)}

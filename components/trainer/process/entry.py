@@ -20,7 +20,7 @@ import logging as std_logging
 import os
 import sys
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 # The suite uses tf-keras; set before anything imports TensorFlow.
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
@@ -71,12 +71,13 @@ def seed_process(config: DistributionConfig) -> None:
     tf.config.experimental.enable_op_determinism()
 
 
-def train(task: TrainingTask, shared_process: bool = False
-         ) -> Dict[str, Any]:
+def train(task: TrainingTask, shared_process: bool = False,
+          config: Optional[DistributionConfig] = None) -> Dict[str, Any]:
   """Trains as this process's part of the task; returns the result dict.
-  `shared_process`: this is the executor's process (launcher in_process)."""
+  `shared_process`: this is the executor's process (launcher in_process),
+  which passes the `config` it validated."""
   began = time.monotonic()
-  config = DistributionConfig.from_dict(task.distribution)
+  config = config or DistributionConfig.from_dict(task.distribution)
   logical_cpus = config.logical_cpu_devices
   if task.partition_plan_uri:
     # Pipeline stages (of each data-parallel copy) need a device each;
@@ -122,13 +123,15 @@ def train(task: TrainingTask, shared_process: bool = False
   return result
 
 
-def run_in_process(task: TrainingTask) -> Dict[str, Any]:
-  """launcher='in_process': this process's role comes from TF_CONFIG."""
+def run_in_process(task: TrainingTask,
+                   config: DistributionConfig) -> Dict[str, Any]:
+  """launcher='in_process': this process's role comes from TF_CONFIG;
+  `config`: the executor's validated and resolved distribution config."""
   task_type = choice.tf_config_from_env().get('task', {}).get('type')
   if (registry.get(task.distribution['strategy']).cluster ==
       registry.PARAMETER_SERVERS and task_type in ('ps', 'worker')):
     run_server()
-  return train(task, shared_process=True)
+  return train(task, shared_process=True, config=config)
 
 
 def log_at_info() -> None:

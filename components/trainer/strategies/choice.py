@@ -144,8 +144,14 @@ def resolve(config: DistributionConfig,
   if (config.strategy == 'auto' and config.launcher == 'ray' and
       workers == 1 and registry.get(name).cluster == registry.WORKERS):
     workers = env.ray_nodes
-  return dataclasses.replace(config, strategy=name, num_workers=workers,
-                             logical_cpu_devices=logical).validate(), reason
+  resolved = dataclasses.replace(config, strategy=name, num_workers=workers,
+                                 logical_cpu_devices=logical)
+  # The config was validated; what the choice adds is the replica count
+  # the global batch must divide by (`auto` picks only fitting clusters).
+  replicas = resolved.expected_replicas()
+  if replicas is not None:
+    resolved.per_replica_batch(replicas)
+  return resolved, reason
 
 
 def is_chief(tf_config: Dict[str, Any]) -> bool:
