@@ -3,14 +3,16 @@
 No TFX, no TensorFlow: `config` (TuningConfig and its validation).
 TensorFlow, no TFX: `tuner` (the time-budgeted search) over `results` (what
 it returns), `measurement` (timing, the deadline), `sources` (what it
-measures on) and `decisions` (cache, placement, input-bound, search space);
+measures on) and `decisions` (cache, placement, input-bound, search space,
+shards per split);
 `consumer` (the model's training-step rate), `history` (the previous tuning
 and training of this pipeline, from their artifact files), `report`
 (markdown and PNG chart).
 TFX: `component`, `executor` (the stock executor, writing the transformed
-examples in `num_output_shards` files inside its Beam pipeline, through
-`components.patches.transform`), `artifact` (the TunedInputPipeline it
-writes).
+examples in bounded shards inside its Beam pipeline, through
+`components.patches.transform`), `materialized` (that write's shard counts,
+counters, shard indexes and storage errors), `tuning_inputs` (the split and
+files it tunes on), `artifact` (the TunedInputPipeline it writes).
 The dataset library it tunes (`components.data.input_pipeline`) is shared
 with HighPerfTrainer.
 """

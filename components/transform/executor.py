@@ -40,17 +40,15 @@ from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components.data import input_pipeline
-from components.data import shard_index
 from components import patches
 from components import pipeline_layout
 from components.patches import transform as transform_patches
 from components import storage
-from components import write_errors
 from components.transform import artifact as artifact_lib
 from components.transform.config import TuningConfig
 from components.transform import consumer as consumer_lib
-from components.transform import decisions
 from components.transform import history
+from components.transform import materialized
 from components.transform import measurement
 from components.transform import report
 from components.transform import tuner
@@ -111,34 +109,6 @@ def _user_function(fn: Callable[..., Any]) -> Callable[..., Any]:
   return getattr(fn, '__wrapped__', fn)
 
 
-def _raise_if_a_location_failed(error: BaseException,
-                                outputs: Dict[str, List[types.Artifact]]
-                               ) -> None:
-  """A stock write that failed for a full or read-only location, named: the
-  output the error mentions, else the local one with the least free space
-  (Beam's errors name no path), else all of them."""
-  problem = write_errors.location_problem(error)
-  if problem is None:
-    return
-  number, what = problem
-  text = str(error)
-  named = [(key, artifact.uri) for key, artifacts in sorted(outputs.items())
-           for artifact in artifacts]
-  found = [(k, u) for k, u in named if u in text]
-  if not found:
-    local = [(storage.free_bytes(u), k, u) for k, u in named
-             if storage.is_local(u)]
-    found = [min(local)[1:]] if local else []
-  where = (f'The {found[0][0]} output location {found[0][1]}' if found else
-           f'One of the output locations {[u for _, u in named]}')
-  first_line = next((line for line in text.splitlines() if line.strip()),
-                    type(error).__name__)
-  raise storage.ExplainedOSError(
-      number, f'{where} {what} ({first_line}). Free space there (or make it '
-      'writable) and rerun; the inputs and other runs\' outputs are '
-      'untouched, and nothing is retried.') from error
-
-
 class Executor(transform_patches.TransformExecutorHooks):
   """Runs the stock Transform with sharded output and tunes the reader."""
 
@@ -183,14 +153,8 @@ class Executor(transform_patches.TransformExecutorHooks):
     stock_outputs = {k: v for k, v in output_dict.items()
                      if k != TUNED_INPUT_PIPELINE_KEY}
     tuning = plan.tuning
-    shards = {split: decisions.shard_count(size, tuning.num_output_shards,
-                                           tuning.max_shard_mb)
-              for split, size in tuning_inputs.raw_bytes_by_split(
-                  input_dict.get(standard_component_specs.EXAMPLES_KEY) or []
-              ).items()}
-    if any(count != tuning.num_output_shards for count in shards.values()):
-      logging.info('OptimizedTransform: shards per split, at most %g MB of '
-                   'raw examples each: %s', tuning.max_shard_mb, shards)
+    shards = materialized.shards_by_split(
+        input_dict.get(standard_component_specs.EXAMPLES_KEY) or [], tuning)
     with transform_patches.sharded_writes(tuning.num_output_shards, shards), \
         patches.installed(patches.TRANSFORM_EXECUTOR_HOOKS,
                           patches.UNZIPPED_WHEEL_INSTALLS):
@@ -199,9 +163,9 @@ class Executor(transform_patches.TransformExecutorHooks):
             input_dict, stock_outputs,
             {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
       except Exception as e:  # pylint: disable=broad-except
-        _raise_if_a_location_failed(e, stock_outputs)
+        materialized.raise_if_a_location_failed(e, stock_outputs)
         raise
-    _write_shard_indexes(output_dict.get(
+    materialized.write_shard_indexes(output_dict.get(
         standard_component_specs.TRANSFORMED_EXAMPLES_KEY) or [])
     if plan.tuned_artifact is None:
       logging.info('OptimizedTransform: no %s output to write, so the input '
@@ -209,7 +173,7 @@ class Executor(transform_patches.TransformExecutorHooks):
       return
     self._tune_after_transform(plan, input_dict, output_dict,
                                exec_properties, time.monotonic() - start,
-                               self._examples_written())
+                               materialized.examples_written(self._pipelines))
 
   def _plan(self, input_dict: Dict[str, List[types.Artifact]],
             output_dict: Dict[str, List[types.Artifact]],
@@ -292,7 +256,7 @@ class Executor(transform_patches.TransformExecutorHooks):
     transformed = (
         output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
         if tuning_inputs.are_tfrecords(examples) else None)
-    num_examples = (_split_count(examples_written, transformed,
+    num_examples = (materialized.split_count(examples_written, transformed,
                                  tuning.tune_split)
                     if transformed else None)
 
@@ -300,17 +264,18 @@ class Executor(transform_patches.TransformExecutorHooks):
         output_dict[standard_component_specs.TRANSFORM_GRAPH_KEY])
     tft_output = tft.TFTransformOutput(transform_graph_uri)
     feature_spec = tft_output.transformed_feature_spec()
-    materialized = (tuning_inputs.split_patterns(transformed, tuning.tune_split)
-                    if transformed else None)
+    materialized_patterns = (
+        tuning_inputs.split_patterns(transformed, tuning.tune_split)
+        if transformed else None)
     raw_patterns = ({split: tuning_inputs.split_patterns(examples, split)
                      for split in splits_config.transform}
                     if tuning_inputs.are_tfrecords(examples, tuning_inputs.TF_EXAMPLE) else None)
     references = ({artifact_lib.STOCK_READER: _stock_reader(
-        materialized, tft_output.transformed_metadata.schema, batch)}
-                  if materialized else {})
+        materialized_patterns, tft_output.transformed_metadata.schema, batch)}
+                  if materialized_patterns else {})
     key = history.tuning_key(
         feature_spec, num_examples if num_examples is not None else
-        _estimated_examples(materialized or (raw_patterns or {}).get(
+        _estimated_examples(materialized_patterns or (raw_patterns or {}).get(
             tuning.tune_split)), tuning.tune_split, batch)
     previous = None
     if tuning.reuse:
@@ -321,7 +286,7 @@ class Executor(transform_patches.TransformExecutorHooks):
         notes.append(f'Previous tuning {found.reason}.')
     result = tuner.tune(
         tuning, feature_spec,
-        materialized_patterns=materialized,
+        materialized_patterns=materialized_patterns,
         transform_graph_uri=transform_graph_uri,
         raw_file_patterns=raw_patterns,
         num_examples=num_examples,
@@ -387,29 +352,6 @@ class Executor(transform_patches.TransformExecutorHooks):
           'one device)', batch)
     return measure
 
-  def _examples_written(self) -> Dict[str, int]:
-    """Output path -> examples written, from the Beam counters (if any)."""
-    counts = {}
-    for pipeline in self._pipelines:
-      result = getattr(pipeline, 'result', None)
-      if result is None:
-        continue
-      try:
-        counters = result.metrics().query(
-            beam.metrics.MetricsFilter().with_namespace(
-                transform_patches.METRICS_NAMESPACE))['counters']
-      except Exception as e:  # pylint: disable=broad-except
-        logging.info('No Beam metrics from this runner: %s', e)
-        continue
-      for counter in counters:
-        name = counter.key.metric.name
-        if name.startswith(transform_patches.EXAMPLES_COUNTER):
-          value = counter.committed
-          if value is None:
-            value = counter.attempted
-          counts[name[len(transform_patches.EXAMPLES_COUNTER):]] = int(
-              value or 0)
-    return counts
 
 
 def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
@@ -425,37 +367,9 @@ def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
     return None
 
 
-def _split_count(counts: Dict[str, int], transformed: List[types.Artifact],
-                 split: str) -> Optional[int]:
-  """Examples written into `split`'s folders, None if any is not counted."""
-  total = 0
-  for uri in artifact_utils.get_split_uris(transformed, split):
-    matches = [n for path, n in counts.items()
-               if os.path.dirname(path.rstrip('/')) == uri.rstrip('/')]
-    if not matches:
-      return None
-    total += sum(matches)
-  return total
-
-
 def _stock_reader(patterns: List[str], schema: schema_pb2.Schema,
                   batch_size: int) -> tuner.DatasetFn:
   """The reader TFX's `data_accessor.tf_dataset_factory` builds (defaults)."""
   return lambda: tfxio.TFExampleRecord(
       file_pattern=patterns, schema=schema).TensorFlowDataset(
           tfxio.TensorFlowDatasetOptions(batch_size=batch_size))
-
-
-def _write_shard_indexes(transformed: List[types.Artifact]) -> None:
-  """Each materialized split's shard index, beside its `Split-*` folder
-  (the trainer checks its data against it instead of counting)."""
-  for artifact in transformed:
-    for split in artifact_utils.decode_split_names(artifact.split_names):
-      folder = artifact_utils.get_split_uri([artifact], split)
-      # Gzipped TFRecords, as the Transform writes tf.Examples; not
-      # materialized, or in another format: nothing to index.
-      files = tf.io.gfile.glob(os.path.join(folder, '*.gz'))
-      if files:
-        shard_index.write(
-            shard_index.build(folder, files, 'GZIP'),
-            shard_index.artifact_index_path(folder))

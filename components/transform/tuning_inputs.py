@@ -5,7 +5,6 @@ materialized or raw tf.Example), for every input the stock Transform takes.
 
 from typing import Any, Dict, List, Optional, Tuple
 
-import tensorflow as tf
 from tfx import types
 from tfx.components.transform import executor_utils
 from tfx.components.util import examples_utils
@@ -68,15 +67,3 @@ def split_patterns(artifacts: List[types.Artifact], split: str) -> List[str]:
   """The file patterns of `split` in every artifact."""
   return [io_utils.all_files_pattern(uri)
           for uri in artifact_utils.get_split_uris(artifacts, split)]
-
-
-def raw_bytes_by_split(examples: List[types.Artifact]) -> Dict[str, int]:
-  """Each split's raw example bytes over the artifacts (file sizes only)."""
-  sizes: Dict[str, int] = {}
-  for artifact in examples:
-    for split in artifact_utils.decode_split_names(artifact.split_names):
-      uri = artifact_utils.get_split_uri([artifact], split)
-      sizes[split] = sizes.get(split, 0) + sum(
-          tf.io.gfile.stat(path).length
-          for path in tf.io.gfile.glob(io_utils.all_files_pattern(uri)))
-  return sizes

@@ -141,7 +141,7 @@ def test_a_full_output_location_fails_the_write_naming_it(tmp_path):
   """Beam's own write on a full file system: the error names the output and
   says the location is full (not retried: nothing a rerun can cure)."""
   from components import storage  # pylint: disable=g-import-not-at-top
-  from components.transform import executor as our_executor  # pylint: disable=g-import-not-at-top
+  from components.transform import materialized  # pylint: disable=g-import-not-at-top
   from tests.support import small_disk  # pylint: disable=g-import-not-at-top
   with small_disk.tmpfs(str(tmp_path / 'disk'), '256k') as disk:
     small_disk.fill(disk)
@@ -152,7 +152,7 @@ def test_a_full_output_location_fails_the_write_naming_it(tmp_path):
     graph = standard_artifacts.TransformGraph()
     graph.uri = str(tmp_path / 'graph')
     with pytest.raises(storage.ExplainedOSError) as error:
-      our_executor._raise_if_a_location_failed(  # pylint: disable=protected-access
+      materialized.raise_if_a_location_failed(
           beam_error.value, {'transform_graph': [graph],
                              'transformed_examples': [examples]})
   message = str(error.value)

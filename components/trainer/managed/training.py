@@ -19,7 +19,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import tensorflow as tf
 
