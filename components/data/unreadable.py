@@ -27,7 +27,8 @@ class Unreadable:
   path: str
   position: int
   # Records skipped where the file's count is known (a shard index written
-  # with the examples); None: the rest of the file, count unknown.
+  # with the examples, filled in by the trainer's data check); None: the
+  # rest of the file, count unknown.
   skipped: Optional[int]
   error: str
 
@@ -46,10 +47,8 @@ class Scan:
     return [dataclasses.asdict(u) for u in self.unreadable]
 
 
-def scan(files: Sequence[str], compression_type: str,
-         indexed: Optional[Dict[str, int]] = None) -> Scan:
-  """Reads each file to its end, in parallel. `indexed`: the record count
-  each file had when its shard index was written, if known."""
+def scan(files: Sequence[str], compression_type: str) -> Scan:
+  """Reads each file to its end, in parallel."""
   files = sorted(files)
   with concurrent.futures.ThreadPoolExecutor(_SCAN_THREADS) as pool:
     found = list(pool.map(
@@ -58,9 +57,7 @@ def scan(files: Sequence[str], compression_type: str,
   for path, (records, error) in zip(files, found):
     readable[path] = records
     if error is not None:
-      known = (indexed or {}).get(path)
-      unreadable.append(Unreadable(
-          path, records, None if known is None else known - records, error))
+      unreadable.append(Unreadable(path, records, None, error))
   return Scan(readable, unreadable)
 
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from components.data import input_pipeline
 from components.data import shard_check
+from components.data import shard_index
 from components.data import unreadable
 from components.trainer.managed import training
 from tests.support import trainer_testing as tt
@@ -39,11 +40,15 @@ def test_a_file_is_read_up_to_its_limit(tmp_path):
 
 def test_opted_in_training_reads_past_a_damaged_file_and_records_it(
     tmp_path, caplog, monkeypatch):
-  data = tt.write_id_dataset(str(tmp_path / 'data'), NUM_EXAMPLES,
-                             num_files=4)
-  damaged = sorted(tf.io.gfile.glob(data['pattern']))[-1]
+  folder = str(tmp_path / 'examples' / 'Split-train')
+  data = tt.write_id_dataset(folder, NUM_EXAMPLES, num_files=4)
+  files = sorted(tf.io.gfile.glob(data['pattern']))
+  # Indexed as OptimizedTransform writes it: the file's count is known.
+  shard_index.write(shard_index.build(folder, files, 'GZIP'),
+                    shard_index.artifact_index_path(folder))
+  damaged = files[-1]
   in_file = input_pipeline.count_records([damaged], 'GZIP')
-  _flip_a_byte(damaged)
+  _flip_a_byte(damaged)  # The size stays: the index check passes.
   position = shard_check.first_damaged([damaged], 'GZIP')['readable_records']
   task = tt.make_task(str(tmp_path / 'run'), data, train_steps=TRAIN_STEPS,
                       fault_tolerance={'skip_unreadable_records': True})
@@ -53,9 +58,8 @@ def test_opted_in_training_reads_past_a_damaged_file_and_records_it(
 
   assert result['steps'] == TRAIN_STEPS
   [skip] = result['unreadable_records']
-  # No index was written with these examples: how many follow is unknown.
   assert (skip['path'], skip['position'], skip['skipped']) == (
-      damaged, position, None)
+      damaged, position, in_file - position)
   assert skip['error']
   assert any(damaged in r.getMessage() and 'skip_unreadable_records' in
              r.getMessage() for r in caplog.records)
