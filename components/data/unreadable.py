@@ -26,10 +26,6 @@ class Unreadable:
   """One damaged file: records [0, position) are read, the rest skipped."""
   path: str
   position: int
-  # Records skipped where the file's count is known (a shard index written
-  # with the examples, filled in by the trainer's data check); None: the
-  # rest of the file, count unknown.
-  skipped: Optional[int]
   error: str
 
 
@@ -57,7 +53,7 @@ def scan(files: Sequence[str], compression_type: str) -> Scan:
   for path, (records, error) in zip(files, found):
     readable[path] = records
     if error is not None:
-      unreadable.append(Unreadable(path, records, None, error))
+      unreadable.append(Unreadable(path, records, error))
   return Scan(readable, unreadable)
 
 

@@ -193,15 +193,19 @@ def check_data(task: TrainingTask, data: TrainingData, is_chief: bool,
     found.indexes[split] = {'source': source} if index is None else {
         'shards': len(index.shards), 'records': index.records,
         'source': source}
+    if index is not None and source.startswith(
+        shard_index.WRITTEN_WITH_THE_EXAMPLES):
+      # The files' counts as written: what a damaged file's prefix leaves.
+      indexed.update(index.records_by_path())
     if split == 'train' and index is not None:
       found.train_records = index.records_by_path()
-      if source.startswith(shard_index.WRITTEN_WITH_THE_EXAMPLES):
-        indexed = found.train_records
   if scanned is not None and scanned.unreadable:
     found.readable_records = scanned.limits()
+    # Records skipped where the file's count is known; None: the rest of
+    # the file, count unknown.
     found.unreadable = [
         {**u, 'skipped': (indexed[u['path']] - u['position']
-                          if u['path'] in indexed else u['skipped'])}
+                          if u['path'] in indexed else None)}
         for u in scanned.describe()]
     if found.train_records is not None:
       found.train_records = {**found.train_records, **{

@@ -78,7 +78,6 @@ class ManagedTraining:
     # Seconds of each part outside the steps (training_result.json
     # `timing`), so that the component's fixed cost can be told apart.
     self.timing: Dict[str, float] = {}
-    self.context = context
     self.task = task = context.task
     self.strategy = strategy = context.strategy
     self.spec = context.spec
