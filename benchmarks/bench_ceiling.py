@@ -297,6 +297,8 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
   from benchmarks import tf_trace
   from components.trainer.managed import accumulation
   from components.trainer.process import cpu_threads
+  from components.data import input_pipeline
+  from components.data import shard_index
   from components.trainer.managed import datasets
   from components.trainer.managed import step_runners
   from components.records import tuned_input_pipeline
@@ -320,8 +322,15 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
       schema_path=None, serving_model_dir='', model_run_dir='',
       train_steps=train_steps, eval_steps=0, hparams={}, custom_config={},
       distribution={}, fault_tolerance={}, checkpoint_dir='')
-  dataset_fn = datasets.train_dataset_fn(task, data, batch, 0,
-                                         datasets.DATA_SEED, config)
+  # The trainer's data order (one partition) over the examples' index.
+  files = input_pipeline.list_files(train_files)
+  index, _ = shard_index.ensure(train_files, files, config.compression_type,
+                                tempfile.mkdtemp(), build_missing=True)
+  check = datasets.DataCheck(train_records=index.records_by_path())
+  order = datasets.train_order(data, check, datasets.DATA_SEED, batch, 1)
+  # Every iterator below reads at most 2 x train_steps + the traced calls.
+  dataset_fn = datasets.ordered_train_dataset_fn(
+      check, data, order, 0, 2 * train_steps + 4 * k)
   batches = list(dataset_fn(tf.distribute.InputContext()).take(
       max(1, 10_000 // batch)))
   stacked = tf.nest.map_structure(lambda *t: tf.stack(t), *batches)

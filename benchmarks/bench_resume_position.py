@@ -8,11 +8,13 @@ them all. The run is then restarted from a copy of the checkpoint folder
 that holds only the checkpoint of step 100, 50,000 or 50,400 (400 steps into
 an epoch, the most rows to drop), and the seconds from spawning the process
 to the end of its first resumed step are measured (3 interleaved rounds),
-with the same for a fresh start. Beside it, in this process: the seconds to the first batch of
-the input pipeline at those positions, ours (`skip_batches`, which builds
-the resumed epoch and drops the rows before the position) against
-`dataset.skip(n)` on the same pipeline (what the trainer did before, and
-what a stock user does), which reads and discards every earlier batch.
+with the same for a fresh start (the trainer resumes in its data order,
+`data_order`). Beside it, in this process: the seconds to the first batch of
+`build_dataset` at those positions (`skip_batches`, which builds the resumed
+epoch and drops the rows before the position: what a resume does without a
+shard index) against `dataset.skip(n)` on the same pipeline (what a stock
+user does), which reads and discards every earlier batch. The cost against
+the rows, not the steps: `bench_scale`.
 """
 
 import argparse

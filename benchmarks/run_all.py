@@ -14,7 +14,7 @@ import time
 from benchmarks import report
 
 BENCHMARKS = ['transform', 'trainer', 'throughput', 'ceiling', 'resume',
-              'resume_position', 'resume_index', 'partitioner', 'pipeline',
+              'resume_position', 'scale', 'partitioner', 'pipeline',
               'ray', 'elastic']
 
 

@@ -16,12 +16,14 @@ examples Transform wrote; `'on_the_fly'` reads the raw examples of the same
 split (recorded in the config) and applies the transform graph inside the
 pipeline, yielding the same tensors.
 
-Determinism contract (relied on by exact resume): with `config.deterministic`
-and a fixed `seed`, the sequence of batches is a pure function of the files,
-the config and the seed, so `skip_batches=n` yields exactly the batches an
-uninterrupted run would see from batch n on. Every epoch is built
-from its own seed and has the same rows, so skipping costs at most one epoch
-of reading, at any step.
+Determinism contract: with `config.deterministic` and a fixed `seed`, the
+sequence of batches is a pure function of the files, the config and the
+seed, so `skip_batches=n` yields exactly the batches an uninterrupted run
+would see from batch n on, at a cost of up to an epoch of reading. The
+synchronous trainer reads its split in `data_order` instead
+(`ordered_pipeline`, over the shard index: a resume reads one shard); this
+pipeline serves the tuner's measurements, evaluation, parameter-server
+workers and train files with no index.
 """
 
 import hashlib
@@ -40,7 +42,7 @@ _COUNT_BATCH = 4096
 _SPLIT_DIR = re.compile(r'(?:^|/)Split-([^/]+)/')
 
 
-def _options(config: InputPipelineConfig) -> tf.data.Options:
+def options(config: InputPipelineConfig) -> tf.data.Options:
   options = tf.data.Options()
   options.deterministic = config.deterministic
   options.autotune.enabled = True
@@ -156,27 +158,32 @@ def make_parser(feature_spec: Dict[str, Any], label_key: Optional[str],
   return parse
 
 
-def _gather_rows(tensor, indices):
+def gather_rows(tensor, indices):
   if isinstance(tensor, tf.sparse.SparseTensor):
     # Rows of a (rank-2, parsed VarLenFeature) SparseTensor via ragged rows.
     return tf.gather(tf.RaggedTensor.from_sparse(tensor), indices).to_sparse()
   return tf.gather(tensor, indices)
 
 
-def shuffle_windows(dataset: tf.data.Dataset, window_size: int,
-                    seed: int) -> tf.data.Dataset:
+def shuffle_windows(dataset: tf.data.Dataset, window_size: int, seed,
+                    stream: int = 0, first_window: int = 0
+                   ) -> tf.data.Dataset:
   """Shuffles the rows of each `window_size`-row window, seeded per window.
 
   A vectorized gather per window instead of a per-example shuffle buffer:
   the mixing of a buffer of `window_size` examples at a fraction of its cost.
+  Window k of `stream` (a partition of the data order) is seeded by (seed,
+  stream, first_window + k), so a stream resumed at a window shuffles it as
+  the uninterrupted stream did.
   """
   @tf.autograph.experimental.do_not_convert
   def shuffle_rows(window_index, element):
     num_rows = tf.shape(tf.nest.flatten(element)[0])[0]
     order = tf.random.experimental.stateless_shuffle(
-        tf.range(num_rows), seed=tf.stack([tf.cast(seed, tf.int64),
-                                           window_index]))
-    return tf.nest.map_structure(lambda t: _gather_rows(t, order), element)
+        tf.range(num_rows), seed=tf.stack([
+            tf.cast(seed, tf.int64),
+            stream * 2**32 + first_window + window_index]))
+    return tf.nest.map_structure(lambda t: gather_rows(t, order), element)
 
   return dataset.rebatch(window_size).enumerate().map(
       shuffle_rows, num_parallel_calls=AUTOTUNE, deterministic=True)
@@ -214,7 +221,7 @@ def drop_rows(dataset: tf.data.Dataset, count: int) -> tf.data.Dataset:
     start = tf.clip_by_value(count - seen, 0, num_rows)
     kept = tf.range(start, num_rows)
     return seen + num_rows, tf.nest.map_structure(
-        lambda t: _gather_rows(t, kept), chunk)
+        lambda t: gather_rows(t, kept), chunk)
 
   return dataset.scan(tf.constant(0, tf.int64), drop)
 
@@ -238,19 +245,6 @@ def disk_cache_prefix(config: InputPipelineConfig, what: List[Any]) -> str:
   return prefix
 
 
-def _indexed_rows(files: List[str], records_per_file: Optional[Dict[str, int]],
-                  global_order: bool, shard_batches: bool,
-                  num_pipelines: int, pipeline_id: int) -> Optional[int]:
-  """The rows of one epoch of this pipeline from the files' record counts;
-  None where they do not say (a file not indexed, read batches sharded)."""
-  if not records_per_file or shard_batches or any(
-      f not in records_per_file for f in files):
-    return None
-  mine = files if global_order or num_pipelines == 1 else (
-      files[pipeline_id::num_pipelines])
-  return sum(records_per_file[f] for f in mine)
-
-
 def build_dataset(file_patterns: List[str],
                   feature_spec: Dict[str, Any],
                   label_key: Optional[str],
@@ -264,8 +258,6 @@ def build_dataset(file_patterns: List[str],
                   skip_batches: int = 0,
                   drop_remainder: bool = True,
                   split: Optional[str] = None,
-                  global_order: bool = False,
-                  records_per_file: Optional[Dict[str, int]] = None,
                   readable_records: Optional[Dict[str, int]] = None
                  ) -> tf.data.Dataset:
   """Batched `(features, label)` (or `features` if no label_key) dataset.
@@ -293,20 +285,11 @@ def build_dataset(file_patterns: List[str],
       files inside the per-epoch `flat_map` (FILE fails) and its DATA
       rewrite breaks the batch shapes.
     skip_batches: Batches to skip from the start (exact resume), at a cost
-      of at most one epoch of reading (two without `records_per_file`: the
-      epoch's rows are counted first).
+      of up to two epochs of reading (the epoch's rows are counted first);
+      the trainer resumes in `data_order` instead, at a cost of one shard.
     drop_remainder: Keep batch shapes static (needed for sync replicas).
     split: Split name for an on-the-fly config; by default taken from the
       `Split-<name>` folder of `file_patterns`.
-    global_order: The data order of an elastic cluster: every input
-      pipeline reads every file, in one seeded row order made in batches of
-      all pipelines' batches together, and pipeline i of n takes every n-th
-      batch of it (i, n + i, ...). The n pipelines' j-th batches are then
-      the same rows, in pipeline order, for any n with the same global
-      batch (n times the reading). Otherwise each pipeline reads its share
-      of the files.
-    records_per_file: Each file's record count (its shard index), so that
-      a resume need not count an epoch's rows by reading it.
     readable_records: Files read only up to that many records (damaged past
       them; `unreadable`, where the user opted in).
   """
@@ -328,18 +311,14 @@ def build_dataset(file_patterns: List[str],
 
   names = tf.data.Dataset.from_tensor_slices(files)
   # With fewer files than pipelines, the read batches are sharded instead.
-  shard_batches = (num_pipelines > 1 and not global_order and
-                   len(files) < num_pipelines)
-  if num_pipelines > 1 and not shard_batches and not global_order:
+  shard_batches = num_pipelines > 1 and len(files) < num_pipelines
+  if num_pipelines > 1 and not shard_batches:
     names = names.shard(num_pipelines, pipeline_id)
-  # The batch the row order is made in: in the global order, all pipelines'
-  # batches together, the same for any pipeline count.
-  order_batch = batch_size * num_pipelines if global_order else batch_size
   # Sharded read batches are of the pipeline's batch: at the default read
   # batch, a file of fewer than that many rows x pipelines left a pipeline
   # none, looping over empty epochs (a cluster's first step hung).
   reading_batch = (batch_size if shard_batches else
-                   read_batch_size(config, order_batch))
+                   read_batch_size(config, batch_size))
   parser = make_parser(feature_spec, label_key, config)
 
   def serialized(file_names):
@@ -380,7 +359,7 @@ def build_dataset(file_patterns: List[str],
     if shuffle and config.shuffle_buffer_batches:
       rows = rows.shuffle(config.shuffle_buffer_batches, seed=epoch_seed)
     if shuffle and config.shuffle_window_batches:
-      rows = shuffle_windows(rows, config.shuffle_window_batches * order_batch,
+      rows = shuffle_windows(rows, config.shuffle_window_batches * batch_size,
                              epoch_seed)
     return rows
 
@@ -390,17 +369,13 @@ def build_dataset(file_patterns: List[str],
   # training ran.
   first_epoch, first_row = 0, 0
   if skip_batches:
-    rows_per_epoch = _indexed_rows(files, records_per_file, global_order,
-                                   shard_batches, num_pipelines, pipeline_id)
-    if rows_per_epoch is None:
-      rows_per_epoch = int(serialized(names).reduce(
-          tf.constant(0, tf.int64),
-          lambda count, batch: count + tf.shape(batch, out_type=tf.int64)[0]))
+    rows_per_epoch = int(serialized(names).reduce(
+        tf.constant(0, tf.int64),
+        lambda count, batch: count + tf.shape(batch, out_type=tf.int64)[0]))
     if not rows_per_epoch:
       raise ValueError(f'No examples in {file_patterns} for input pipeline '
                        f'{pipeline_id} of {num_pipelines}.')
-    # In the global order, every pipeline's batches were skipped too.
-    first_epoch, first_row = divmod(skip_batches * order_batch,
+    first_epoch, first_row = divmod(skip_batches * batch_size,
                                     rows_per_epoch)
   last_epoch = num_epochs if num_epochs is not None else _FOREVER
   dataset = tf.data.Dataset.range(first_epoch, last_epoch)
@@ -417,7 +392,5 @@ def build_dataset(file_patterns: List[str],
         lambda _: epochs_after_first)
   dataset = dataset.concatenate(later_epochs.flat_map(epoch_rows))
   dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
-  if global_order and num_pipelines > 1:
-    dataset = dataset.shard(num_pipelines, pipeline_id)
   dataset = dataset.prefetch(config.prefetch_batches)
-  return dataset.with_options(_options(config))
+  return dataset.with_options(options(config))

@@ -138,6 +138,12 @@ class DistributionConfig(JsonConfig):
     intra_op_threads: Threads of TensorFlow's op pool in each training
       process: an int >= 1, 0 (TensorFlow's default, every core) or 'auto'
       (`cpu_threads`: one core left to the input pipeline without a GPU).
+    data_partitions: Partitions of the data order (`data.data_order`):
+      update j trains batch j of each, and each worker reads only its own.
+      None: one per replica of the full-size cluster (one per micro-batch
+      of its update where an elastic worker count does not divide
+      num_workers). Set it to keep one data order across cluster sizes; a
+      multiple of every replica count the training runs with.
     seed: Seeds Python, NumPy and TensorFlow in every training process
       (`tf.keras.utils.set_random_seed`) before the model is built, and the
       data order; None: unseeded initializers, a fixed data order.
@@ -167,6 +173,7 @@ class DistributionConfig(JsonConfig):
   steps_per_execution: Union[int, str] = dataclasses.field(
       default=AUTO, metadata=TRAJECTORY_NEUTRAL)
   intra_op_threads: Union[int, str] = AUTO
+  data_partitions: Optional[int] = None
   seed: Optional[int] = None
   deterministic: bool = False
 
@@ -179,6 +186,8 @@ class DistributionConfig(JsonConfig):
       check_int(name, getattr(self, name), minimum=1)
     for name in ('num_ps', 'logical_cpu_devices', 'train_epochs'):
       check_int(name, getattr(self, name), minimum=0)
+    if self.data_partitions is not None:
+      check_int('data_partitions', self.data_partitions, minimum=1)
     if self.steps_per_execution != AUTO and not is_int(
         self.steps_per_execution, minimum=1):
       raise ValueError(
@@ -194,7 +203,8 @@ class DistributionConfig(JsonConfig):
     membership.check(
         num_workers=self.num_workers, min_workers=self.min_workers,
         num_ps=self.num_ps, accumulation=self.gradient_accumulation_steps,
-        strategy=self.strategy, launcher=self.launcher)
+        strategy=self.strategy, launcher=self.launcher,
+        data_partitions=self.data_partitions)
     return self
 
   @property

@@ -3,7 +3,6 @@ training is input-bound, the search space and its order; and the shard
 count of a materialized split. No measurement."""
 
 import math
-import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from components.data import input_pipeline
@@ -15,9 +14,6 @@ from components.transform.results import ConsumerRate, Measurement
 # second, interleaved measurement of both, so that noise on a shared machine
 # does not flip choices.
 MIN_GAIN = 1.05
-# Memory the cached tensors take beyond their raw bytes (tf.data buffers,
-# tensor headers).
-CACHE_OVERHEAD = 1.1
 # Budget left that 'auto' needs to try the on-the-fly path: loading the
 # transform graph into a tf.data function takes seconds the first time.
 ON_THE_FLY_MIN_LEFT_S = 12.0
@@ -37,14 +33,6 @@ SEARCH_KNOBS = ('interleave_cycle_length', 'interleave_parallelism',
                 'read_buffer_bytes', 'prefetch_batches',
                 'map_parallelization', 'private_threadpool_size',
                 'deterministic')
-
-
-def physical_memory_bytes() -> int:
-  return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
-
-
-def default_ram_budget() -> int:
-  return physical_memory_bytes() // 4
 
 
 def search_space(num_files: int,

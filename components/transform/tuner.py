@@ -19,6 +19,7 @@ import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Union
 
+from components.data import memory_fit
 from components.data.input_pipeline import InputPipelineConfig
 from components.transform.config import TuningConfig
 from components.transform import decisions
@@ -225,10 +226,10 @@ class _Search:
 
   def decide_cache(self, num_examples: int, bytes_per_example: float) -> None:
     self.num_examples = num_examples
-    self.cache_bytes = int(num_examples * bytes_per_example *
-                           decisions.CACHE_OVERHEAD)
+    self.cache_bytes = memory_fit.cache_bytes(num_examples,
+                                              bytes_per_example)
     self.ram_budget = (self.tuning.ram_budget_bytes or
-                       decisions.default_ram_budget())
+                       memory_fit.default_ram_budget())
     self.cache, self.cache_reason = decisions.choose_cache(
         self.tuning, self.cache_bytes, self.ram_budget)
 

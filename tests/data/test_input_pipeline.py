@@ -245,36 +245,6 @@ def test_a_pipeline_without_rows_fails_instead_of_looping(
           f'{pipelines}') in outcome[0].message
 
 
-def test_global_order_is_the_same_rows_at_every_pipeline_count(
-    train_patterns):
-  """An elastic cluster's data order: n pipelines' j-th batches (each of
-  global/n rows, as n workers accumulating global/(n x per-replica batch)
-  micro-batches read them) are, in pipeline order, the j-th global batch of
-  the one-pipeline stream, for any n; a resume (past an epoch end) skips to
-  the same rows."""
-  config = InputPipelineConfig(cache='memory')
-  global_batch = 4 * BATCH
-
-  def updates(pipelines, skip=0, limit=12):
-    per_pipeline = []
-    for pipeline_id in range(pipelines):
-      context = tf.distribute.InputContext(
-          num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
-          num_replicas_in_sync=pipelines)
-      per_pipeline.append(_ids(input_pipeline.build_dataset(
-          train_patterns, transform_data.FEATURE_SPEC, 'label',
-          global_batch, config, seed=11, input_context=context,
-          skip_batches=skip, global_order=True), limit=limit))
-    return [_flat(batches) for batches in zip(*per_pipeline)]
-
-  one = updates(1)
-  assert updates(2) == one
-  assert all(len(rows) == global_batch for rows in one)
-  assert one[0] != sorted(one[0])  # Shuffled.
-  # Past the first epoch's end (7.8 global batches).
-  assert updates(2, skip=9, limit=3) == one[9:12]
-
-
 def test_label_none_yields_features_only(train_patterns):
   features = next(iter(input_pipeline.build_dataset(
       train_patterns, transform_data.DENSE_SPEC, None, BATCH)))

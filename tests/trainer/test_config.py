@@ -130,6 +130,11 @@ _ELASTIC = {'strategy': 'multi_worker_mirrored', 'launcher': 'ray',
      'min_workers=2: with 2 of num_workers=3 workers the update batch cannot '
      'be kept: its 3 x gradient_accumulation_steps=1 per-replica batches do '
      'not divide among 2 workers'),
+    ({'min_workers': 2, 'num_workers': 4, 'gradient_accumulation_steps': 3,
+      'data_partitions': 4},
+     'data_partitions=4 cannot be shared by 3 workers (min_workers=2, '
+     'num_workers=4)'),
+    ({'data_partitions': 0}, 'data_partitions=0'),
 ])
 def test_an_elastic_config_that_cannot_keep_its_update_batch_fails(
     values, expected):
@@ -146,6 +151,19 @@ def test_elastic_configs_that_keep_the_update_batch():
     assert config.elastic == (config.min_workers < config.num_workers)
   assert not DistributionConfig(num_workers=2,
                                 strategy='multi_worker_mirrored').elastic
+
+
+def test_the_data_order_has_one_partition_per_full_size_replica():
+  """Unless a worker count the config allows does not divide num_workers:
+  then one per micro-batch of the full-size update."""
+  def partitions(**values):
+    config = DistributionConfig.from_dict({**_ELASTIC, **values})
+    return membership.order_partitions(config, config.num_workers)
+  assert partitions() == 2
+  assert partitions(min_workers=1, gradient_accumulation_steps=3) == 2
+  assert partitions(min_workers=2, num_workers=3,
+                    gradient_accumulation_steps=2) == 6
+  assert partitions(min_workers=1, data_partitions=8) == 8
 
 
 @pytest.mark.parametrize('value', [

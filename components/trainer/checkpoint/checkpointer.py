@@ -46,6 +46,8 @@ class Checkpointer:
     self.progress = records.ProgressMarker(self.records,
                                            PROGRESS_EVERY_SECONDS)
     self._manifest_extra = manifest_extra
+    # The restored checkpoint's `manifest_extra`, as it was saved.
+    self.restored_extra: Dict[str, Any] = {}
     self.events: List[Dict[str, Any]] = []
     self.saves = 0
     self.save_seconds = 0.0
@@ -68,6 +70,7 @@ class Checkpointer:
     restored = self.store.restore_latest(skipped)
     reached = progress['step'] if progress else None
     if restored:
+      self.restored_extra = restored.extra
       event = {'event': 'resumed', 'from_step': restored.step,
                'checkpoint': restored.path,
                'skipped_checkpoints': restored.skipped}
@@ -98,6 +101,10 @@ class Checkpointer:
     event['time'] = time.time()
     self.events = self.records.append_event(event)
     return restored.step if restored else 0
+
+  def save_with_checkpoints(self, key: str, value: Any) -> None:
+    """`value` is saved in every later checkpoint's manifest under `key`."""
+    self._manifest_extra[key] = value
 
   def save(self, step: int) -> str:
     began = time.monotonic()

@@ -72,6 +72,8 @@ class RestoreResult:
   path: str
   # [{'path', 'reason', 'deleted'}] for newer checkpoints proven damaged.
   skipped: List[Dict[str, Any]]
+  # What the training saved with it (`save`'s `extra`).
+  extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _sha256(path: str) -> str:
@@ -373,7 +375,7 @@ class CheckpointStore:
             'again.') from e
       self._delete_unusable(skipped)
       return RestoreResult(step=int(manifest['step']), path=path,
-                           skipped=skipped)
+                           skipped=skipped, extra=manifest.get('extra') or {})
     if skipped:
       logging.warning('No usable checkpoint in %s; starting from step 0.',
                       self.directory)

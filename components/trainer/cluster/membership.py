@@ -6,10 +6,10 @@ attempt may run with any worker count W in [min_workers, num_workers]. Every
 optimizer update then trains the same examples at every W: the per-replica
 batch stays what it is at full size, gradient accumulation grows by
 num_workers / W (so the update batch, per-replica batch x replicas x
-accumulation, stays equal), and the data order is defined by the update
-batch, not by the worker count: every worker reads the whole example stream
-and takes every W-th step batch of it (`input_pipeline.build_dataset`'s
-`global_order`). Only the summation order of an update's gradients changes
+accumulation, stays equal), and the data order does not depend on the worker
+count: it has one partition per micro-batch of a full-size update, update j
+trains batch j of every partition, and each worker reads only the partitions
+it owns (`data.data_order`). Only the summation order of an update's gradients changes
 with W. Every change of the worker count between attempts is a
 `MembershipEvent` in the supervisor's result. Pure Python.
 """
@@ -34,7 +34,8 @@ def is_elastic(num_workers: int, min_workers: Optional[int]) -> bool:
 
 
 def check(*, num_workers: int, min_workers: Optional[int], num_ps: int,
-          accumulation: int, strategy: str, launcher: str) -> None:
+          accumulation: int, strategy: str, launcher: str,
+          data_partitions: Optional[int] = None) -> None:
   """Raises ValueError unless an elastic config can keep its update batch
   at every worker count it allows (the config's own values, no I/O)."""
   if min_workers is None:
@@ -65,6 +66,12 @@ def check(*, num_workers: int, min_workers: Optional[int], num_ps: int,
           f'per-replica batches do not divide among {workers} workers. Use '
           'a gradient_accumulation_steps that every worker count from '
           'min_workers to num_workers divides, or a larger min_workers.')
+    if data_partitions and data_partitions % workers:
+      raise ValueError(
+          f'data_partitions={data_partitions} cannot be shared by {workers} '
+          f'workers (min_workers={min_workers}, num_workers={num_workers}): '
+          'each worker reads whole partitions. Use a multiple of every '
+          'worker count from min_workers to num_workers.')
 
 
 def accumulation_for(num_workers: int, accumulation: int, workers: int
@@ -82,6 +89,21 @@ def accumulation_at(config, workers: int) -> int:
     return config.gradient_accumulation_steps
   return accumulation_for(config.num_workers,
                           config.gradient_accumulation_steps, workers)
+
+
+def order_partitions(config, full_replicas: int) -> int:
+  """The data order's partitions for a DistributionConfig `config` whose
+  full-size cluster has `full_replicas` replicas: `data_partitions`, else
+  one per full-size replica, or one per micro-batch of its update where a
+  worker count it may run with does not divide num_workers (a worker owns
+  whole partitions)."""
+  if config.data_partitions:
+    return config.data_partitions
+  if is_elastic(config.num_workers, config.min_workers) and any(
+      config.num_workers % workers
+      for workers in range(config.min_workers, config.num_workers)):
+    return full_replicas * config.gradient_accumulation_steps
+  return full_replicas
 
 
 def workers_in(tf_config: dict) -> int:

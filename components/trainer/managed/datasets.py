@@ -1,21 +1,24 @@
 """What the managed loop reads: parsing spec, train and eval datasets, and
 the check of the data against its shard index.
 
-The train dataset is a pure function of the files, the input-pipeline config
-and the seed (`distribution.seed`, else DATA_SEED), so a resumed run that
-skips the batches its checkpointed steps consumed sees exactly the batches of
-an uninterrupted run (synchronous strategies). Parameter-server workers
-instead stream their own shuffle, seeded where each worker creates its
-dataset.
+The synchronous strategies train in the data order (`data_order`) over the
+train split's shard index, seeded by `distribution.seed` (else DATA_SEED): a
+resumed run, at any worker count, starts each partition at the update its
+checkpoint reached and sees exactly the batches of an uninterrupted run.
+Parameter-server workers instead stream their own shuffle, seeded where each
+worker creates its dataset.
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
 
+from components.data import data_order
 from components.data import input_pipeline
+from components.data import memory_fit
+from components.data import ordered_pipeline
 from components.data import shard_index
 from components.data import unreadable
 from components.trainer import fn_args
@@ -26,6 +29,8 @@ from components.trainer.process.task import TrainingTask
 DATA_SEED = 20240611
 # `seed` value for a new seed per dataset (parameter-server workers).
 PER_WORKER_SEED = object()
+# Rows parsed to measure what a cached row takes.
+_SIZE_SAMPLE_ROWS = 256
 
 
 @dataclasses.dataclass
@@ -77,22 +82,53 @@ def _clock_seed() -> tf.Tensor:
   return tf.cast(tf.timestamp() * 1e6, tf.int64) % (2**31 - 1)
 
 
+def train_order(data: TrainingData, check: 'DataCheck', seed: int,
+                batch: int, partitions: int
+               ) -> Optional[data_order.DataOrder]:
+  """The synchronous strategies' data order over the train split's index
+  (None without one): `partitions` batches of `batch` rows an update. Its
+  window is `shuffle_window_batches` of those batches."""
+  if check.train_records is None:
+    return None
+  if data.config.shuffle_buffer_batches:
+    logging.warning(
+        'input_pipeline.shuffle_buffer_batches=%d is not used: the data '
+        'order shuffles windows of shuffle_window_batches=%d batches inside '
+        'each partition (a buffer has no position to resume at).',
+        data.config.shuffle_buffer_batches, data.config.shuffle_window_batches)
+  paths = sorted(check.train_records)
+  return data_order.DataOrder(
+      seed=seed, partitions=partitions, batch=batch,
+      window=data.config.shuffle_window_batches * batch,
+      shard_records=tuple(check.train_records[p] for p in paths),
+      fixed_shard_order=data.config.cache != 'none')
+
+
+def ordered_train_dataset_fn(check: 'DataCheck', data: TrainingData,
+                             order: data_order.DataOrder, start_step: int,
+                             train_steps: int
+                            ) -> Callable[[tf.distribute.InputContext],
+                                          tf.data.Dataset]:
+  """A `dataset_fn` of updates [start_step, train_steps) in `order`."""
+  paths = sorted(check.train_records)
+
+  def dataset_fn(input_context: tf.distribute.InputContext):
+    return ordered_pipeline.build_ordered_dataset(
+        paths, data.feature_spec, data.label_key, order, data.config,
+        input_context=input_context, start_update=start_step,
+        updates=max(train_steps - start_step, 0))
+  return dataset_fn
+
+
 def train_dataset_fn(task: TrainingTask, data: TrainingData,
                      examples_per_step: int, start_step: int, seed,
-                     config: input_pipeline.InputPipelineConfig,
-                     records_per_file: Optional[Dict[str, int]] = None,
-                     global_order: bool = False,
-                     readable_records: Optional[Dict[str, int]] = None
+                     config: input_pipeline.InputPipelineConfig
                     ) -> Callable[[tf.distribute.InputContext],
                                   tf.data.Dataset]:
-  """A `dataset_fn` for `distribute_datasets_from_function`.
-
-  `seed`: an int, or PER_WORKER_SEED for a new seed per dataset;
-  `records_per_file`: the train split's shard index (a resume then does not
-  count the epoch's rows); `global_order`: the same data order at every
-  worker count (an elastic cluster); `readable_records`: damaged files'
-  readable prefixes (`check_data`).
-  """
+  """A `dataset_fn` for `distribute_datasets_from_function` without a data
+  order: parameter-server workers (`seed` PER_WORKER_SEED, a new seed per
+  dataset), or train files that are not one folder to index (a resume then
+  rebuilds its epoch and skips to `start_step`)."""
 
   def dataset_fn(input_context: tf.distribute.InputContext):
     # Each step takes one batch per replica from its input pipeline.
@@ -103,9 +139,7 @@ def train_dataset_fn(task: TrainingTask, data: TrainingData,
         batch_size=examples_per_step, config=config,
         seed=_clock_seed() if seed is PER_WORKER_SEED else seed,
         input_context=input_context,
-        skip_batches=start_step * batches_per_step,
-        global_order=global_order, records_per_file=records_per_file,
-        readable_records=readable_records)
+        skip_batches=start_step * batches_per_step)
   return dataset_fn
 
 
@@ -166,18 +200,24 @@ def check_data(task: TrainingTask, data: TrainingData, is_chief: bool,
   first read through once per training (`unreadable`) and each damaged
   file's readable prefix is what the datasets read."""
   found = DataCheck()
-  if data.config.transform_placement == 'on_the_fly':
-    return found
+  config = data.config
+  read = {'train': task.train_files, 'eval': task.eval_files}
+  compression = config.compression_type
+  if config.transform_placement == 'on_the_fly':
+    # The files read are the raw examples of the same splits.
+    read = {split: config.raw_file_patterns.get(
+        input_pipeline.split_of(patterns)) for split, patterns in read.items()
+            if patterns}
+    compression = config.raw_compression_type
   splits = [(split, patterns, input_pipeline.list_files(patterns))
-            for split, patterns in (('train', task.train_files),
-                                    ('eval', task.eval_files)) if patterns]
+            for split, patterns in read.items() if patterns]
   scanned, indexed = None, {}
   if skip_unreadable:
     files = sorted({f for _, _, split_files in splits for f in split_files})
     if is_chief:
       scanned = unreadable.read(task.checkpoint_dir, files)
       if scanned is None:
-        scanned = unreadable.scan(files, data.config.compression_type)
+        scanned = unreadable.scan(files, compression)
         unreadable.write(task.checkpoint_dir, files, scanned)
     all_workers(True)
     if not is_chief:
@@ -186,7 +226,7 @@ def check_data(task: TrainingTask, data: TrainingData, is_chief: bool,
     if not is_chief:
       all_workers(True)  # The chief has written the index.
     index, source = shard_index.ensure(
-        patterns, files, data.config.compression_type, task.checkpoint_dir,
+        patterns, files, compression, task.checkpoint_dir,
         build_missing=is_chief, counts=scanned and scanned.readable)
     if is_chief:
       all_workers(True)
@@ -218,3 +258,46 @@ def check_data(task: TrainingTask, data: TrainingData, is_chief: bool,
           'the remaining' if u['skipped'] is None else u['skipped'],
           u['error'])
   return found
+
+
+def fit_cache(data: TrainingData, check: 'DataCheck', share: float,
+              budget_bytes: Optional[int] = None
+             ) -> Tuple[TrainingData, Optional[str]]:
+  """`data` with its memory cache kept only where the rows this process
+  caches (its `share` of the train split's index), parsed, fit its RAM
+  budget (`budget_bytes`, else a quarter of this machine's memory): the
+  tuner chose the cache on the machine it measured on. Else the cache falls
+  back to disk (with a cache_dir) or none: (data, why)."""
+  config = data.config
+  if config.cache != 'memory' or check.train_records is None:
+    return data, None
+  rows = int(sum(check.train_records.values()) * share)
+  files = sorted(check.train_records)[:1]
+  sample = next(iter(input_pipeline.build_dataset(
+      files, data.feature_spec, None, _SIZE_SAMPLE_ROWS,
+      dataclasses.replace(config, cache='none'), shuffle=False,
+      num_epochs=1, drop_remainder=False)))
+  sample_rows = int(tf.shape(tf.nest.flatten(sample)[0])[0])
+  per_row = sum(_nbytes(t) for t in tf.nest.flatten(
+      sample, expand_composites=False)) / max(sample_rows, 1)
+  needed = memory_fit.cache_bytes(rows, per_row)
+  budget = budget_bytes or memory_fit.default_ram_budget()
+  if needed <= budget:
+    return data, None
+  fallback = 'disk' if config.cache_dir else 'none'
+  why = (f"input_pipeline.cache='memory' would hold {rows:,} rows "
+         f'(~{needed / 2**20:,.1f} MiB parsed, {per_row:,.0f} bytes a row) in '
+         f'this process, over its RAM budget of {budget / 2**20:,.1f} MiB: '
+         f'cache={fallback!r} instead.')
+  logging.warning('%s', why)
+  return dataclasses.replace(data, config=dataclasses.replace(
+      config, cache=fallback)), why
+
+
+def _nbytes(value) -> int:
+  if isinstance(value, tf.sparse.SparseTensor):
+    return _nbytes(value.values) + _nbytes(value.indices)
+  if value.dtype == tf.string:
+    return int(tf.reduce_sum(tf.strings.length(value))) + 16 * int(
+        tf.size(value))
+  return int(tf.size(value)) * value.dtype.size

@@ -24,11 +24,13 @@ from typing import Any, Dict
 import tensorflow as tf
 
 from components import patches
+from components.data import data_order
 from components.pipeline_parallel import placement
 from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
 from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.checkpoint.config import FaultToleranceConfig
+from components.trainer.cluster import membership
 from components.trainer.config import AUTO
 from components.trainer.managed import accumulation
 from components.trainer.managed import call_size
@@ -90,6 +92,7 @@ class ManagedTraining:
     self.skip_unreadable = fault_tolerance.skip_unreadable_records
     self.accumulation = context.accumulation
     self.replicas = context.replicas
+    self.workers = context.workers
     self.global_batch = context.global_batch
     self.plan = (partition_plan.read(task.partition_plan_uri)
                  if task.partition_plan_uri else None)
@@ -114,6 +117,8 @@ class ManagedTraining:
     # Set by restore: the data checked against its shard indexes (chief),
     # and the warm start, if any.
     self.data_check = datasets.DataCheck()
+    self.order = None
+    self.cache_fallback = None
     self.warm_started = None
 
   # --- model and checkpoint
@@ -169,6 +174,9 @@ class ManagedTraining:
         self.task, self.data, self.is_chief, self.all_workers,
         self.skip_unreadable)
     start = self.checkpointer.restore()
+    self.data, self.cache_fallback = datasets.fit_cache(
+        self.data, self.data_check, 1 / self.workers)
+    self._fix_data_order(start)
     if start == 0 and self.task.base_model:
       # Every worker reads the same base model: their copies stay equal.
       self.warm_started = warm_start.warm_start(self.model,
@@ -176,6 +184,38 @@ class ManagedTraining:
       progress.LOGGER.info('Warm start: %d weights from %s.',
                            self.warm_started['weights'], self.task.base_model)
     return start
+
+  def _fix_data_order(self, start: int) -> None:
+    """The synchronous data order, checked against the one the restored
+    checkpoint was trained in and saved with every checkpoint."""
+    self.order = None
+    if self.spec.asynchronous:
+      return
+    full_replicas = self.replicas * self.accumulation // (
+        self.distribution.gradient_accumulation_steps)
+    partitions = membership.order_partitions(self.distribution, full_replicas)
+    if self.examples_per_step % partitions or partitions % self.replicas:
+      raise ValueError(
+          f'The data order has {partitions} partitions (distribution.'
+          f'data_partitions={self.distribution.data_partitions}): they must '
+          f'divide the {self.examples_per_step} examples of an update and '
+          f'be shared evenly by the {self.replicas} replicas.')
+    self.order = datasets.train_order(
+        self.data, self.data_check, datasets.data_seed(self.distribution.seed),
+        self.examples_per_step // partitions, partitions)
+    if self.order is None:
+      if self.distribution.elastic:
+        raise ValueError(
+            'An elastic cluster (min_workers < num_workers) trains in the '
+            'data order over a shard index, and the train files '
+            f'{self.task.train_files} are not one folder to index: pass the '
+            "patterns of one split folder (TFX's 'Split-<name>/*').")
+      return
+    recorded = self.checkpointer.restored_extra.get('data_order')
+    if start and recorded:
+      data_order.check_resumable(recorded, self.order.state(),
+                                 self.task.checkpoint_dir)
+    self.checkpointer.save_with_checkpoints('data_order', self.order.state())
 
   def _save_now(self) -> None:
     self.checkpointer.save(int(self.step.numpy()))
@@ -223,12 +263,13 @@ class ManagedTraining:
           self.train_steps)
       # Only the coordinator checkpoints: our own SIGTERM flag suffices.
       return runner, preemption.SigtermWatcher(self._save_now)
-    global_order = self.distribution.elastic
-    dataset_fn = datasets.train_dataset_fn(
-        self.task, self.data, self.examples_per_step, start,
-        datasets.data_seed(self.distribution.seed), self.data.config,
-        self.data_check.train_records, global_order,
-        self.data_check.readable_records)
+    if self.order is not None:
+      dataset_fn = datasets.ordered_train_dataset_fn(
+          self.data_check, self.data, self.order, start, self.train_steps)
+    else:
+      dataset_fn = datasets.train_dataset_fn(
+          self.task, self.data, self.examples_per_step, start,
+          datasets.data_seed(self.distribution.seed), self.data.config)
     if self.pipeline_runner is None:
       runner = step_runners.SynchronousSteps(
           self.strategy, dataset_fn, replica_step, self.step,
@@ -323,6 +364,8 @@ class ManagedTraining:
         'resume_events': self.checkpointer.events,
         'warm_start': self.warm_started,
         'shard_index': self.data_check.indexes,
+        'data_order': None if self.order is None else self.order.state(),
+        'cache_fallback': self.cache_fallback,
         'unreadable_records': self.data_check.unreadable,
         'wall_s': round(time.monotonic() - self.started, 3),
         'timing': {**self.timing,

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Dict
 
 from components.data import input_pipeline
+from components.data import shard_index
 from components.trainer.cluster import membership
 from components.trainer.config import DistributionConfig
 from components.trainer.process.task import TrainingTask
@@ -90,15 +91,24 @@ def resolve_lengths(task: TrainingTask, config: DistributionConfig,
       task.input_pipeline).compression_type
   train_steps, eval_steps = task.train_steps, task.eval_steps
   if config.train_epochs:
-    examples = input_pipeline.count_records(
-        input_pipeline.list_files(task.train_files), compression)
+    examples = _records(task.train_files, compression, task.checkpoint_dir)
     train_steps = max(1, config.train_epochs * examples // examples_per_update)
   if task.mode == 'managed' and not eval_steps:
-    examples = input_pipeline.count_records(
-        input_pipeline.list_files(task.eval_files), compression)
+    examples = _records(task.eval_files, compression, task.checkpoint_dir)
     eval_steps = max(1, examples // (per_replica * num_replicas))
   config = dataclasses.replace(config, per_replica_batch_size=per_replica,
                                global_batch_size=None, train_epochs=0)
   task = dataclasses.replace(task, distribution=config.to_dict(),
                              train_steps=train_steps, eval_steps=eval_steps)
   return task, config
+
+
+def _records(file_patterns, compression: str, checkpoint_dir: str) -> int:
+  """A split's records: from its shard index where one was written (by
+  OptimizedTransform, or by an earlier attempt), else counted."""
+  files = input_pipeline.list_files(file_patterns)
+  index, _ = shard_index.ensure(file_patterns, files, compression,
+                                checkpoint_dir, build_missing=False)
+  if index is not None:
+    return index.records
+  return input_pipeline.count_records(files, compression)

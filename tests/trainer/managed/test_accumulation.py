@@ -64,16 +64,17 @@ def test_small_batch_without_accumulation_differs(tmp_path, data):
 def test_mirrored_accumulation_equals_one_device_large_batch(tmp_path, data):
   """2 replicas x 2 examples x 2 micro-steps == 1 replica x 8 examples.
 
-  Without the shuffle windows the examples of an update do not depend on
-  how they are batched, so both runs train on the same 8 per update.
+  With the same data partitions (the two replicas' count) the examples of an
+  update do not depend on how they are batched, so both runs train on the
+  same 8 per update.
   """
-  unwindowed = {'shuffle_window_batches': 0}
   one = tt.make_task(str(tmp_path / 'one'), data, train_steps=TRAIN_STEPS,
-                     per_replica_batch_size=8, input_pipeline=unwindowed)
+                     per_replica_batch_size=8)
   two = tt.make_task(str(tmp_path / 'two'), data, strategy='mirrored',
                      train_steps=TRAIN_STEPS, per_replica_batch_size=2,
-                     accumulation=2, logical_cpu_devices=2,
-                     input_pipeline=unwindowed)
+                     accumulation=2, logical_cpu_devices=2)
+  for task in (one, two):
+    task.distribution['data_partitions'] = 2
   for task in (one, two):
     root = task.model_run_dir.rsplit('/', 1)[0]
     assert tt.run_child(task, root) == 0, tt.child_log(root)

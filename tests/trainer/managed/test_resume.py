@@ -11,7 +11,9 @@ step of the surviving trajectory must have trained on the same ids.
 """
 
 import dataclasses
+import json
 import os
+import pathlib
 import random
 import signal
 import subprocess
@@ -100,6 +102,13 @@ def test_sigkill_at_random_step_then_rerun_is_exact(tmp_path, data, baseline,
     assert event['from_step'] % SAVE_EVERY == 0
     assert event['checkpoint'].endswith(
         store_lib.CheckpointStore.checkpoint_name(event['from_step']))
+  # Every checkpoint carries the data order it was trained in.
+  manifests = sorted(pathlib.Path(task.checkpoint_dir).glob(
+      f'*/{store_lib.MANIFEST_NAME}'))
+  assert manifests and all(
+      json.loads(m.read_text())['extra']['data_order'] ==
+      result['data_order'] for m in manifests)
+  assert result['data_order']['partitions'] == 1
   assert event['from_step'] <= killed_steps[-1] + 1
   # The progress marker is throttled, so it may undercount, never overcount.
   assert 0 <= event['steps_lost'] <= killed_steps[-1] + 1 - event['from_step']
