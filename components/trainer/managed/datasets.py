@@ -10,6 +10,7 @@ worker creates its dataset.
 """
 
 import dataclasses
+import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from absl import logging
@@ -29,6 +30,9 @@ from components.trainer.process.task import TrainingTask
 DATA_SEED = 20240611
 # `seed` value for a new seed per dataset (parameter-server workers).
 PER_WORKER_SEED = object()
+# Where the indexes of raw examples read on the fly are kept, in the
+# checkpoint folder.
+RAW_INDEX_DIR = 'raw_examples'
 # Rows parsed to measure what a cached row takes.
 _SIZE_SAMPLE_ROWS = 256
 
@@ -203,12 +207,15 @@ def check_data(task: TrainingTask, data: TrainingData, is_chief: bool,
   config = data.config
   read = {'train': task.train_files, 'eval': task.eval_files}
   compression = config.compression_type
+  index_dir = task.checkpoint_dir
   if config.transform_placement == 'on_the_fly':
-    # The files read are the raw examples of the same splits.
+    # The files read are the raw examples of the same splits, indexed apart
+    # from the transformed ones.
     read = {split: config.raw_file_patterns.get(
         input_pipeline.split_of(patterns)) for split, patterns in read.items()
             if patterns}
     compression = config.raw_compression_type
+    index_dir = os.path.join(task.checkpoint_dir, RAW_INDEX_DIR)
   splits = [(split, patterns, input_pipeline.list_files(patterns))
             for split, patterns in read.items() if patterns]
   scanned, indexed = None, {}
@@ -226,7 +233,7 @@ def check_data(task: TrainingTask, data: TrainingData, is_chief: bool,
     if not is_chief:
       all_workers(True)  # The chief has written the index.
     index, source = shard_index.ensure(
-        patterns, files, compression, task.checkpoint_dir,
+        patterns, files, compression, index_dir,
         build_missing=is_chief, counts=scanned and scanned.readable)
     if is_chief:
       all_workers(True)

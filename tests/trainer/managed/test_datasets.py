@@ -57,5 +57,7 @@ def test_on_the_fly_the_raw_examples_read_are_indexed(tmp_path):
   assert sorted(found.train_records) == raw_files
   assert sum(found.train_records.values()) == 90
   assert found.indexes['train']['source'].startswith('built now')
-  assert os.path.exists(os.path.join(task.checkpoint_dir,
-                                     'shard_index-train.json'))
+  # Apart from an index of the transformed examples of the same split.
+  assert os.listdir(task.checkpoint_dir) == [datasets.RAW_INDEX_DIR]
+  assert os.path.exists(os.path.join(
+      task.checkpoint_dir, datasets.RAW_INDEX_DIR, 'shard_index-train.json'))
