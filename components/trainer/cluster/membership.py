@@ -7,11 +7,11 @@ optimizer update then trains the same examples at every W: the per-replica
 batch stays what it is at full size, gradient accumulation grows by
 num_workers / W (so the update batch, per-replica batch x replicas x
 accumulation, stays equal), and the data order does not depend on the worker
-count: it has one partition per micro-batch of a full-size update, update j
-trains batch j of every partition, and each worker reads only the partitions
-it owns (`data.data_order`). Only the summation order of an update's gradients changes
-with W. Every change of the worker count between attempts is a
-`MembershipEvent` in the supervisor's result. Pure Python.
+count: its partitions are those of the full-size cluster (`order_partitions`),
+update j trains batch j of every partition, and each worker reads only the
+partitions it owns (`data.data_order`). Only the summation order of an
+update's gradients changes with W. Every change of the worker count between
+attempts is a `MembershipEvent` in the supervisor's result. Pure Python.
 """
 
 import dataclasses
@@ -89,6 +89,14 @@ def accumulation_at(config, workers: int) -> int:
     return config.gradient_accumulation_steps
   return accumulation_for(config.num_workers,
                           config.gradient_accumulation_steps, workers)
+
+
+def full_size_replicas(config, replicas: int, workers: int) -> int:
+  """Replicas of the full-size cluster of a DistributionConfig `config` that
+  runs `replicas` replicas on `workers` workers."""
+  if not is_elastic(config.num_workers, config.min_workers):
+    return replicas
+  return replicas * config.num_workers // workers
 
 
 def order_partitions(config, full_replicas: int) -> int:

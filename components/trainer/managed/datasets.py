@@ -126,13 +126,15 @@ def ordered_train_dataset_fn(check: 'DataCheck', data: TrainingData,
 
 def train_dataset_fn(task: TrainingTask, data: TrainingData,
                      examples_per_step: int, start_step: int, seed,
-                     config: input_pipeline.InputPipelineConfig
+                     config: input_pipeline.InputPipelineConfig,
+                     readable_records: Optional[Dict[str, int]] = None
                     ) -> Callable[[tf.distribute.InputContext],
                                   tf.data.Dataset]:
   """A `dataset_fn` for `distribute_datasets_from_function` without a data
   order: parameter-server workers (`seed` PER_WORKER_SEED, a new seed per
   dataset), or train files that are not one folder to index (a resume then
-  rebuilds its epoch and skips to `start_step`)."""
+  rebuilds its epoch and skips to `start_step`). `readable_records`:
+  damaged files' readable prefixes (`check_data`)."""
 
   def dataset_fn(input_context: tf.distribute.InputContext):
     # Each step takes one batch per replica from its input pipeline.
@@ -143,7 +145,8 @@ def train_dataset_fn(task: TrainingTask, data: TrainingData,
         batch_size=examples_per_step, config=config,
         seed=_clock_seed() if seed is PER_WORKER_SEED else seed,
         input_context=input_context,
-        skip_batches=start_step * batches_per_step)
+        skip_batches=start_step * batches_per_step,
+        readable_records=readable_records)
   return dataset_fn
 
 
@@ -285,8 +288,8 @@ def fit_cache(data: TrainingData, check: 'DataCheck', share: float,
       dataclasses.replace(config, cache='none'), shuffle=False,
       num_epochs=1, drop_remainder=False)))
   sample_rows = int(tf.shape(tf.nest.flatten(sample)[0])[0])
-  per_row = sum(_nbytes(t) for t in tf.nest.flatten(
-      sample, expand_composites=False)) / max(sample_rows, 1)
+  per_row = sum(_nbytes(t) for t in tf.nest.flatten(sample)) / max(
+      sample_rows, 1)
   needed = memory_fit.cache_bytes(rows, per_row)
   budget = budget_bytes or memory_fit.default_ram_budget()
   if needed <= budget:

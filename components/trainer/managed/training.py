@@ -30,7 +30,6 @@ from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
 from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.checkpoint.config import FaultToleranceConfig
-from components.trainer.cluster import membership
 from components.trainer.config import AUTO
 from components.trainer.managed import accumulation
 from components.trainer.managed import call_size
@@ -93,6 +92,7 @@ class ManagedTraining:
     self.accumulation = context.accumulation
     self.replicas = context.replicas
     self.workers = context.workers
+    self.data_partitions = context.data_partitions
     self.global_batch = context.global_batch
     self.plan = (partition_plan.read(task.partition_plan_uri)
                  if task.partition_plan_uri else None)
@@ -191,9 +191,7 @@ class ManagedTraining:
     self.order = None
     if self.spec.asynchronous:
       return
-    full_replicas = self.replicas * self.accumulation // (
-        self.distribution.gradient_accumulation_steps)
-    partitions = membership.order_partitions(self.distribution, full_replicas)
+    partitions = self.data_partitions
     if self.examples_per_step % partitions or partitions % self.replicas:
       raise ValueError(
           f'The data order has {partitions} partitions (distribution.'
@@ -269,7 +267,8 @@ class ManagedTraining:
     else:
       dataset_fn = datasets.train_dataset_fn(
           self.task, self.data, self.examples_per_step, start,
-          datasets.data_seed(self.distribution.seed), self.data.config)
+          datasets.data_seed(self.distribution.seed), self.data.config,
+          self.data_check.readable_records)
     if self.pipeline_runner is None:
       runner = step_runners.SynchronousSteps(
           self.strategy, dataset_fn, replica_step, self.step,

@@ -49,6 +49,13 @@ class ProcessContext:
     accumulates more; the config keeps the full size's)."""
     return membership.accumulation_at(self.config, self.workers)
 
+  @property
+  def data_partitions(self) -> int:
+    """The data order's partitions: those of the full-size cluster."""
+    full_size = membership.full_size_replicas(self.config, self.replicas,
+                                              self.workers)
+    return membership.order_partitions(self.config, full_size)
+
   @classmethod
   def resolve(cls, task: TrainingTask, config: DistributionConfig,
               strategy: Any) -> 'ProcessContext':
@@ -82,10 +89,8 @@ def resolve_lengths(task: TrainingTask, config: DistributionConfig,
   per-replica batch and update batch: its accumulation grows (`membership`).
   """
   accumulation = membership.accumulation_at(config, workers)
-  full_replicas = num_replicas
-  if config.elastic:
-    full_replicas = num_replicas * config.num_workers // workers
-  per_replica = config.per_replica_batch(full_replicas)
+  per_replica = config.per_replica_batch(
+      membership.full_size_replicas(config, num_replicas, workers))
   examples_per_update = per_replica * num_replicas * accumulation
   compression = input_pipeline.InputPipelineConfig.from_dict(
       task.input_pipeline).compression_type
