@@ -20,8 +20,12 @@ def pipeline_root(executor_output_uri: Optional[str], fallback: str) -> str:
 
 
 def above(uri: str, levels: int) -> str:
-  """The folder `levels` levels above `uri`."""
-  uri = uri.rstrip('/')
+  """The folder `levels` levels above `uri`, never above its filesystem's
+  root (`ram://x` two levels up is `ram://`, not the working directory)."""
+  scheme, separator, path = uri.rpartition('://')
+  path = path.rstrip('/')
   for _ in range(levels):
-    uri = os.path.dirname(uri)
-  return uri
+    path = os.path.dirname(path)
+  if separator:
+    return f'{scheme}://{path}'
+  return path or ('/' if uri.startswith('/') else '.')
