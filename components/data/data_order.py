@@ -87,10 +87,6 @@ class DataOrder:
             'window': self.window, 'fixed_shard_order': self.fixed_shard_order,
             'index_fingerprint': self.fingerprint()}
 
-  def epoch_seed(self, epoch: int) -> int:
-    """One seed per (seed, epoch), as the window shuffle uses it."""
-    return self.seed * 1_000_003 + epoch
-
   def shard_order(self, epoch: int) -> List[int]:
     """The shards (places in the index) in epoch `epoch`'s order."""
     epoch = 0 if self.fixed_shard_order else epoch

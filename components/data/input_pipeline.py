@@ -205,7 +205,7 @@ def rows_or_error(batches: tf.data.Dataset, message: str) -> tf.data.Dataset:
       tf.data.Dataset.from_tensors(tf.constant(False))).take(1).map(check)
 
 
-def _epoch_seed(seed, epoch) -> tf.Tensor:
+def seed_of_epoch(seed, epoch) -> tf.Tensor:
   """One seed per (seed, epoch); `seed` may be a tensor (a clock seed)."""
   return tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64)
 
@@ -349,7 +349,7 @@ def build_dataset(file_patterns: List[str],
   @tf.autograph.experimental.do_not_convert
   def epoch_rows(epoch):
     """Epoch `epoch`'s rows (in chunks), a pure function of it and seed."""
-    epoch_seed = _epoch_seed(seed, epoch)
+    epoch_seed = seed_of_epoch(seed, epoch)
     if cached is not None:
       rows = cached
     elif shuffle_files:

@@ -84,8 +84,7 @@ def partition_batches(order: DataOrder, paths: List[str], partition: int,
   def shuffled(rows, epoch, first_window=0):
     if not order.window:
       return rows
-    seed = tf.cast(order.seed, tf.int64) * 1_000_003 + tf.cast(epoch,
-                                                               tf.int64)
+    seed = input_pipeline.seed_of_epoch(order.seed, epoch)
     return input_pipeline.shuffle_windows(rows, order.window, seed,
                                           stream=partition,
                                           first_window=first_window)
@@ -108,9 +107,8 @@ def partition_batches(order: DataOrder, paths: List[str], partition: int,
 
   if last_epoch > start.epoch:
     later = list(range(start.epoch + 1, last_epoch + 1))
+    epochs = tf.data.Dataset.from_tensor_slices(tf.constant(later, tf.int64))
     if cached is not None:
-      epochs = tf.data.Dataset.from_tensor_slices(tf.constant(later,
-                                                              tf.int64))
       rows = rows.concatenate(epochs.flat_map(
           lambda epoch: shuffled(cached, epoch)))
     else:
@@ -125,8 +123,6 @@ def partition_batches(order: DataOrder, paths: List[str], partition: int,
         return shuffled(rows_of(tuple(tf.boolean_mask(t, mine)
                                       for t in all_segments)), epoch)
 
-      epochs = tf.data.Dataset.from_tensor_slices(tf.constant(later,
-                                                              tf.int64))
       rows = rows.concatenate(epochs.flat_map(epoch_rows))
   return rows.rebatch(order.batch, drop_remainder=True).take(batches)
 
