@@ -33,7 +33,9 @@ summed on each stage's device and applied in one update. With
 read the variables from copy 0's devices and add their gradient sums there
 before the update, so the step equals one device on the whole batch.
 Re-materialized micro-batches stash only a stage's inputs and rerun its
-forward inside its backward.
+forward inside its backward. Under a LossScaleOptimizer (float16) the last
+stage's backward starts from the scaled loss and the summed gradients are
+unscaled once; the optimizer skips a non-finite update.
 
 Limitations: random layers (Dropout) draw new randomness when recomputed;
 BatchNormalization normalizes per micro-batch; Keras masks do not cross
@@ -132,6 +134,10 @@ class PipelineRunner:
   def data_parallel_replicas(self) -> int:
     return self._replicas
 
+  def jit_compile_stages(self, enabled: bool) -> None:
+    """Each stage's layers as one XLA computation (before the first step)."""
+    self._step.jit_compile(enabled)
+
   def gradients(self, features, labels):
     """(mean loss, gradients aligned with model.trainable_variables)."""
     return self._gradients_fn(features, labels)
@@ -193,6 +199,10 @@ class PipelineRunner:
       with tf.device(v.device):
         grads.append(tf.add_n(sums[id(v)]) if id(v) in sums else
                      tf.zeros_like(v))
+    optimizer = self.model.optimizer
+    if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+      # The stages' backward passes started from the scaled loss.
+      grads = optimizer.get_unscaled_gradients(grads)
     return loss, grads
 
   def _run_schedule(self, stages, accumulators, micro_inputs, micro_labels,

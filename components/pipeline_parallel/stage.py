@@ -69,6 +69,14 @@ def stash_inputs(inputs: Dict[str, tf.Tensor], host_device: Optional[str]
     return {name: tf.identity(value) for name, value in inputs.items()}
 
 
+def loss_scale(optimizer) -> tf.Tensor:
+  """What the loss is multiplied by before its gradients: a
+  LossScaleOptimizer's current scale (float16), else 1."""
+  if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+    return optimizer.loss_scale
+  return tf.constant(1.0)
+
+
 class StageStep:
   """Forward and backward of one micro-batch through one stage of `model`."""
 
@@ -78,10 +86,27 @@ class StageStep:
     self._graph = graph
     # Micro-batches x replicas: the loss shares sum to the mini-batch mean.
     self._loss_scale = loss_scale
+    # Stage index -> its layers as one XLA computation (`jit_compile`).
+    self._compiled = None
+
+  def jit_compile(self, enabled: bool) -> None:
+    """Runs each stage's layers as one XLA computation on its device (the
+    schedule between stages stays TensorFlow's)."""
+    self._compiled = {} if enabled else None
+
+  def _run(self, stage: Stage, inputs):
+    if self._compiled is None:
+      return self._graph.run(inputs, stage.start, stage.end, training=True)
+    if stage.index not in self._compiled:
+      self._compiled[stage.index] = tf.function(
+          lambda values: self._graph.run(values, stage.start, stage.end,
+                                         training=True),
+          jit_compile=True, autograph=False)
+    return self._compiled[stage.index](inputs)
 
   def forward(self, stage: Stage, inputs, labels, with_loss: bool):
     """The stage's outputs and, if asked, its share of the loss."""
-    values = self._graph.run(inputs, stage.start, stage.end, training=True)
+    values = self._run(stage, inputs)
     outputs = {name: values[name] for name in stage.outputs}
     if not with_loss:
       return outputs, None
@@ -91,7 +116,9 @@ class StageStep:
           labels, self._graph.pack_outputs(outputs)))
     if not losses:
       return outputs, None
-    return outputs, tf.add_n(losses) / self._loss_scale
+    # float32: a float16 model's loss and its float32 regularizers add up.
+    return outputs, tf.add_n([tf.cast(loss, tf.float32) for loss in losses]
+                             ) / self._loss_scale
 
   def backward(self, stage: Stage, stashed: Stash,
                upstream: Mapping[str, tf.Tensor], labels):
@@ -119,7 +146,8 @@ class StageStep:
     target_grads = list(output_grads.values())
     if loss_share is not None:
       targets.append(loss_share)
-      target_grads.append(tf.ones_like(loss_share))
+      target_grads.append(tf.ones_like(loss_share) * tf.cast(
+          loss_scale(self._model.optimizer), loss_share.dtype))
     sources = [inputs[n] for n in stage.grad_inputs]
     if not targets:
       return {}, [tf.zeros_like(v) for v in stage.variables], None

@@ -24,6 +24,11 @@ RAY_PLACEMENTS = ('SPREAD', 'PACK')
 # Resources one Ray actor (one TF task) reserves, and their defaults.
 RAY_RESOURCE_KEYS = {'cpus': 1, 'gpus': 0, 'memory_mb': 0}
 MODES = ('auto', 'managed', 'run_fn')
+# Keras dtype policies a managed training may run in (`precision`), and
+# `auto` (opt-in: the hardware's fast policy, see `managed.precision`).
+PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16', 'auto')
+# Whether the per-replica step is compiled with XLA (`xla`); `auto` measures.
+XLA_SETTINGS = ('off', 'on', 'auto')
 
 DEFAULT_PER_REPLICA_BATCH_SIZE = 32
 # Largest `seed`: NumPy's global seed is a 32-bit unsigned int.
@@ -138,6 +143,18 @@ class DistributionConfig(JsonConfig):
     intra_op_threads: Threads of TensorFlow's op pool in each training
       process: an int >= 1, 0 (TensorFlow's default, every core) or 'auto'
       (`cpu_threads`: one core left to the input pipeline without a GPU).
+    precision: The Keras dtype policy of the model when the module sets
+      none (a policy the module sets, at import or in `build_model`, wins):
+      one of PRECISIONS. `mixed_float16` trains with dynamic loss scaling
+      as `fit` does; `auto` (opt-in, as it changes numerics) picks bfloat16
+      where the hardware computes it natively (CPUs with AVX512-BF16 or
+      AMX, TPUs, GPUs of compute capability >= 8.0), float16 on GPUs of
+      7.x, float32 elsewhere (`managed.precision.choose`).
+    xla: Whether the per-replica step is compiled with XLA when the module's
+      `compile` says nothing (its `jit_compile` wins): `off`, `on`, or
+      `auto`, which times a few steps each way at the start, keeps the
+      faster and falls back where XLA cannot compile the model; a resume
+      keeps the choice saved with the checkpoints (`managed.xla`).
     data_partitions: Partitions of the data order (`data.data_order`):
       update j trains batch j of each, and each worker reads only its own.
       None: one per replica of the full-size cluster (one per micro-batch
@@ -173,6 +190,8 @@ class DistributionConfig(JsonConfig):
   steps_per_execution: Union[int, str] = dataclasses.field(
       default=AUTO, metadata=TRAJECTORY_NEUTRAL)
   intra_op_threads: Union[int, str] = AUTO
+  precision: str = 'float32'
+  xla: str = dataclasses.field(default='off', metadata=TRAJECTORY_NEUTRAL)
   data_partitions: Optional[int] = None
   seed: Optional[int] = None
   deterministic: bool = False
@@ -194,6 +213,7 @@ class DistributionConfig(JsonConfig):
           f'steps_per_execution={self.steps_per_execution!r} must be an '
           f"integer >= 1 or {AUTO!r}.")
     cpu_threads.check(self.intra_op_threads)
+    self._validate_compute()
     if not isinstance(self.tpu_address, str):
       raise ValueError(f'tpu_address={self.tpu_address!r} must be a string.')
     self._validate_ray()
@@ -219,6 +239,25 @@ class DistributionConfig(JsonConfig):
     if self.launcher != 'ray' and self.ray != RayConfig():
       raise ValueError(f'ray={self.ray.to_dict()} needs launcher=\'ray\', not '
                        f'launcher={self.launcher!r}.')
+
+  def _validate_compute(self) -> None:
+    check_choice('precision', self.precision, PRECISIONS)
+    check_choice('xla', self.xla, XLA_SETTINGS)
+    if self.mode == 'run_fn' and (self.precision, self.xla) != (
+        'float32', 'off'):
+      raise ValueError(
+          f'precision={self.precision!r}, xla={self.xla!r} apply to the '
+          "managed loop, not mode='run_fn': a run_fn sets its own dtype "
+          "policy and compile(jit_compile=...); leave them 'float32' and "
+          "'off'.")
+    if self.precision == 'mixed_float16' and self.strategy != AUTO and (
+        not registry.get(self.strategy).loss_scaling):
+      raise ValueError(
+          f"precision='mixed_float16' needs loss scaling, which Keras' "
+          f'LossScaleOptimizer does not support under strategy='
+          f'{self.strategy!r}; use precision=\'mixed_bfloat16\' (no loss '
+          'scaling needed) or one of the strategies '
+          f'{registry.names(loss_scaling=True)}.')
 
   def _validate_seed(self) -> None:
     if self.seed is not None and not (is_int(self.seed, minimum=0) and

@@ -86,6 +86,11 @@ def record_result(model_run, result: Dict[str, Any],
               'steps_by_call_length'):
     if result.get(key):
       model_run.set_string_custom_property(key, json.dumps(result[key]))
+  # The dtype policy and XLA setting trained with, who chose them and why.
+  for key in ('precision', 'xla'):
+    if result.get(key):
+      model_run.set_string_custom_property(
+          key, json.dumps(result[key], sort_keys=True))
   if result.get('intra_op_threads'):  # What the op pool got, and why.
     model_run.set_string_custom_property(
         'intra_op_threads', json.dumps(result['intra_op_threads']))

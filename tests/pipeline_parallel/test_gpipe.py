@@ -48,6 +48,8 @@ SKIP_BOUNDARIES = {2: [0, 3, 6], 3: [0, 2, 4, 6], 4: [0, 2, 3, 5, 6]}
 CORE_CASE = 'skip_k4_except_last'
 CORE_1F1B_CASE = '1f1b_skip_k3_m4_except_last'
 CORE_HYBRID_CASE = 'hybrid_r2_k2_1f1b_except_last'
+# Each stage's layers as one XLA computation.
+XLA_CASE = 'skip_k4_except_last_xla'
 HYBRID_CASES = ('hybrid_r2_k2_gpipe_always', 'hybrid_r2_k2_1f1b_never')
 # GPipe against one device: K in {2, 4} with each remat mode once (K=4
 # except_last is CORE_CASE), activation offload, a sequential model and a
@@ -143,11 +145,12 @@ def _plan(graph, num_stages, boundaries, remat, offload=False,
   return plan
 
 
-def _compare(build, plan, features, labels, devices):
+def _compare(build, plan, features, labels, devices, jit_compile=False):
   reference = build()
   ref_loss, ref_grads = _reference(reference, features, labels)
   model = placement.build_model_on_devices(build, plan, devices)
   runner = pipeline_runner.PipelineRunner(model, plan, devices)
+  runner.jit_compile_stages(jit_compile)
   loss, grads = runner.gradients(features, labels)
   errors = [float(np.max(np.abs(g.numpy() - r.numpy()) /
                          (ATOL + RTOL * np.abs(r.numpy()))))
@@ -200,6 +203,42 @@ def _train_and_export(devices, export_dir):
       'export_max_abs_difference': float(np.max(np.abs(
           served.numpy() - model(features).numpy()))),
   }
+
+
+def _float16_skip_model():
+  tf.keras.mixed_precision.set_global_policy('mixed_float16')
+  try:
+    return _skip_model()
+  finally:
+    tf.keras.mixed_precision.set_global_policy('float32')
+
+
+def _float16_steps(devices):
+  """One float16 GPipe step against Keras' own step (`train_on_batch`,
+  loss scaling by its LossScaleOptimizer), with labels that train and with
+  labels large enough to overflow float16 at the initial scale."""
+  features, labels = _data('skip')
+  plan = _plan(graph_lib.LayerGraph(_skip_model()), 2, SKIP_BOUNDARIES[2],
+               'except_last')
+  results = {}
+  for name, factor in (('trains', 1.0), ('overflows', 1e4)):
+    reference = _float16_skip_model()
+    initial = reference.get_weights()
+    reference.train_on_batch(features, labels * factor)
+    model = placement.build_model_on_devices(_float16_skip_model, plan,
+                                             devices)
+    runner = pipeline_runner.PipelineRunner(model, plan, devices)
+    runner.train_step(features, labels * factor)
+    results[name] = {
+        'max_weight_difference': max(
+            float(np.max(np.abs(w - r))) for w, r in
+            zip(model.get_weights(), reference.get_weights())),
+        'unchanged': all(np.array_equal(w, i) for w, i in
+                         zip(model.get_weights(), initial)),
+        'loss_scale': float(model.optimizer.loss_scale.numpy()),
+        'reference_loss_scale': float(reference.optimizer.loss_scale.numpy()),
+    }
+  return results
 
 
 def _transient_peak_bytes(remat, devices, schedule=None):
@@ -269,6 +308,10 @@ def run_worker(output_path: str, scratch_dir: str, suite: str) -> None:
                  schedule='1f1b', replicas=2)
     results[CORE_HYBRID_CASE] = _compare(_skip_model, plan, features, labels,
                                          all_devices)
+    plan = _plan(skip_graph, 4, SKIP_BOUNDARIES[4], 'except_last')
+    results[XLA_CASE] = _compare(_skip_model, plan, features, labels,
+                                 all_devices, jit_compile=True)
+    results['float16'] = _float16_steps(all_devices[:2])
     with open(output_path, 'w') as f:
       json.dump(results, f, indent=1)
     return
@@ -359,6 +402,22 @@ def test_two_pipeline_copies_on_four_devices_match_one_device(core_results):
   result = core_results[CORE_HYBRID_CASE]
   _assert_matches_one_device(result)
   assert sorted(result['all_devices']) == sorted(core_results['devices'])
+
+
+def test_stages_compiled_with_xla_match_one_device(core_results):
+  _assert_matches_one_device(core_results[XLA_CASE])
+
+
+def test_float16_stages_scale_the_loss_and_skip_an_overflow(core_results):
+  """As Keras' own float16 step: the same update, and where the scaled
+  gradients overflow, no update and the scale halved."""
+  trains, overflows = (core_results['float16'][k]
+                       for k in ('trains', 'overflows'))
+  assert not trains['unchanged'] and trains['max_weight_difference'] < 1e-3
+  assert trains['loss_scale'] == trains['reference_loss_scale'] == 2**15
+  assert overflows['unchanged']
+  assert overflows['loss_scale'] == overflows['reference_loss_scale'] == (
+      2**14)
 
 
 def test_unknown_schedule_fails_at_runner_construction():

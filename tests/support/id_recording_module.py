@@ -8,7 +8,8 @@ slows steps down so that a test can signal a process mid-training;
 while the file `hparams['hold_file']` exists, a step that has logged waits
 (a test holds training until it has changed the cluster).
 `seeded_initializers=False` and `dropout > 0` give the model the randomness
-that `distribution.seed` has to pin down.
+that `distribution.seed` has to pin down. `dtype_policy` and `jit_compile`
+are the module's own precision and XLA choices (None: it makes none).
 """
 
 import json
@@ -27,7 +28,8 @@ FEATURE_SPEC = {
 }
 DEFAULT_HPARAMS = {'learning_rate': 0.05, 'hidden_units': 8, 'id_log': None,
                    'step_sleep_seconds': 0.0, 'hold_file': None,
-                   'seeded_initializers': True, 'dropout': 0.0}
+                   'seeded_initializers': True, 'dropout': 0.0,
+                   'dtype_policy': None, 'jit_compile': None}
 
 
 class RecordIds(tf.keras.layers.Layer):
@@ -69,6 +71,8 @@ class RecordIds(tf.keras.layers.Layer):
 
 def build_model(hparams=None):
   hparams = {**DEFAULT_HPARAMS, **(hparams or {})}
+  if hparams['dtype_policy']:
+    tf.keras.mixed_precision.set_global_policy(hparams['dtype_policy'])
   optimizer = tf.keras.optimizers.Adam(hparams['learning_rate'])
   x = tf.keras.layers.Input(shape=(NUM_FEATURES,), name='x')
   ids = tf.keras.layers.Input(shape=(), dtype=tf.int64, name='id')
@@ -88,5 +92,6 @@ def build_model(hparams=None):
           seed=2 if seeded else None))(hidden)
   model = tf.keras.Model({'x': x, 'id': ids}, output)
   model.compile(optimizer=optimizer, loss='binary_crossentropy',
-                metrics=[tf.keras.metrics.BinaryAccuracy()])
+                metrics=[tf.keras.metrics.BinaryAccuracy()],
+                jit_compile=hparams['jit_compile'])
   return model

@@ -11,6 +11,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from components.trainer.managed import precision
+
 
 def rows(value, start, size: int):
   """Rows [start, start + size) of a dense, ragged or sparse batch."""
@@ -52,13 +54,15 @@ def per_example_loss(model: tf.keras.Model) -> Callable:
 
 
 def replica_step_fn(model: tf.keras.Model, accumulation: int,
-                    examples_per_step: int, micro_batch: int) -> Callable:
+                    examples_per_step: int, micro_batch: int,
+                    jit_compile: bool = False) -> Callable:
   """The per-replica update: `(features, labels) -> loss` (see module doc).
 
   Every loss term is a sum over examples divided by the examples of the whole
-  update (all replicas, all micro-steps).
+  update (all replicas, all micro-steps). The loss returned is unscaled.
   """
   example_loss = per_example_loss(model)
+  scaler = precision.loss_scaler(model.optimizer)
 
   # Autograph would convert all of tf_keras (seconds of tracing); Keras
   # converts the layers' `call`s itself where needed.
@@ -72,7 +76,8 @@ def replica_step_fn(model: tf.keras.Model, accumulation: int,
       if model.losses:
         loss += tf.nn.scale_regularization_loss(
             tf.add_n(model.losses)) / accumulation
-    return loss, tape.gradient(loss, model.trainable_variables)
+      scaled = loss if scaler is None else scaler.get_scaled_loss(loss)
+    return loss, tape.gradient(scaled, model.trainable_variables)
 
   @tf.autograph.experimental.do_not_convert
   def apply_gradients(gradients):
@@ -91,10 +96,14 @@ def replica_step_fn(model: tf.keras.Model, accumulation: int,
             (features, labels))
         micro_loss, micro_gradients = loss_and_gradients(micro_features,
                                                          micro_labels)
-        loss += micro_loss
+        loss += tf.cast(micro_loss, loss.dtype)
         gradients = [g + tf.convert_to_tensor(m)
                      for g, m in zip(gradients, micro_gradients)]
+    if scaler is not None:
+      gradients = scaler.get_unscaled_gradients(gradients)
     apply_gradients(gradients)
     return loss
 
+  if jit_compile:
+    return tf.function(replica_step, jit_compile=True)
   return replica_step

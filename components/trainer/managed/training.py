@@ -37,11 +37,13 @@ from components.trainer.managed import datasets
 from components.trainer.managed import driver
 from components.trainer.managed import evaluation
 from components.trainer.managed import export
+from components.trainer.managed import precision
 from components.trainer.managed import preemption
 from components.trainer.managed import progress
 from components.trainer.managed import step_runners
 from components.trainer.managed import votes
 from components.trainer.managed import warm_start
+from components.trainer.managed import xla
 from components.trainer.process.context import ProcessContext
 from components.trainer.process.task import TrainingTask
 from components.trainer import resolve
@@ -56,6 +58,8 @@ EVENTS_FLUSH_SECONDS = 1.0
 # flush_millis in a 32-bit int).
 _EVENTS_MAX_QUEUE = 1000
 _EVENTS_FLUSH_MILLIS = 600_000
+# Where the XLA probe keeps the variables while it measures (in memory).
+XLA_SNAPSHOT_ROOT = 'ram://hpm_xla_probe'
 
 
 def _json_value(value):
@@ -120,6 +124,9 @@ class ManagedTraining:
     self.order = None
     self.cache_fallback = None
     self.warm_started = None
+    # Set by build_model and train: the dtype policy and XLA choices.
+    self.precision = None
+    self.xla = None
 
   # --- model and checkpoint
 
@@ -133,23 +140,36 @@ class ManagedTraining:
     return model
 
   def build_model(self) -> None:
-    """Model, optimizer slots and the step counter, in the strategy scope."""
+    """Model, optimizer slots and the step counter, in the strategy scope,
+    under the dtype policy the module or the config chooses."""
     self.pipeline_runner = None
+    requested = precision.decide(
+        self.distribution.precision,
+        lambda: precision.detect_hardware(self.strategy),
+        self.spec.loss_scaling, self.all_workers)
     # GPipe places every stage itself, so it builds outside the strategy.
     scope = (self.strategy.scope() if self.plan is None else
              tf.distribute.get_strategy().scope())
     with scope:
-      self.model = (self.module.build_model(self.task.hparams)
-                    if self.plan is None else self._build_pipelined_model())
-      if not self.model.built:
-        self.model(datasets.sample_features(self.task, self.data),
-                   training=False)
+      with precision.building(requested[0]) as module_policy:
+        self.model = (self.module.build_model(self.task.hparams)
+                      if self.plan is None else self._build_pipelined_model())
+        if not self.model.built:
+          self.model(datasets.sample_features(self.task, self.data),
+                     training=False)
+      self.precision = precision.resolve(
+          self.model, requested, module_policy.get('module'),
+          self.spec.loss_scaling, self.spec.name)
       self.step = tf.Variable(
           0, dtype=tf.int64, trainable=False, name='global_step',
           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
       if hasattr(self.model.optimizer, 'build'):
         # Slots must exist before restore, or they would restore lazily.
         self.model.optimizer.build(self.model.trainable_variables)
+    if self.precision.policy != precision.FLOAT32 or (
+        self.precision.source != 'config'):
+      progress.LOGGER.info('Precision %s (%s: %s).', self.precision.policy,
+                           self.precision.source, self.precision.reason)
     self.checkpoint = tf.train.Checkpoint(model=self.model,
                                           optimizer=self.model.optimizer,
                                           step=self.step)
@@ -243,13 +263,17 @@ class ManagedTraining:
       progress.LOGGER.info('%s', progress.format_line(
           {**details, 'step': current}))
 
+  def _replica_step(self, jit_compile: bool):
+    return accumulation.replica_step_fn(
+        self.model, self.accumulation, self.examples_per_step,
+        self.distribution.per_replica_batch(self.replicas), jit_compile)
+
   def _runner_and_watcher(self, start: int):
     """The step runner for this kind of training, and its preemption
     watcher."""
-    replica_step = accumulation.replica_step_fn(
-        self.model, self.accumulation, self.examples_per_step,
-        self.distribution.per_replica_batch(self.replicas))
     if self.spec.asynchronous:
+      self.xla = self._choose_xla(start, None, 'parameter-server closures '
+                                  'run on the workers, not measured here')
       config = dataclasses.replace(
           self.data.config, shuffle_buffer_batches=max(
               PS_SHUFFLE_BATCHES, self.data.config.shuffle_buffer_batches))
@@ -257,8 +281,8 @@ class ManagedTraining:
           self.task, self.data, self.examples_per_step, 0,
           datasets.PER_WORKER_SEED, config)
       runner = step_runners.ParameterServerSteps(
-          self.strategy, dataset_fn, replica_step, self.step,
-          self.train_steps)
+          self.strategy, dataset_fn, self._replica_step(self.xla.enabled),
+          self.step, self.train_steps)
       # Only the coordinator checkpoints: our own SIGTERM flag suffices.
       return runner, preemption.SigtermWatcher(self._save_now)
     if self.order is not None:
@@ -270,17 +294,80 @@ class ManagedTraining:
           datasets.data_seed(self.distribution.seed), self.data.config,
           self.data_check.readable_records)
     if self.pipeline_runner is None:
+      self.xla = self._choose_xla(
+          start, lambda jit: self._probe_runner(dataset_fn, jit))
       runner = step_runners.SynchronousSteps(
-          self.strategy, dataset_fn, replica_step, self.step,
-          self.spec.host_iterator_input)
+          self.strategy, dataset_fn, self._replica_step(self.xla.enabled),
+          self.step, self.spec.host_iterator_input)
     else:
+      self.xla = self._choose_xla(start, None, 'pipeline stages')
+      self.pipeline_runner.jit_compile_stages(self.xla.enabled)
       runner = step_runners.PipelineSteps(
           self.pipeline_runner, dataset_fn(tf.distribute.InputContext()),
           self.step)
+    if self.xla.enabled or self.xla.source != 'config':
+      progress.LOGGER.info('XLA %s (%s: %s).',
+                           'on' if self.xla.enabled else 'off',
+                           self.xla.source, self.xla.reason)
     if self.spec.lockstep_workers:
       return runner, preemption.MultiWorkerPreemptionWatcher(
           self.strategy, self.checkpoint, self._save_now)
     return runner, preemption.SigtermWatcher(self._save_now)
+
+  # --- XLA
+
+  def _choose_xla(self, start: int, probe, not_measured: str = ''
+                  ) -> xla.XlaChoice:
+    """The module's or the config's XLA setting; `auto`: the choice saved
+    with the resumed checkpoint, else measured with `probe(jit)` (a step
+    runner on probe batches), else off for `not_measured`."""
+    setting, source = xla.requested(self.model, self.distribution.xla)
+    if setting != xla.AUTO:
+      return xla.fixed(setting, source)
+    recorded = self.checkpointer.restored_extra.get('xla') if start else None
+    if recorded:
+      choice = dataclasses.replace(xla.XlaChoice.from_dict(recorded),
+                                   source='checkpoint')
+    elif probe is None:
+      choice = xla.XlaChoice(False, xla.AUTO, f'not measured: {not_measured}')
+    else:
+      with self.timed('xla_probe_s'):
+        choice = self._measure_xla(probe)
+    self.checkpointer.save_with_checkpoints(
+        'xla', recorded or choice.to_dict())
+    return choice
+
+  def _probe_runner(self, dataset_fn, jit_compile: bool):
+    """A step runner over a few of the training's batches, repeated, with a
+    counter of its own."""
+    batches = 2 * self.replicas
+    with self.strategy.scope():
+      counter = tf.Variable(0, dtype=tf.int64, trainable=False,
+                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    return step_runners.SynchronousSteps(
+        self.strategy,
+        lambda context: dataset_fn(context).take(batches).cache().repeat(),
+        self._replica_step(jit_compile), counter,
+        self.spec.host_iterator_input)
+
+  def _measure_xla(self, probe) -> xla.XlaChoice:
+    """`xla.measure` with every checkpointed variable written to memory
+    before and read back after, so the probe steps train nothing."""
+    snapshot = self.checkpoint.write(
+        f'{XLA_SNAPSHOT_ROOT}/{os.getpid()}_{id(self)}/state')
+    runners = {}
+
+    def run_call(jit_compile: bool) -> None:
+      if jit_compile not in runners:
+        runners[jit_compile] = probe(jit_compile)
+      _, loss = runners[jit_compile](0, xla.PROBE_STEPS)
+      float(loss)  # Waits for the steps.
+
+    try:
+      return xla.measure(run_call, self.all_workers)
+    finally:
+      self.checkpoint.read(snapshot).assert_existing_objects_matched()
+      tf.io.gfile.rmtree(os.path.dirname(snapshot))
 
   def train(self, start: int) -> Dict[str, Any]:
     setting = self.distribution.steps_per_execution
@@ -357,6 +444,8 @@ class ManagedTraining:
         'global_batch_size': self.global_batch,
         'gradient_accumulation_steps': self.accumulation,
         'examples_per_step': self.examples_per_step,
+        'precision': self.precision.to_dict(),
+        'xla': None if self.xla is None else self.xla.to_dict(),
         'checkpoint_dir': self.task.checkpoint_dir,
         'checkpoints_saved': self.checkpointer.saves,
         'checkpoint_s': round(self.checkpointer.save_seconds, 4),

@@ -1,0 +1,105 @@
+"""Whether the per-replica step runs as one XLA computation.
+
+The module's `compile(jit_compile=...)` wins, as in Keras `fit`; otherwise
+`distribution.xla`. Its `auto` times the step both ways at the start, on a
+few batches of the training's own data, with every variable written to
+memory first and read back after, so the measurement trains nothing: the
+training then starts from where it was, in the faster setting. A model XLA
+cannot compile (string or sparse ops, variables on another device) falls
+back to the plain step with XLA's reason. The choice is saved with the
+checkpoints, so a resume keeps it instead of measuring again (a different
+choice would change the bits of the trajectory).
+
+`measure` is the timing logic over a `run_call(jit)` the loop supplies.
+"""
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import tensorflow as tf
+
+OFF, ON, AUTO = 'off', 'on', 'auto'
+# Steps in one timed call, and timed calls per setting (interleaved, after
+# one untimed call each that traces and compiles): the medians decide.
+PROBE_STEPS = 4
+PROBE_CALLS = 3
+# XLA's reason for a fallback is kept up to this length.
+REASON_CHARS = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaChoice:
+  """Whether XLA compiles the step, who decided and why; on model_run."""
+  enabled: bool
+  source: str  # 'module', 'config', 'auto' or 'checkpoint'.
+  reason: str
+  # 'on' / 'off': median seconds per step of the start's measurement.
+  seconds_per_step: Optional[Dict[str, float]] = None
+
+  def to_dict(self) -> Dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, value: Dict[str, Any]) -> 'XlaChoice':
+    return cls(**value)
+
+
+def requested(model: tf.keras.Model, option: str) -> Tuple[str, str]:
+  """(setting, source): the module's `jit_compile` where it passed one to
+  `compile` (tf-keras keeps None for 'not given'), else the option."""
+  jit_compile = getattr(model, '_jit_compile', None)
+  if jit_compile is not None:
+    return (ON if jit_compile else OFF), 'module'
+  return option, 'config'
+
+
+def fixed(setting: str, source: str) -> XlaChoice:
+  what = ('compile(jit_compile=...) in the module' if source == 'module'
+          else f'distribution.xla={setting!r}')
+  return XlaChoice(setting == ON, source, what)
+
+
+def _why(error: Exception) -> str:
+  """XLA's own line of a compile error (TF wraps it in a graph execution
+  error's traceback), else the error's first line."""
+  lines = [line.strip() for line in
+           str(getattr(error, 'message', '') or error).splitlines()
+           if line.strip()]
+  line = next((line for line in lines if 'XLA' in line or
+               'unsupported operations' in line),
+              lines[0] if lines else type(error).__name__)
+  return line[:REASON_CHARS]
+
+
+def measure(run_call: Callable[[bool], None],
+            agree: Callable[[bool], bool],
+            clock: Callable[[], float] = time.perf_counter) -> XlaChoice:
+  """Times `run_call(jit)` (PROBE_STEPS steps, returning once they ran)
+  with and without XLA and keeps the faster; `agree(flag)` is every
+  worker's vote, so lockstep workers choose alike."""
+  try:
+    run_call(True)
+  except (tf.errors.OpError, ValueError, TypeError,
+          NotImplementedError) as error:
+    agree(False)
+    return XlaChoice(False, AUTO,
+                     f'XLA cannot compile the step: {_why(error)}')
+  run_call(False)
+  times = {ON: [], OFF: []}
+  for _ in range(PROBE_CALLS):
+    for setting in (OFF, ON):
+      began = clock()
+      run_call(setting == ON)
+      times[setting].append((clock() - began) / PROBE_STEPS)
+  per_step = {k: round(statistics.median(v), 7) for k, v in times.items()}
+  faster = per_step[ON] < per_step[OFF]
+  unanimous = agree(faster)
+  enabled = faster and unanimous
+  reason = (f"{per_step[ON] * 1e3:.3f} ms a step with XLA, "
+            f"{per_step[OFF] * 1e3:.3f} ms without: "
+            f"{'XLA' if enabled else 'no XLA'}")
+  if faster and not unanimous:
+    reason += ' (XLA was not faster on every worker)'
+  return XlaChoice(enabled, AUTO, reason, per_step)
