@@ -3,7 +3,7 @@
 `CLASSES` is the one table: a training process classifies the exception that
 ended it (`classify`); for a failure no relaunch can cure (corrupt or missing
 data, a full, read-only or forbidden location, a base model that does not
-fit, another run's lease) it writes one `FAILURE_MARK` line naming the class
+fit, a setting the model cannot train with, another run's lease) it writes one `FAILURE_MARK` line naming the class
 and what to fix, and exits NOT_RETRYABLE_EXIT_CODE; the supervisor then fails
 at once with that line's message first (`read_record`). Anything else (a
 lost worker, a preemption, a throttled or unreachable store, a timeout) is
@@ -59,10 +59,19 @@ LEASE_HELD = FailureClass(
     'lease_held', False,
     'Another run trains into this checkpoint folder: wait for it, stop it, '
     "or use fault_tolerance lease='wait'.")
+BAD_CONFIG = FailureClass(
+    'bad_config', False,
+    'Change the setting or the module as the message says; a relaunch '
+    'would fail the same way.')
 TRANSIENT = FailureClass(
     'transient', True,
     'The cluster is relaunched from its last checkpoint while max_restarts '
     'lasts.')
+
+class TrainingConfigError(ValueError):
+  """A setting or module that this training cannot run as it is (found
+  only in the training process, e.g. once the model is built)."""
+
 
 _FILE_NOT_FOUND_TEXT = ('No such file or directory', 'gs://', 's3://')
 _TF_FUNCTION_PREFIX = re.compile(r'\{\{function_node [^}]*\}\}\s*')
@@ -81,6 +90,7 @@ def _has_errno(error: BaseException, numbers) -> bool:
 CLASSES: Tuple[Tuple[FailureClass, Callable[[BaseException], bool]], ...] = (
     (LEASE_HELD, lambda e: 'LeaseHeldError' in _names(e)),
     (BAD_BASE_MODEL, lambda e: 'WarmStartError' in _names(e)),
+    (BAD_CONFIG, lambda e: isinstance(e, TrainingConfigError)),
     (CORRUPT_DATA, lambda e: 'DataLossError' in _names(e) or (
         'ShardChangedError' in _names(e))),
     (STORAGE_FULL, write_errors.is_full),

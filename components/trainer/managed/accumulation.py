@@ -79,6 +79,9 @@ def replica_step_fn(model: tf.keras.Model, accumulation: int,
       scaled = loss if scaler is None else scaler.get_scaled_loss(loss)
     return loss, tape.gradient(scaled, model.trainable_variables)
 
+  if jit_compile:
+    loss_and_gradients = tf.function(loss_and_gradients, jit_compile=True)
+
   @tf.autograph.experimental.do_not_convert
   def apply_gradients(gradients):
     model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
@@ -104,6 +107,4 @@ def replica_step_fn(model: tf.keras.Model, accumulation: int,
     apply_gradients(gradients)
     return loss
 
-  if jit_compile:
-    return tf.function(replica_step, jit_compile=True)
   return replica_step

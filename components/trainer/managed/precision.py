@@ -21,6 +21,8 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 import tensorflow as tf
 
+from components.trainer.cluster.failures import TrainingConfigError
+
 FLOAT32 = 'float32'
 BFLOAT16 = 'mixed_bfloat16'
 FLOAT16 = 'mixed_float16'
@@ -176,7 +178,7 @@ def resolve(model: tf.keras.Model, requested: Tuple[str, str, str],
   if built != FLOAT16:
     return PrecisionChoice(built, source, reason)
   if not loss_scaling_supported:
-    raise ValueError(
+    raise TrainingConfigError(
         f'The model computes in float16 ({reason}), which needs loss '
         f"scaling, and Keras' LossScaleOptimizer does not support strategy="
         f"{strategy_name!r}: build it in 'mixed_bfloat16' (no loss scaling "

@@ -283,6 +283,8 @@ class ManagedTraining:
       runner = step_runners.ParameterServerSteps(
           self.strategy, dataset_fn, self._replica_step(self.xla.enabled),
           self.step, self.train_steps)
+      if self.xla.enabled:
+        runner = xla.CompileErrorsNamed(runner, self.xla)
       # Only the coordinator checkpoints: our own SIGTERM flag suffices.
       return runner, preemption.SigtermWatcher(self._save_now)
     if self.order is not None:
@@ -305,6 +307,8 @@ class ManagedTraining:
       runner = step_runners.PipelineSteps(
           self.pipeline_runner, dataset_fn(tf.distribute.InputContext()),
           self.step)
+    if self.xla.enabled:
+      runner = xla.CompileErrorsNamed(runner, self.xla)
     if self.xla.enabled or self.xla.source != 'config':
       progress.LOGGER.info('XLA %s (%s: %s).',
                            'on' if self.xla.enabled else 'off',

@@ -10,7 +10,9 @@ back to the plain step with XLA's reason. The choice is saved with the
 checkpoints, so a resume keeps it instead of measuring again (a different
 choice would change the bits of the trajectory).
 
-`measure` is the timing logic over a `run_call(jit)` the loop supplies.
+`measure` is the timing logic over a `run_call(jit)` the loop supplies;
+`CompileErrorsNamed` turns XLA's refusal of a step it was told to compile
+into a config error that names the fix (no relaunch can cure it).
 """
 
 import dataclasses
@@ -19,6 +21,8 @@ import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
+
+from components.trainer.cluster.failures import TrainingConfigError
 
 OFF, ON, AUTO = 'off', 'on', 'auto'
 # Steps in one timed call, and timed calls per setting (interleaved, after
@@ -103,3 +107,30 @@ def measure(run_call: Callable[[bool], None],
   if faster and not unanimous:
     reason += ' (XLA was not faster on every worker)'
   return XlaChoice(enabled, AUTO, reason, per_step)
+
+
+def _is_compile_error(error: Exception) -> bool:
+  text = str(error)
+  return 'unsupported operations' in text or 'xla' in text.lower()
+
+
+class CompileErrorsNamed:
+  """A step runner whose XLA compile errors say which setting to change."""
+
+  def __init__(self, runner, choice: XlaChoice):
+    self._runner = runner
+    self._choice = choice
+    self.traced_function = runner.traced_function
+
+  def __call__(self, current: int, k: int):
+    try:
+      return self._runner(current, k)
+    except tf.errors.InvalidArgumentError as error:
+      if not _is_compile_error(error):
+        raise
+      fix = ('remove jit_compile=True from the module\'s compile()'
+             if self._choice.source == 'module' else
+             "set distribution.xla='auto' (falls back by itself) or 'off'")
+      raise TrainingConfigError(
+          f'XLA cannot compile the training step ({_why(error)}): {fix}.'
+      ) from error

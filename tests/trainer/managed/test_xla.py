@@ -3,8 +3,10 @@ train alike, `auto` measures without training and falls back where XLA
 cannot compile, and a resume keeps the choice."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
+from components.trainer.cluster import failures
 from components.trainer.managed import training
 from components.trainer.managed import xla
 from tests.support import trainer_testing as tt
@@ -115,3 +117,37 @@ def test_a_compile_error_votes_no_and_falls_back():
   assert votes == [False] and not choice.enabled
   assert choice.reason == ('XLA cannot compile the step: Detected '
                            'unsupported operations')
+
+
+def test_on_where_xla_cannot_compile_fails_naming_the_fix(tmp_path, data):
+  """Not retried (a relaunch would fail alike): the failure class says so."""
+  with pytest.raises(failures.TrainingConfigError,
+                     match=r"XLA cannot compile the training step .*"
+                     r"EagerPyFunc.*distribution.xla='auto'") as raised:
+    _run(str(tmp_path), data, id_log=True, xla='on')
+  assert failures.classify(raised.value) == failures.BAD_CONFIG
+
+
+@pytest.mark.slow
+def test_multi_worker_float16_with_auto_equals_its_choice(tmp_path, data):
+  """Two MultiWorkerMirrored workers in float16: both measure, vote, and
+  end bit for bit where a run told the chosen setting ends (the probe's
+  steps, with their all-reduces and loss-scale updates, were undone)."""
+  runs = {}
+  for name in ('auto', 'fixed'):
+    root = str(tmp_path / name)
+    task = tt.make_task(root, data, strategy='multi_worker_mirrored',
+                        num_workers=2, train_steps=8,
+                        per_replica_batch_size=4, hparams={'id_log': None},
+                        fault_tolerance={'save_every_steps': 4})
+    setting = 'auto' if name == 'auto' else (
+        'on' if runs['auto']['xla']['enabled'] else 'off')
+    task.distribution.update(precision='mixed_float16', xla=setting)
+    assert tt.run_cluster(task, root).attempts == 1
+    runs[name] = {**tt.read_result(task), 'tensors': tt.final_tensors(task)}
+  auto = runs['auto']
+  assert auto['xla']['source'] == 'auto' and auto['precision'][
+      'loss_scaling']
+  assert set(auto['xla']['seconds_per_step']) == {'on', 'off'}
+  for name, value in runs['fixed']['tensors'].items():
+    np.testing.assert_array_equal(auto['tensors'][name], value, err_msg=name)
