@@ -243,6 +243,13 @@ class DistributionConfig(JsonConfig):
   def _validate_compute(self) -> None:
     check_choice('precision', self.precision, PRECISIONS)
     check_choice('xla', self.xla, XLA_SETTINGS)
+    if self.xla == 'on' and self.strategy != AUTO and (
+        not registry.get(self.strategy).xla):
+      raise ValueError(
+          f"xla='on' with strategy={self.strategy!r}: its variables live on "
+          'other devices than the replicas\' (parameter servers, central '
+          "storage), which XLA cannot read; use xla='off' or a strategy "
+          f'from {registry.names(xla=True)}.')
     if self.mode == 'run_fn' and (self.precision, self.xla) != (
         'float32', 'off'):
       raise ValueError(

@@ -129,6 +129,9 @@ def test_run_fn_path_parameter(tmp_path):
     ({'launcher': 'ray', 'ray': {'placement': 'RANDOM'}},
      "ray.placement='RANDOM' is not one of ('SPREAD', 'PACK')"),
     ({'num_gpus': 2}, "Unknown distribution option(s) ['num_gpus']"),
+    ({'precision': 'float8'}, "precision='float8' is not one of ('float32', "
+     "'mixed_bfloat16', 'mixed_float16', 'auto')"),
+    ({'xla': 'yes'}, "xla='yes' is not one of ('off', 'on', 'auto')"),
 ])
 def test_bad_distribution_fails_at_construction(distribution, expected):
   with pytest.raises(ValueError) as error:

@@ -33,10 +33,49 @@ def test_unknown_strategy_names_the_allowed_ones():
 
 
 @pytest.mark.parametrize('field,value', [('launcher', 'slurm'),
-                                         ('mode', 'estimator')])
+                                         ('mode', 'estimator'),
+                                         ('precision', 'float8'),
+                                         ('precision', 'bfloat16'),
+                                         ('xla', True)])
 def test_unknown_choices(field, value):
   message = _error(**{field: value})
   assert f'{field}={value!r}' in message and 'is not one of' in message
+
+
+def test_precision_and_xla_name_every_allowed_value():
+  assert all(repr(p) in _error(precision='float8')
+             for p in config_lib.PRECISIONS)
+  assert all(repr(x) in _error(xla='always') for x in config_lib.XLA_SETTINGS)
+  for precision in config_lib.PRECISIONS:
+    for xla in config_lib.XLA_SETTINGS:
+      DistributionConfig.from_dict({'precision': precision, 'xla': xla})
+
+
+@pytest.mark.parametrize('values', [
+    {'strategy': 'central_storage'},
+    {'strategy': 'parameter_server', 'num_workers': 2, 'num_ps': 1}])
+def test_float16_needs_a_strategy_with_loss_scaling(values):
+  message = _error(precision='mixed_float16', **values)
+  assert f"strategy={values['strategy']!r}" in message
+  assert 'mixed_bfloat16' in message and "'multi_worker_mirrored'" in message
+  DistributionConfig.from_dict({**values, 'precision': 'mixed_bfloat16'})
+
+
+def test_xla_on_needs_replicas_that_hold_their_variables():
+  message = _error(xla='on', strategy='central_storage')
+  assert "strategy='central_storage'" in message and "xla='off'" in message
+  DistributionConfig.from_dict({'xla': 'auto', 'strategy': 'central_storage'})
+
+
+def test_precision_and_xla_are_the_managed_loops():
+  message = _error(mode='run_fn', precision='mixed_bfloat16')
+  assert "mode='run_fn'" in message and 'jit_compile' in message
+  assert "mode='run_fn'" in _error(mode='run_fn', xla='on')
+
+
+def test_precision_changes_the_trajectory_xla_does_not():
+  trajectory = config_lib.trajectory(DistributionConfig.from_dict({}))
+  assert 'precision' in trajectory and 'xla' not in trajectory
 
 
 def test_unknown_option():

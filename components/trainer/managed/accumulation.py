@@ -105,6 +105,7 @@ def replica_step_fn(model: tf.keras.Model, accumulation: int,
     if scaler is not None:
       gradients = scaler.get_unscaled_gradients(gradients)
     apply_gradients(gradients)
-    return loss
+    # float32 whatever the policy: the runners sum and compare losses.
+    return tf.cast(loss, tf.float32)
 
   return replica_step

@@ -272,8 +272,7 @@ class ManagedTraining:
     """The step runner for this kind of training, and its preemption
     watcher."""
     if self.spec.asynchronous:
-      self.xla = self._choose_xla(start, None, 'parameter-server closures '
-                                  'run on the workers, not measured here')
+      self.xla = self._choose_xla(start, None)
       config = dataclasses.replace(
           self.data.config, shuffle_buffer_batches=max(
               PS_SHUFFLE_BATCHES, self.data.config.shuffle_buffer_batches))
@@ -326,6 +325,10 @@ class ManagedTraining:
     with the resumed checkpoint, else measured with `probe(jit)` (a step
     runner on probe batches), else off for `not_measured`."""
     setting, source = xla.requested(self.model, self.distribution.xla)
+    if setting != xla.OFF and not self.spec.xla:
+      return xla.XlaChoice(False, source, (
+          f'strategy {self.spec.name!r} keeps variables on other devices '
+          'than its replicas, which XLA cannot read: trained without XLA'))
     if setting != xla.AUTO:
       return xla.fixed(setting, source)
     recorded = self.checkpointer.restored_extra.get('xla') if start else None
@@ -397,7 +400,8 @@ class ManagedTraining:
   def local_copy(self) -> tf.keras.Model:
     """The trained model outside the strategy (parameter-server variables
     live on the ps tasks; eval and export run on the coordinator)."""
-    model = self.module.build_model(self.task.hparams)
+    with precision.building(self.precision.policy):
+      model = self.module.build_model(self.task.hparams)
     model.set_weights(self.model.get_weights())
     return model
 

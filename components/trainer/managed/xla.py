@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
 
+from components.trainer.cluster import failures
 from components.trainer.cluster.failures import TrainingConfigError
 
 OFF, ON, AUTO = 'off', 'on', 'auto'
@@ -67,13 +68,14 @@ def fixed(setting: str, source: str) -> XlaChoice:
 
 def _why(error: Exception) -> str:
   """XLA's own line of a compile error (TF wraps it in a graph execution
-  error's traceback), else the error's first line."""
+  error's traceback, or a remote worker's RPC error), else the error's
+  first line."""
   lines = [line.strip() for line in
-           str(getattr(error, 'message', '') or error).splitlines()
-           if line.strip()]
+           str(getattr(error, 'message', '') or error).splitlines()]
   line = next((line for line in lines if 'XLA' in line or
-               'unsupported operations' in line),
-              lines[0] if lines else type(error).__name__)
+               'unsupported operations' in line or
+               line.startswith('Trying to access resource')),
+              failures.short_text(error))
   return line[:REASON_CHARS]
 
 

@@ -54,6 +54,8 @@ class StrategySpec:
     elastic: It may run with fewer workers than `num_workers` (`membership`).
     loss_scaling: Keras' LossScaleOptimizer runs under it, so it can train
       `mixed_float16` (tf-keras supports one variable copy per replica only).
+    xla: Each replica's variables live on its own device, so XLA can compile
+      its step (XLA cannot read a variable on another device or task).
     unavailable: (config, environment) -> why it cannot run here, or None.
   """
   name: str
@@ -67,6 +69,7 @@ class StrategySpec:
   auto_steps_per_call: Optional[int] = None
   elastic: bool = False
   loss_scaling: bool = True
+  xla: bool = True
   unavailable: Callable[[Any, Any], Optional[str]] = (
       lambda config, environment: None)
 
@@ -233,10 +236,11 @@ register(StrategySpec('multi_worker_mirrored', WORKERS, _multi_worker_mirrored,
 # closures run asynchronously, so no per-step round trip is there to size.
 register(StrategySpec('parameter_server', PARAMETER_SERVERS,
                       _parameter_server, asynchronous=True,
-                      auto_steps_per_call=50, loss_scaling=False,
+                      auto_steps_per_call=50, loss_scaling=False, xla=False,
                       unavailable=_parameter_server_unavailable))
 register(StrategySpec('central_storage', ONE_PROCESS, _central_storage,
-                      logical_cpu_replicas=True, loss_scaling=False))
+                      logical_cpu_replicas=True, loss_scaling=False,
+                      xla=False))
 # TPUs compute in bfloat16, which needs no loss scaling.
 register(StrategySpec('tpu', ONE_PROCESS, _tpu, loss_scaling=False,
                       unavailable=_tpu_unavailable))

@@ -258,3 +258,26 @@ def test_float16_kill_and_resume_is_bit_exact(tmp_path, data):
     np.testing.assert_array_equal(tensors[name], value, err_msg=name)
   assert result['precision']['loss_scaling']
   assert json.dumps(result['precision'])
+
+
+@pytest.mark.slow
+def test_parameter_servers_train_bfloat16_and_decline_the_modules_xla(
+    tmp_path, data):
+  """bfloat16 needs no loss scaling, so parameter servers train in it; the
+  module's jit_compile=True is declined with the reason (XLA cannot read
+  the ps tasks' variables) instead of failing the training."""
+  root = str(tmp_path)
+  task = tt.make_task(root, data, strategy='parameter_server', num_workers=2,
+                      num_ps=1, train_steps=20, per_replica_batch_size=4,
+                      hparams={'id_log': None, 'jit_compile': True},
+                      fault_tolerance={'save_every_steps': 10})
+  task.distribution['precision'] = 'mixed_bfloat16'
+  launch = tt.run_cluster(task, root, strategy='parameter_server',
+                          num_workers=2, num_ps=1, production=True)
+  assert launch.attempts == 1
+  result = tt.read_result(task)
+  assert result['steps'] == 20 and result['exported']
+  assert result['precision']['policy'] == 'mixed_bfloat16'
+  assert result['xla']['source'] == 'module'
+  assert not result['xla']['enabled']
+  assert 'parameter_server' in result['xla']['reason']
