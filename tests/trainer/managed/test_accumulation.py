@@ -26,10 +26,10 @@ def _train(root, data, **kwargs):
   return result, tt.latest_checkpoint_tensors(task.checkpoint_dir)
 
 
-def _assert_close(actual, expected):
+def _assert_close(actual, expected, rtol=RTOL, atol=ATOL):
   assert sorted(actual) == sorted(expected)
   for name, value in expected.items():
-    np.testing.assert_allclose(actual[name], value, rtol=RTOL, atol=ATOL,
+    np.testing.assert_allclose(actual[name], value, rtol=rtol, atol=atol,
                                err_msg=name)
 
 
@@ -60,9 +60,17 @@ def test_small_batch_without_accumulation_differs(tmp_path, data):
                          rtol=RTOL, atol=ATOL)
 
 
+# float16: the same sums in half precision, rounded differently per split.
+TOLERANCES = {'float32': (RTOL, ATOL), 'mixed_float16': (2e-2, 2e-3)}
+
+
 @pytest.mark.slow
-def test_mirrored_accumulation_equals_one_device_large_batch(tmp_path, data):
-  """2 replicas x 2 examples x 2 micro-steps == 1 replica x 8 examples.
+@pytest.mark.parametrize('precision', sorted(TOLERANCES))
+def test_mirrored_accumulation_equals_one_device_large_batch(tmp_path, data,
+                                                             precision):
+  """2 replicas x 2 examples x 2 micro-steps == 1 replica x 8 examples,
+  in float32 and in float16 with loss scaling (every replica skips or
+  applies an update alike, the scale is the same).
 
   With the same data partitions (the two replicas' count) the examples of an
   update do not depend on how they are batched, so both runs train on the
@@ -74,7 +82,7 @@ def test_mirrored_accumulation_equals_one_device_large_batch(tmp_path, data):
                      train_steps=TRAIN_STEPS, per_replica_batch_size=2,
                      accumulation=2, logical_cpu_devices=2)
   for task in (one, two):
-    task.distribution['data_partitions'] = 2
+    task.distribution.update(data_partitions=2, precision=precision)
   for task in (one, two):
     root = task.model_run_dir.rsplit('/', 1)[0]
     assert tt.run_child(task, root) == 0, tt.child_log(root)
@@ -84,4 +92,6 @@ def test_mirrored_accumulation_equals_one_device_large_batch(tmp_path, data):
     assert sorted(ids_one[(step, 0)]) == sorted(ids_two[(step, 0)] +
                                                 ids_two[(step, 1)])
   _assert_close(tt.latest_checkpoint_tensors(two.checkpoint_dir),
-                tt.latest_checkpoint_tensors(one.checkpoint_dir))
+                tt.latest_checkpoint_tensors(one.checkpoint_dir),
+                *TOLERANCES[precision])
+  assert tt.read_result(two)['precision']['policy'] == precision
