@@ -115,11 +115,14 @@ def detect_hardware(strategy: tf.distribute.Strategy) -> Hardware:
 def decide(option: str, hardware_fn, loss_scaling_supported: bool,
            agree) -> Tuple[str, str, str]:
   """(policy, source, reason) for the config's option, before the module
-  builds; `agree(flag)` is every worker's vote (lockstep workers)."""
+  builds; `agree(flag)` is every worker's vote (lockstep workers), so a
+  cluster trains in one policy."""
   if option != AUTO:
     return option, 'config', f'distribution.precision={option!r}'
   policy, reason = choose(hardware_fn(), loss_scaling_supported)
-  if policy != FLOAT32 and not agree(True):
+  # One vote per half precision, on every worker alike.
+  unanimous = {half: agree(policy == half) for half in (BFLOAT16, FLOAT16)}
+  if policy != FLOAT32 and not unanimous[policy]:
     return FLOAT32, AUTO, f'{reason}; but not on every worker: float32'
   return policy, AUTO, reason
 

@@ -193,6 +193,7 @@ def test_workers_that_disagree_train_in_float32():
   hardware = lambda: precision.Hardware(cpu_flags=frozenset({'amx_bf16'}))
   assert precision.decide('auto', hardware, True, lambda flag: flag)[0] == (
       'mixed_bfloat16')
+  # Every worker votes on each half precision: here one voted otherwise.
   policy, source, reason = precision.decide('auto', hardware, True,
                                             lambda flag: False)
   assert (policy, source) == ('float32', 'auto')
