@@ -113,18 +113,20 @@ def detect_hardware(strategy: tf.distribute.Strategy) -> Hardware:
 
 
 def decide(option: str, hardware_fn, loss_scaling_supported: bool,
-           agree) -> Tuple[str, str, str]:
-  """(policy, source, reason) for the config's option, before the module
-  builds; `agree(flag)` is every worker's vote (lockstep workers), so a
-  cluster trains in one policy."""
+           agree) -> PrecisionChoice:
+  """The policy the config asks for, before the module builds; `agree(flag)`
+  is every worker's vote (lockstep workers), so a cluster trains in one
+  policy."""
   if option != AUTO:
-    return option, 'config', f'distribution.precision={option!r}'
+    return PrecisionChoice(option, 'config',
+                           f'distribution.precision={option!r}')
   policy, reason = choose(hardware_fn(), loss_scaling_supported)
   # One vote per half precision, on every worker alike.
   unanimous = {half: agree(policy == half) for half in (BFLOAT16, FLOAT16)}
   if policy != FLOAT32 and not unanimous[policy]:
-    return FLOAT32, AUTO, f'{reason}; but not on every worker: float32'
-  return policy, AUTO, reason
+    return PrecisionChoice(FLOAT32, AUTO,
+                           f'{reason}; but not on every worker: float32')
+  return PrecisionChoice(policy, AUTO, reason)
 
 
 def _global_policy() -> str:
@@ -165,19 +167,20 @@ def model_policy(model: tf.keras.Model) -> str:
   return BFLOAT16 if 'bfloat16' in dtypes else FLOAT32
 
 
-def resolve(model: tf.keras.Model, requested: Tuple[str, str, str],
+def resolve(model: tf.keras.Model, requested: PrecisionChoice,
             module_set: Optional[str], loss_scaling_supported: bool,
             strategy_name: str) -> PrecisionChoice:
-  """What the built model trains in; wraps its optimizer in a
-  LossScaleOptimizer where float16 needs one and the module did not."""
-  policy, source, reason = requested
+  """What the built model trains in (`requested`, unless the module chose);
+  wraps its optimizer in a LossScaleOptimizer where float16 needs one and
+  the module did not."""
+  source, reason = requested.source, requested.reason
   built = model_policy(model)
-  if module_set or built != policy:
+  if module_set or built != requested.policy:
     source = 'module'
     reason = (f'the module set the policy {module_set!r}' if module_set else
               f'the module built the model in {built!r}')
-    reason += f' (distribution.precision={requested[0]!r} not applied)' if (
-        requested[0] != built) else ''
+    if requested.policy != built:
+      reason += f' (distribution.precision={requested.policy!r} not applied)'
   if built != FLOAT16:
     return PrecisionChoice(built, source, reason)
   if not loss_scaling_supported:
@@ -187,7 +190,7 @@ def resolve(model: tf.keras.Model, requested: Tuple[str, str, str],
         f"{strategy_name!r}: build it in 'mixed_bfloat16' (no loss scaling "
         'needed), or use a strategy with loss scaling (one_device, mirrored, '
         'multi_worker_mirrored).')
-  if not isinstance(model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+  if loss_scaler(model.optimizer) is None:
     model.optimizer = tf.keras.mixed_precision.LossScaleOptimizer(
         model.optimizer)
   return PrecisionChoice(built, source, reason, loss_scaling=True)

@@ -151,7 +151,7 @@ class ManagedTraining:
     scope = (self.strategy.scope() if self.plan is None else
              tf.distribute.get_strategy().scope())
     with scope:
-      with precision.building(requested[0]) as module_policy:
+      with precision.building(requested.policy) as module_policy:
         self.model = (self.module.build_model(self.task.hparams)
                       if self.plan is None else self._build_pipelined_model())
         if not self.model.built:
@@ -349,8 +349,9 @@ class ManagedTraining:
     counter of its own."""
     batches = 2 * self.replicas
     with self.strategy.scope():
-      counter = tf.Variable(0, dtype=tf.int64, trainable=False,
-                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      counter = tf.Variable(
+          0, dtype=tf.int64, trainable=False,
+          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     return step_runners.SynchronousSteps(
         self.strategy,
         lambda context: dataset_fn(context).take(batches).cache().repeat(),

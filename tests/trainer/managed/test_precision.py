@@ -21,7 +21,8 @@ from tests.support import trainer_testing as tt
 
 BATCH = 16
 STEPS = 12
-LOSS_SCALE = 'optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/VARIABLE_VALUE'
+LOSS_SCALE = ('optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/'
+              'VARIABLE_VALUE')
 GOOD_STEPS = 'optimizer/loss_scale/good_steps/.ATTRIBUTES/VARIABLE_VALUE'
 ITERATIONS = 'optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE'
 
@@ -191,20 +192,22 @@ def test_auto_rules(hardware, supported, policy):
 
 def test_workers_that_disagree_train_in_float32():
   hardware = lambda: precision.Hardware(cpu_flags=frozenset({'amx_bf16'}))
-  assert precision.decide('auto', hardware, True, lambda flag: flag)[0] == (
-      'mixed_bfloat16')
+  assert precision.decide('auto', hardware, True,
+                          lambda flag: flag).policy == 'mixed_bfloat16'
   # Every worker votes on each half precision: here one voted otherwise.
-  policy, source, reason = precision.decide('auto', hardware, True,
-                                            lambda flag: False)
-  assert (policy, source) == ('float32', 'auto')
-  assert 'not on every worker' in reason
+  choice = precision.decide('auto', hardware, True, lambda flag: False)
+  assert (choice.policy, choice.source) == ('float32', 'auto')
+  assert 'not on every worker' in choice.reason
+
+
+_REQUESTED_FLOAT32 = precision.PrecisionChoice('float32', 'config', '')
 
 
 def test_a_float16_model_under_a_strategy_without_loss_scaling_fails():
   model = _build(1)
   with pytest.raises(ValueError, match=r"(?s)float16.*parameter_server.*"
                      r"mixed_bfloat16"):
-    precision.resolve(model, ('float32', 'config', ''), 'mixed_float16',
+    precision.resolve(model, _REQUESTED_FLOAT32, 'mixed_float16',
                       False, 'parameter_server')
 
 
@@ -215,7 +218,7 @@ def test_layers_in_float16_under_a_plain_optimizer_get_loss_scaling():
   hidden = tf.keras.layers.Dense(4, dtype='mixed_float16')(inputs)
   model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(hidden))
   model.compile('adam', 'mse')
-  choice = precision.resolve(model, ('float32', 'config', ''), None, True,
+  choice = precision.resolve(model, _REQUESTED_FLOAT32, None, True,
                              'one_device')
   assert choice.policy == 'mixed_float16' and choice.loss_scaling
   assert choice.source == 'module'
