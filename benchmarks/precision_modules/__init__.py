@@ -1,0 +1,1 @@
+"""TFX user modules of `benchmarks/bench_precision.py`."""
