@@ -263,11 +263,27 @@ class Executor(base_executor.BaseExecutor):
         partition_plan_uri=(artifact_utils.get_single_uri(partition_plan)
                             if partition_plan else None),
         base_model=stock_args.base_model or None,
+        model_weights=self._model_weights(props, config, mode, hparams),
         executor_io={
             'input_dict': artifact_utils.jsonify_artifact_dict(input_dict),
             'output_dict': artifact_utils.jsonify_artifact_dict(output_dict),
             'exec_properties': props,
         })
+
+  @staticmethod
+  def _model_weights(props, config, mode: str, hparams) -> Optional[int]:
+    """The module model's weights, where an `auto` option reads them in the
+    training process before it builds the model: the op pool of a fresh
+    process (`in_process` leaves the executor's alone), `precision`."""
+    threads_auto = (config.intra_op_threads == config_lib.AUTO and
+                    config.launcher != 'in_process')
+    if mode != 'managed' or not (threads_auto or
+                                 config.precision == config_lib.AUTO):
+      return None
+    module = user_module.load(
+        props.get(standard_component_specs.MODULE_FILE_KEY),
+        props.get(standard_component_specs.MODULE_PATH_KEY))
+    return user_module.count_weights(module, hparams)
 
   def _train(self, task: TrainingTask,
              config: config_lib.DistributionConfig,

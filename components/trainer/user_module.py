@@ -37,6 +37,18 @@ def load(module_file: Optional[str], module_path: Optional[str] = None,
   return module
 
 
+def count_weights(module: ModuleType, hparams) -> Optional[int]:
+  """The weights of the module's model (`build_model(hparams)`) where its
+  build creates them (a functional or sequential model with inputs); None
+  where it does not (a subclassed model builds on its first call) or the
+  build fails (the training reports that failure itself)."""
+  try:
+    model = module.build_model(hparams)
+    return int(model.count_params()) if model.built else None
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
 def describe_module(module_file: Optional[str] = None,
                     module_path: Optional[str] = None,
                     run_fn: Optional[str] = None) -> str:

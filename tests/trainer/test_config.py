@@ -351,6 +351,15 @@ def test_auto_intra_op_threads_leave_one_core_to_the_input_pipeline():
   assert cpu_threads.choose(3, 16, has_gpu=False) == (3, 'set in the config')
 
 
+def test_auto_intra_op_threads_give_a_compute_bound_model_every_core():
+  small = cpu_threads.COMPUTE_BOUND_WEIGHTS - 1
+  assert cpu_threads.choose('auto', 2, False, model_weights=small)[0] == 1
+  threads, reason = cpu_threads.choose(
+      'auto', 2, False, model_weights=cpu_threads.COMPUTE_BOUND_WEIGHTS)
+  assert threads == 0 and 'weights' in reason and 'all 2 cores' in reason
+  assert cpu_threads.choose('auto', 2, False, model_weights=None)[0] == 1
+
+
 def test_intra_op_threads_once_tensorflow_runs_in_the_process():
   """'auto' leaves a started runtime's pool as it is and says so; an
   explicit count cannot be honoured: a clear error."""

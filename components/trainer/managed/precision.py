@@ -22,6 +22,7 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
 import tensorflow as tf
 
 from components.trainer.cluster.failures import TrainingConfigError
+from components.trainer.process import cpu_threads
 
 FLOAT32 = 'float32'
 BFLOAT16 = 'mixed_bfloat16'
@@ -64,10 +65,12 @@ class PrecisionChoice:
     return dataclasses.asdict(self)
 
 
-def choose(hardware: Hardware, loss_scaling_supported: bool
-           ) -> Tuple[str, str]:
+def choose(hardware: Hardware, loss_scaling_supported: bool,
+           model_weights: Optional[int] = None) -> Tuple[str, str]:
   """(policy, reason) of `precision='auto'` on `hardware`: the fastest
-  policy it computes natively that the strategy can train in."""
+  policy it computes natively that the strategy can train in; on a CPU,
+  float32 for a model too small for its ops to bound the step
+  (`cpu_threads.compute_bound`; a model not counted gets the rule)."""
   where = hardware.describe()
   if hardware.tpu:
     return BFLOAT16, f'{where}: bfloat16 is native'
@@ -83,6 +86,11 @@ def choose(hardware: Hardware, loss_scaling_supported: bool
                        'which this strategy does not support')
     return FLOAT32, f'{where} (< 7.0): no fast half precision'
   if hardware.cpu_flags & CPU_BF16_FLAGS:
+    if model_weights is not None and not cpu_threads.compute_bound(
+        model_weights):
+      return FLOAT32, (f'{where}, but a model of {model_weights:,} weights '
+                       'is bound by its input, not its ops: casts would cost '
+                       'more than bfloat16 saves')
     return BFLOAT16, f'{where}: bfloat16 is native'
   return FLOAT32, f'{where}: no native half precision'
 
@@ -113,14 +121,15 @@ def detect_hardware(strategy: tf.distribute.Strategy) -> Hardware:
 
 
 def decide(option: str, hardware_fn, loss_scaling_supported: bool,
-           agree) -> PrecisionChoice:
+           agree, model_weights: Optional[int] = None) -> PrecisionChoice:
   """The policy the config asks for, before the module builds; `agree(flag)`
   is every worker's vote (lockstep workers), so a cluster trains in one
   policy."""
   if option != AUTO:
     return PrecisionChoice(option, 'config',
                            f'distribution.precision={option!r}')
-  policy, reason = choose(hardware_fn(), loss_scaling_supported)
+  policy, reason = choose(hardware_fn(), loss_scaling_supported,
+                          model_weights)
   # One vote per half precision, on every worker alike.
   unanimous = {half: agree(policy == half) for half in (BFLOAT16, FLOAT16)}
   if policy != FLOAT32 and not unanimous[policy]:

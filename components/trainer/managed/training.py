@@ -146,7 +146,7 @@ class ManagedTraining:
     requested = precision.decide(
         self.distribution.precision,
         lambda: precision.detect_hardware(self.strategy),
-        self.spec.loss_scaling, self.all_workers)
+        self.spec.loss_scaling, self.all_workers, self.task.model_weights)
     # GPipe places every stage itself, so it builds outside the strategy.
     scope = (self.strategy.scope() if self.plan is None else
              tf.distribute.get_strategy().scope())
@@ -345,16 +345,17 @@ class ManagedTraining:
     return choice
 
   def _probe_runner(self, dataset_fn, jit_compile: bool):
-    """A step runner over a few of the training's batches, repeated, with a
+    """A step runner over the training's first batches, each probe call on
+    new ones (a model XLA compiles again for a new batch shows it), with a
     counter of its own."""
-    batches = 2 * self.replicas
+    batches = (1 + xla.PROBE_CALLS) * xla.PROBE_STEPS * self.replicas
     with self.strategy.scope():
       counter = tf.Variable(
           0, dtype=tf.int64, trainable=False,
           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     return step_runners.SynchronousSteps(
         self.strategy,
-        lambda context: dataset_fn(context).take(batches).cache().repeat(),
+        lambda context: dataset_fn(context).take(batches).repeat(),
         self._replica_step(jit_compile), counter,
         self.spec.host_iterator_input)
 

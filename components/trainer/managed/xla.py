@@ -1,10 +1,11 @@
-"""Whether the per-replica step runs as one XLA computation.
+"""Whether each micro-step's forward and backward pass is compiled by XLA.
 
 The module's `compile(jit_compile=...)` wins, as in Keras `fit`; otherwise
-`distribution.xla`. Its `auto` times the step both ways at the start, on a
-few batches of the training's own data, with every variable written to
-memory first and read back after, so the measurement trains nothing: the
-training then starts from where it was, in the faster setting. A model XLA
+`distribution.xla`. Its `auto` times the step both ways at the start, on
+the training's first batches (each timed call on new ones, so a model XLA
+compiles again per batch shows it), with every variable written to memory
+first and read back after, so the measurement trains nothing: the training
+then starts from where it was, in the faster setting. A model XLA
 cannot compile (string or sparse ops, variables on another device) falls
 back to the plain step with XLA's reason. The choice is saved with the
 checkpoints, so a resume keeps it instead of measuring again (a different

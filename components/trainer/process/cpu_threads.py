@@ -3,17 +3,30 @@
 TensorFlow's default gives the pool every core. On a CPU-only worker the
 input pipeline (tf.data's own threads) then competes with a pool that spins
 between ops, and ops of small models gain little from being split
-(`benchmarks/results/ceiling.md`). 'auto' therefore leaves one core to the input pipeline where there is no
-GPU; with GPUs the ops run there and TensorFlow's default stays.
+(`benchmarks/results/ceiling.md`). 'auto' therefore leaves one core to the
+input pipeline where there is no GPU and the model is small; a model of
+COMPUTE_BOUND_WEIGHTS weights or more (each example costs at least as many
+multiply-adds) is bound by its ops, which get every core
+(`benchmarks/results/precision.md`); with GPUs the ops run there and
+TensorFlow's default stays.
 
 The pool is fixed when TensorFlow's runtime starts: `configure` runs at
 process start, before any op. No TFX import.
 """
 
 import os
-from typing import Any, Dict, Union
+from typing import Any, Dict, Optional, Union
 
 AUTO = 'auto'
+# From this many weights a model's step is bound by its ops on a CPU, not by
+# its input: the taxi model (17k) trained faster with one op thread of two,
+# a 110k-weight CNN, a 0.5M Transformer and a 1.6M MLP with both.
+COMPUTE_BOUND_WEIGHTS = 50_000
+
+
+def compute_bound(model_weights: Optional[int]) -> bool:
+  """The model's ops, not its input, bound a CPU step (None: unknown)."""
+  return model_weights is not None and model_weights >= COMPUTE_BOUND_WEIGHTS
 
 
 def check(value: Union[int, str]) -> None:
@@ -31,20 +44,24 @@ def usable_cores() -> int:
   return len(os.sched_getaffinity(0))
 
 
-def choose(value: Union[int, str], cores: int, has_gpu: bool):
+def choose(value: Union[int, str], cores: int, has_gpu: bool,
+           model_weights: Optional[int] = None):
   """(threads, reason): 0 threads keeps TensorFlow's default."""
   if value != AUTO:
     return value, ('set in the config' if value else
                    "TensorFlow's default (0 in the config)")
   if has_gpu:
     return 0, "GPUs run the ops: TensorFlow's default"
+  if compute_bound(model_weights):
+    return 0, (f'no GPU, a model of {model_weights:,} weights: its ops bound '
+               f"the step, TensorFlow's default (all {cores} cores)")
   threads = max(1, cores - 1)
   return threads, (f'no GPU: {threads} of {cores} usable core(s) for ops, '
                    'the rest for the input pipeline')
 
 
-def configure(value: Union[int, str],
-              shared_process: bool = False) -> Dict[str, Any]:
+def configure(value: Union[int, str], shared_process: bool = False,
+              model_weights: Optional[int] = None) -> Dict[str, Any]:
   """Sets the pool before TensorFlow runs; returns what was chosen and why.
 
   In a `shared_process` (launcher `in_process`: the executor's, where the
@@ -62,7 +79,7 @@ def configure(value: Union[int, str],
             'reason': "launcher 'in_process': the process is the pipeline's, "
                       "TensorFlow's pool is left as it is"}
   threads, reason = choose(value, cores, bool(
-      tf.config.list_physical_devices('GPU')))
+      tf.config.list_physical_devices('GPU')), model_weights)
   current = tf.config.threading.get_intra_op_parallelism_threads()
   if threads and threads != current:
     try:

@@ -86,7 +86,8 @@ def train(task: TrainingTask, shared_process: bool = False,
     logical_cpus = max(logical_cpus or 1, partition_plan.read(
         task.partition_plan_uri).num_devices)
   choice.configure_logical_cpus(logical_cpus)
-  threads = cpu_threads.configure(config.intra_op_threads, shared_process)
+  threads = cpu_threads.configure(config.intra_op_threads, shared_process,
+                                  task.model_weights)
   seed_process(config)
   context = ProcessContext.resolve(
       task, config, registry.get(config.strategy).build(config))

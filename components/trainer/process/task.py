@@ -48,6 +48,10 @@ class TrainingTask:
   # The full TFX executor inputs, for `run_fn` mode: the training process
   # rebuilds the stock `fn_args` from them (artifacts as JSON).
   executor_io: Optional[Dict[str, Any]] = None
+  # The weights of the module's model, counted by the executor (managed mode,
+  # where an `auto` option reads it before the training process builds the
+  # model: `cpu_threads.compute_bound`); None: not counted.
+  model_weights: Optional[int] = None
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1)

@@ -17,6 +17,8 @@ from components.trainer.managed import accumulation
 from components.trainer.managed import precision
 from components.trainer.managed import step_runners
 from components.trainer.managed import training
+from components.trainer.process import cpu_threads
+from components.trainer import user_module
 from tests.support import trainer_testing as tt
 
 BATCH = 16
@@ -188,6 +190,35 @@ def test_auto_rules(hardware, supported, policy):
   chosen, reason = precision.choose(hardware, supported)
   assert chosen == policy
   assert hardware.describe() in reason
+
+
+def test_auto_keeps_float32_for_a_cpu_model_bound_by_its_input():
+  bf16_cpu = precision.Hardware(cpu_flags=frozenset({'avx512_bf16'}))
+  small = cpu_threads.COMPUTE_BOUND_WEIGHTS - 1
+  policy, reason = precision.choose(bf16_cpu, True, model_weights=small)
+  assert policy == 'float32' and f'{small:,} weights' in reason
+  assert precision.choose(bf16_cpu, True, model_weights=small * 2)[0] == (
+      'mixed_bfloat16')
+  # GPUs compute in half precision whatever the model's size.
+  gpu = precision.Hardware(gpu_compute_capabilities=((8, 0),))
+  assert precision.choose(gpu, True, model_weights=10)[0] == 'mixed_bfloat16'
+
+
+def test_the_executor_counts_the_models_weights():
+  from tests.support import id_recording_module  # pylint: disable=g-import-not-at-top
+  hidden = id_recording_module.DEFAULT_HPARAMS['hidden_units']
+  features = id_recording_module.NUM_FEATURES
+  assert user_module.count_weights(id_recording_module, {'id_log': None}) == (
+      features * hidden + hidden + hidden + 1)
+
+  class Subclassed:
+
+    @staticmethod
+    def build_model(hparams):
+      del hparams
+      return tf.keras.Sequential([tf.keras.layers.Dense(2)])  # No inputs.
+
+  assert user_module.count_weights(Subclassed, {}) is None
 
 
 def test_workers_that_disagree_train_in_float32():
