@@ -5,6 +5,15 @@ each replica: the compiled loss of the user's model (one value per example),
 scaled by the examples of the whole update, and with k accumulation
 micro-steps the batch split into k micro-batches whose gradients are summed
 before one update, which equals the update from the k-times larger batch.
+
+Under a LossScaleOptimizer (float16) each micro-step's loss is scaled and the
+sum unscaled once, as PyTorch's GradScaler does; the optimizer skips a
+non-finite update. With `jit_compile` the update of a lone replica is one
+XLA computation, as Keras `fit` compiles its train step; with several
+replicas each micro-step's forward and backward pass is, and the update with
+its cross-replica all-reduce stays outside (a multi-worker all-reduce inside
+XLA crashed the CPU runtime, Mirrored replicas on logical CPUs were
+refused; tf-keras optimizers compile their own update with XLA on GPUs).
 """
 
 from typing import Callable
@@ -55,7 +64,8 @@ def per_example_loss(model: tf.keras.Model) -> Callable:
 
 def replica_step_fn(model: tf.keras.Model, accumulation: int,
                     examples_per_step: int, micro_batch: int,
-                    jit_compile: bool = False) -> Callable:
+                    jit_compile: bool = False,
+                    lone_replica: bool = False) -> Callable:
   """The per-replica update: `(features, labels) -> loss` (see module doc).
 
   Every loss term is a sum over examples divided by the examples of the whole
@@ -79,7 +89,7 @@ def replica_step_fn(model: tf.keras.Model, accumulation: int,
       scaled = loss if scaler is None else scaler.get_scaled_loss(loss)
     return loss, tape.gradient(scaled, model.trainable_variables)
 
-  if jit_compile:
+  if jit_compile and not lone_replica:
     loss_and_gradients = tf.function(loss_and_gradients, jit_compile=True)
 
   @tf.autograph.experimental.do_not_convert
@@ -108,4 +118,6 @@ def replica_step_fn(model: tf.keras.Model, accumulation: int,
     # float32 whatever the policy: the runners sum and compare losses.
     return tf.cast(loss, tf.float32)
 
+  if jit_compile and lone_replica:
+    return tf.function(replica_step, jit_compile=True)
   return replica_step

@@ -264,9 +264,12 @@ class ManagedTraining:
           {**details, 'step': current}))
 
   def _replica_step(self, jit_compile: bool):
+    # A lone replica has no cross-replica update: XLA takes the whole step.
+    lone_replica = self.replicas == 1 and not self.spec.multi_worker
     return accumulation.replica_step_fn(
         self.model, self.accumulation, self.examples_per_step,
-        self.distribution.per_replica_batch(self.replicas), jit_compile)
+        self.distribution.per_replica_batch(self.replicas), jit_compile,
+        lone_replica)
 
   def _runner_and_watcher(self, start: int):
     """The step runner for this kind of training, and its preemption
