@@ -1,7 +1,7 @@
 """The taxi pipeline with its pipeline root, data and serving dir on gs://.
 
-A local GCS emulator stands in for Cloud Storage (tests/support/gcs_emulator.py, the
-`gcs_bucket` fixture); TensorFlow, Beam and TFX reach it through their real
+A local GCS emulator stands in for Cloud Storage (tests/support/gcs_emulator.py,
+the `gcs_bucket` fixture); TensorFlow, Beam and TFX reach it through their real
 GCS clients. MLMD stays in a local SQLite file. Each test runs the README
 command (`python -m pipelines.local_runner ...`) in a fresh process:
 
@@ -410,6 +410,7 @@ def test_missing_bucket_fails_before_any_component_naming_the_root(
       _command('missing_bucket', root, gcs_data_root,
                str(tmp_path / 'missing.db'), '--root-check-timeout-s', '5'),
       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
-  assert process.returncode == 2, process.stdout[-2000:] + process.stderr[-4000:]
+  assert process.returncode == 2, (
+      process.stdout[-2000:] + process.stderr[-4000:])
   assert f"Cannot write the pipeline root at '{root}'" in process.stderr
   assert not (tmp_path / 'missing.db').exists()  # No component ran.

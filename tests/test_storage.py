@@ -47,7 +47,8 @@ from components import types as hpm_types
 from tests.support import id_recording_module
 from tests.support import trainer_testing as tt
 
-ID_MODULE_FILE = os.path.join(tt.REPO_ROOT, 'tests', 'support', 'id_recording_module.py')
+ID_MODULE_FILE = os.path.join(tt.REPO_ROOT, 'tests', 'support',
+                              'id_recording_module.py')
 
 
 def _ram(name: str) -> str:

@@ -310,8 +310,8 @@ class Executor(base_executor.BaseExecutor):
     logs = os.path.join(task.model_run_dir, CLUSTER_LOG_DIR)
 
     def argv_for_role(role):
-      return [sys.executable, '-m', 'components.trainer.process.entry', '--task',
-              task_path, '--role', role]
+      return [sys.executable, '-m', 'components.trainer.process.entry',
+              '--task', task_path, '--role', role]
 
     def read_progress():
       # The chief's progress marker: the launcher logs it every few

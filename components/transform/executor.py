@@ -195,8 +195,8 @@ class Executor(transform_patches.TransformExecutorHooks):
     tuned_artifact = artifact_utils.get_single_instance(
         output_dict[TUNED_INPUT_PIPELINE_KEY])
     storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
-    split, not_tuned = tuning_inputs.split_to_tune(tuning, input_dict, output_dict,
-                                      exec_properties)
+    split, not_tuned = tuning_inputs.split_to_tune(
+        tuning, input_dict, output_dict, exec_properties)
     if not_tuned:
       return _Plan(tuning, tuned_artifact, not_tuned=not_tuned)
     tuning = dataclasses.replace(tuning, tune_split=split)
@@ -269,7 +269,8 @@ class Executor(transform_patches.TransformExecutorHooks):
         if transformed else None)
     raw_patterns = ({split: tuning_inputs.split_patterns(examples, split)
                      for split in splits_config.transform}
-                    if tuning_inputs.are_tfrecords(examples, tuning_inputs.TF_EXAMPLE) else None)
+                    if tuning_inputs.are_tfrecords(
+                        examples, tuning_inputs.TF_EXAMPLE) else None)
     references = ({artifact_lib.STOCK_READER: _stock_reader(
         materialized_patterns, tft_output.transformed_metadata.schema, batch)}
                   if materialized_patterns else {})

@@ -359,8 +359,8 @@ def _verify_previous(previous: Previous, sources: Dict[str, Source],
     return trial
   trial.note = 'previous tuning, slower than the defaults now'
   notes.append(f'Previous tuning ({previous.description}) measured '
-               f'{trial.examples_per_sec:,.0f} examples/s, below the defaults\' '
-               f'{default.examples_per_sec:,.0f}' + (
+               f'{trial.examples_per_sec:,.0f} examples/s, below the '
+               f'defaults\' {default.examples_per_sec:,.0f}' + (
                    '' if trial.allowed else ' (or not allowed)') +
                '; searching again.')
   return None

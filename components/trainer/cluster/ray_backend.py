@@ -73,7 +73,8 @@ class StorageNotSharedError(ValueError):
 
 
 def resolve_address(address: str) -> str:
-  """distribution.ray.address, else RAY_ADDRESS, else `auto` (the node's own cluster)."""
+  """distribution.ray.address, else RAY_ADDRESS, else `auto` (the node's own
+  cluster)."""
   return address or os.environ.get('RAY_ADDRESS') or 'auto'
 
 

@@ -4,10 +4,11 @@
 
 Every run is a child process (`tests.support.trainer_testing`, the
 production `task_process.train` with deterministic ops) on 64 examples with an
-`id` feature; the model logs which ids each optimizer step consumed. A killed-and-rerun
-training must end with the same weights and optimizer state, bit for bit, as
-an uninterrupted one, after exactly `TRAIN_STEPS` optimizer steps, and every
-step of the surviving trajectory must have trained on the same ids.
+`id` feature; the model logs which ids each optimizer step consumed. A
+killed-and-rerun training must end with the same weights and optimizer state,
+bit for bit, as an uninterrupted one, after exactly `TRAIN_STEPS` optimizer
+steps, and every step of the surviving trajectory must have trained on the same
+ids.
 """
 
 import dataclasses
@@ -22,7 +23,6 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from components.trainer.checkpoint import store as store_lib
 from components.trainer.cluster import exit_codes
