@@ -9,9 +9,10 @@ processes killed with SIGKILL:
    our loop saving every 5 / 25 / 100 (default) steps, and `model.fit` with
    `tf.keras.callbacks.BackupAndRestore` at its defaults (a backup per epoch,
    epochs of 100 steps), three seeded kill points each, same model and data.
-   The model (tests/support/id_recording_module.py) logs the example ids of every
-   step, so the redone steps are counted exactly, and so are the examples the
-   surviving trajectory trained on twice or never (the data position).
+   The model (tests/support/id_recording_module.py) logs the example ids of
+   every step, so the redone steps are counted exactly, and so are the
+   examples the surviving trajectory trained on twice or never (the data
+   position).
 2. Checkpoint overhead at the default interval, on the taxi model over
    synthetic transformed taxi features: time spent checkpointing as a share of
    the training time (ours: every 100 steps, including the manifest hashes;

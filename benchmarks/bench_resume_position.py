@@ -144,7 +144,8 @@ def main(results_dir: str = 'benchmarks/results') -> str:
                  ' / '.join(f'{t:.2f}' for t in trainer[position])])
   data_rows = [[f'{position:,}', f'{median(dataset["ours"][position]):.3f}',
                 f'{median(dataset["skip"][position]):.3f}',
-                f'{median(dataset["skip"][position]) / median(dataset["ours"][position]):.1f}x']
+                '{:.1f}x'.format(median(dataset['skip'][position]) /
+                                 median(dataset['ours'][position]))]
                for position in POSITIONS]
   body = '\n\n'.join([
       __doc__.split('\n\n', 2)[2].strip(),
