@@ -10,8 +10,8 @@ and HighPerfTrainer in managed mode (the same module's `build_model`) with
 one_device and with each local multi-replica strategy; same train steps,
 same global batch, same model. Per variant: the Trainer component's wall
 time (MLMD), training examples/s over that wall time (steps x global batch /
-wall), the managed loop's own steady-state examples/s, and the Evaluator's binary accuracy on the raw eval
-split. Writes benchmarks/results/trainer.md.
+wall), the managed loop's own steady-state examples/s, and the Evaluator's
+binary accuracy on the raw eval split. Writes benchmarks/results/trainer.md.
 """
 
 import argparse
