@@ -40,6 +40,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from benchmarks import report
+from components.trainer.checkpoint import store as checkpoint_store
 from tests.support import trainer_testing as tt
 
 # Part 1: lost work.
@@ -340,7 +341,7 @@ def _ours(work_dir: str, data) -> Dict[str, float]:
                                    for r, spawned, _ in on)}
   task = on[0][2]
   newest = max(n for n in os.listdir(task.checkpoint_dir)
-               if n.startswith('ckpt-'))
+               if checkpoint_store.is_checkpoint_name(n))
   measured['bytes'] = sum(
       os.path.getsize(os.path.join(task.checkpoint_dir, newest, name))
       for name in os.listdir(os.path.join(task.checkpoint_dir, newest)))

@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from components.partitioner import report
 from components.records import partition_plan
+from components.trainer.checkpoint import store as checkpoint_store
 from pipelines import data
 from pipelines import summary
 from tests.support import console_report
@@ -312,7 +313,9 @@ class _KillWorkerWhenCheckpointed:
   def __init__(self, pipeline: subprocess.Popen, checkpoint_root: str,
                index: int = 1):
     self._pipeline = pipeline
-    self._pattern = f'{checkpoint_root}/*/*/*/ckpt-*/MANIFEST.json'
+    self._pattern = (f'{checkpoint_root}/*/*/*/'
+                     f'{checkpoint_store.CHECKPOINT_DIR_PREFIX}*/'
+                     f'{checkpoint_store.MANIFEST_NAME}')
     self._index = index
     self.killed: Optional[dict] = None
     self.error: Optional[str] = None

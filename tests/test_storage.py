@@ -125,10 +125,9 @@ def test_checkpoints_publish_and_restore_on_ram():
   for step in (1, 2, 3):
     variable.assign([float(step), float(step)])
     store.save(step)
-  assert [p.rsplit('-', 1)[-1] for p in store.checkpoint_dirs()] == [
-      '000000000003', '000000000002']
+  assert [store_lib.step_of(p) for p in store.checkpoint_dirs()] == [3, 2]
   # A checkpoint whose manifest was never written is skipped on restore.
-  partial = os.path.join(directory, store.checkpoint_name(4))
+  partial = os.path.join(directory, store_lib.checkpoint_name(4))
   tf.io.gfile.makedirs(partial)
   with tf.io.gfile.GFile(os.path.join(partial, 'ckpt.index'), 'wb') as f:
     f.write(b'partial')
@@ -267,7 +266,7 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
   store = store_lib.CheckpointStore(checkpoint_dir,
                                         tf.train.Checkpoint())
   newest = store.checkpoint_dirs()[0]
-  assert newest.endswith(store.checkpoint_name(4))
+  assert store_lib.step_of(newest) == 4
   assert store.verify(newest)['step'] == 4
   model_run = outputs['model_run'][0]
   assert model_run.get_int_custom_property('train_steps') == 4

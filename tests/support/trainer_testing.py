@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from components.trainer.checkpoint import records as run_records
+from components.trainer.checkpoint import store as checkpoint_store
 from components.trainer.cluster import local_backend
 from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
@@ -306,10 +307,10 @@ def assert_each_id_once(task: TrainingTask, train_steps: int,
 
 def latest_checkpoint_tensors(checkpoint_dir: str) -> Dict[str, np.ndarray]:
   """Every tensor (weights, optimizer slots, step) of the newest checkpoint."""
-  names = sorted(n.rstrip('/') for n in tf.io.gfile.listdir(checkpoint_dir)
-                 if n.startswith('ckpt-'))
-  reader = tf.train.load_checkpoint(
-      os.path.join(checkpoint_dir, names[-1], 'ckpt'))
+  newest = max(n.rstrip('/') for n in tf.io.gfile.listdir(checkpoint_dir)
+               if checkpoint_store.is_checkpoint_name(n))
+  reader = tf.train.load_checkpoint(os.path.join(
+      checkpoint_dir, newest, checkpoint_store.CHECKPOINT_PREFIX))
   return {name: reader.get_tensor(name)
           for name in reader.get_variable_to_shape_map()
           if not name.startswith('_CHECKPOINTABLE_OBJECT_GRAPH')}

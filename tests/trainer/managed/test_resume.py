@@ -101,7 +101,7 @@ def test_sigkill_at_random_step_then_rerun_is_exact(tmp_path, data, baseline,
     assert event['event'] == 'resumed'
     assert event['from_step'] % SAVE_EVERY == 0
     assert event['checkpoint'].endswith(
-        store_lib.CheckpointStore.checkpoint_name(event['from_step']))
+        store_lib.checkpoint_name(event['from_step']))
   # Every checkpoint carries the data order it was trained in.
   manifests = sorted(pathlib.Path(task.checkpoint_dir).glob(
       f'*/{store_lib.MANIFEST_NAME}'))
@@ -140,7 +140,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_loses_nothing(
   assert preempted['resume_events'][-1]['at_step'] == last_trained + 1
   assert os.path.isdir(os.path.join(
       task.checkpoint_dir,
-      store_lib.CheckpointStore.checkpoint_name(last_trained + 1)))
+      store_lib.checkpoint_name(last_trained + 1)))
 
   assert tt.run_child(task, root) == 0, tt.child_log(root)
   result, records = _assert_same_training(task, baseline)
@@ -184,7 +184,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
 
 def _checkpoint_steps(task):
   store = store_lib.CheckpointStore(task.checkpoint_dir, None)
-  return [int(p.rsplit('-', 1)[1]) for p in store.checkpoint_dirs()]
+  return [store_lib.step_of(p) for p in store.checkpoint_dirs()]
 
 
 @pytest.mark.slow
