@@ -37,6 +37,7 @@ from components.records import training_result
 from components.records import tuned_input_pipeline
 from components import storage
 from components.trainer.checkpoint import store as store_lib
+from components.trainer.cluster import tf_cluster
 from components.trainer import executor as trainer_executor
 from components.trainer import model_run as trainer_model_run
 from components.trainer.config import DistributionConfig
@@ -258,7 +259,7 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
       model_run_uri, trainer_model_run.DECISION_FILE))
   assert decision['strategy'] == 'one_device'
   assert tf.io.gfile.exists(os.path.join(model_run_uri,
-                                         trainer_executor.TASK_FILE))
+                                         tf_cluster.TASK_FILE_NAME))
   assert tf.io.gfile.glob(os.path.join(model_run_uri, 'train', '*'))
   # Published checkpoints, with manifests, on the ram:// backup root.
   [checkpoint_dir] = tf.io.gfile.glob(

@@ -386,7 +386,7 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
     return attempt
 
   with tempfile.TemporaryDirectory(prefix='hpm-ray-driver-') as local_dir:
-    local_task_path = os.path.join(local_dir, 'training_task.json')
+    local_task_path = os.path.join(local_dir, tf_cluster.TASK_FILE_NAME)
     with open(local_task_path, 'w') as f:
       f.write(task_json)
     return supervisor.supervise(start, log_dir,

@@ -48,6 +48,7 @@ import tensorflow as tf
 from components import storage
 from components.trainer.cluster import ray_backend
 from components.trainer.cluster import supervisor
+from components.trainer.cluster import tf_cluster
 from components.trainer.config import DistributionConfig
 from components.trainer.strategies import choice as strategy_lib
 from tests.support import mlmd
@@ -667,7 +668,8 @@ def test_taxi_pipeline_on_gcs_spreads_over_the_ray_hosts_and_is_blessed(
   model_run = mlmd.latest_artifact(str(tmp_path / 'metadata.db'), 'ModelRun')
   assert model_run.uri.startswith(gcs_root)
   # The workers read the upstream's copies in the bucket.
-  task = storage.read_json(os.path.join(model_run.uri, 'training_task.json'))
+  task = storage.read_json(
+      os.path.join(model_run.uri, tf_cluster.TASK_FILE_NAME))
   assert all(path.startswith(gcs_root)
              for path in task['train_files'] + task['eval_files']), task
   props = model_run.custom_properties
