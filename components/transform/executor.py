@@ -39,6 +39,7 @@ from tfx.types import standard_component_specs
 from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+from components.data.config import DEFAULT_COMPRESSION
 from components.data import input_pipeline
 from components import patches
 from components import pipeline_layout
@@ -359,10 +360,13 @@ def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
   """Examples in the files (estimated from the first one), None if none.
 
   Deterministic for the same files, so it tells an unchanged volume too.
+  Read as the tuner reads them: this executor leaves its compression at the
+  default.
   """
   try:
     return measurement.estimate_num_examples(
-        input_pipeline.list_files(patterns), 'GZIP') if patterns else None
+        input_pipeline.list_files(patterns),
+        DEFAULT_COMPRESSION) if patterns else None
   except (ValueError, tf.errors.OpError) as e:
     logging.info('Cannot estimate the examples in %s: %s', patterns, e)
     return None

@@ -19,6 +19,7 @@ import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Union
 
+from components.data.config import DEFAULT_COMPRESSION
 from components.data import memory_fit
 from components.data.input_pipeline import InputPipelineConfig
 from components.transform.config import TuningConfig
@@ -44,8 +45,8 @@ def tune(tuning: TuningConfig,
          previous: Optional[Previous] = None,
          notes: Optional[List[str]] = None,
          batch_mismatches: Optional[List[str]] = None,
-         compression_type: str = 'GZIP',
-         raw_compression_type: str = 'GZIP',
+         compression_type: str = DEFAULT_COMPRESSION,
+         raw_compression_type: str = DEFAULT_COMPRESSION,
          cores: Optional[int] = None,
          clock_start: Optional[float] = None) -> TuningResult:
   """Measures candidates within `tuning.time_budget_s` and picks one.
