@@ -40,6 +40,7 @@ import ray.util.client
 from ray.util import scheduling_strategies
 
 from components.trainer.cluster import local_backend
+from components.trainer.cluster import membership
 from components.trainer.cluster.ray_actor import PYTHON
 from components.trainer.cluster.ray_actor import RemoteTaskActor
 from components.trainer.cluster.ray_actor import TASK_FILE
@@ -345,7 +346,7 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
     StorageNotSharedError: Local outputs with tasks on several hosts.
   """
   forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-  elastic = min_workers is not None and min_workers < num_workers
+  elastic = membership.is_elastic(num_workers, min_workers)
 
   def start(index: int, attempt_dir: str) -> _RayAttempt:
     group, workers, reason = None, num_workers, ''
