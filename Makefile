@@ -32,15 +32,16 @@ CONTAINER_TOOL ?= $(shell \
   elif command -v docker >/dev/null 2>&1; then echo docker; fi)
 IMAGE_CONTEXT := build/image-context
 
-.PHONY: help venv run run-stock test test-all test-conformance ci test-fast test-slow bench kubeflow image notebook clean
+.PHONY: help venv run run-stock lint test test-all test-conformance ci test-fast test-slow bench kubeflow image notebook clean
 
 help:
 	@echo "make run        # full Chicago taxi pipeline with tfx-hpm components (LocalDagRunner)"
 	@echo "make run-stock  # the same pipeline with the stock Transform and Trainer"
+	@echo "make lint       # ruff (.ruff.toml) and the import contracts (.importlinter)"
 	@echo "make test       # the core test suite (at most 20 min on 2 cores)"
 	@echo "make test-all   # core and extended tests in one session (at most 40 min)"
 	@echo "make test-conformance  # TFX's own executor tests on ours (about 21 min, two workers)"
-	@echo "make ci         # what CI runs: test-all, then test-conformance without conformance_repeat"
+	@echo "make ci         # what CI runs: lint, test-all, then test-conformance without conformance_repeat"
 	@echo "make test-fast  # tests without end-to-end pipeline runs and clusters"
 	@echo "make bench      # side-by-side benchmarks -> benchmarks/results/"
 	@echo "make kubeflow   # compile the pipeline for Kubeflow Pipelines (v2 JSON)"
@@ -90,6 +91,13 @@ XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 CORE := not extended and not conformance
 
+# pyflakes and pycodestyle at 80 columns over every Python folder, then the
+# import contracts (components do not import each other).
+LINTED := components pipelines kubeflow benchmarks tests
+lint: venv
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/lint-imports
+
 test: venv
 	$(VPY) -m pytest tests $(XDIST) -m "$(CORE)" --junitxml=$(TEST_RESULTS)/core.xml $(PYTEST_ARGS)
 
@@ -109,9 +117,9 @@ test-conformance: venv
 	$(VPY) -m tests.support.timing_report $(TEST_RESULTS)/conformance.xml; \
 	exit $$status
 
-# What CI runs (.ci/run): the whole suite, then the conformance tests but
-# the `conformance_repeat` ones (the 90-minute limit).
-ci: test-all
+# What CI runs (.ci/run): the lint gate, the whole suite, then the
+# conformance tests but the `conformance_repeat` ones (the 90-minute limit).
+ci: lint test-all
 	$(MAKE) test-conformance CONFORMANCE="conformance and not conformance_repeat"
 
 test-fast: venv

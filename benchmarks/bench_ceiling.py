@@ -14,8 +14,8 @@ process:
   stacked), CEILING_K steps per `tf.function` call (a `tf.range` loop
   indexing the stacked tensors), no input pipeline, no checkpoints, the loss
   read back once per call; measured with the op pool the trainer's
-  `intra_op_threads='auto'` picks (`components.trainer.process.cpu_threads`) and,
-  once a round, with TensorFlow's default, the faster counting;
+  `intra_op_threads='auto'` picks (`components.trainer.process.cpu_threads`)
+  and, once a round, with TensorFlow's default, the faster counting;
 - HighPerfTrainer's executor (a LocalDagRunner run of the Trainer, its
   upstream cached) with the default `steps_per_execution='auto'`;
 - the same with each explicit k of `--ks` (the best is reported).
@@ -302,7 +302,6 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
   from components.trainer.managed import datasets
   from components.trainer.managed import step_runners
   from components.records import tuned_input_pipeline
-  from components.trainer.process.task import TrainingTask
   from pipelines import taxi_module
   import tensorflow as tf
   import tensorflow_transform as tft
@@ -316,12 +315,6 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
   data = datasets.TrainingData(
       feature_spec=spec, label_key=taxi_module.LABEL_KEY, raw_label_key=None,
       config=config, tf_transform_output=None)
-  task = TrainingTask(
-      module_file=None, module_path=None, mode='managed',
-      train_files=train_files, eval_files=[], transform_output=None,
-      schema_path=None, serving_model_dir='', model_run_dir='',
-      train_steps=train_steps, eval_steps=0, hparams={}, custom_config={},
-      distribution={}, fault_tolerance={}, checkpoint_dir='')
   # The trainer's data order (one partition) over the examples' index.
   files = input_pipeline.list_files(train_files)
   index, _ = shard_index.ensure(train_files, files, config.compression_type,
@@ -665,7 +658,8 @@ def main(results_dir: str = 'benchmarks/results',
               f'{breakdown[(batch, threads)]}', flush=True)
   with open(os.path.join(root, 'results.json'), 'w') as f:
     json.dump({'measured': measured, 'default_job': default_runs,
-               'breakdown': [[*key, value] for key, value in breakdown.items()]},
+               'breakdown': [[*key, value]
+                             for key, value in breakdown.items()]},
               f, indent=1)
   body = render(measured, train_steps, rounds, list(ks),
                 [load_before, os.getloadavg()[0]])

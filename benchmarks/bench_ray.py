@@ -5,9 +5,10 @@
 The same MultiWorkerMirrored training (2 workers, the taxi model on
 synthetic transformed taxi data, batch 32 per replica) through the local
 launcher (processes on this machine) and through the Ray launcher on a
-two-node Ray cluster on localhost (tests/support/ray_cluster.py: `ray start --head`
-plus a second `ray start --address` node, started once before the runs;
-its start is not counted, as a Ray cluster exists before a pipeline runs).
+two-node Ray cluster on localhost (tests/support/ray_cluster.py:
+`ray start --head` plus a second `ray start --address` node, started once
+before the runs; its start is not counted, as a Ray cluster exists before a
+pipeline runs).
 Measured per run: start-up, the seconds from the launcher call to the end
 of the first training step (placement group, actors, TF_CONFIG, process
 start and TensorFlow's cluster set-up for Ray), and the steady examples/s

@@ -9,9 +9,10 @@ processes killed with SIGKILL:
    our loop saving every 5 / 25 / 100 (default) steps, and `model.fit` with
    `tf.keras.callbacks.BackupAndRestore` at its defaults (a backup per epoch,
    epochs of 100 steps), three seeded kill points each, same model and data.
-   The model (tests/support/id_recording_module.py) logs the example ids of every
-   step, so the redone steps are counted exactly, and so are the examples the
-   surviving trajectory trained on twice or never (the data position).
+   The model (tests/support/id_recording_module.py) logs the example ids of
+   every step, so the redone steps are counted exactly, and so are the
+   examples the surviving trajectory trained on twice or never (the data
+   position).
 2. Checkpoint overhead at the default interval, on the taxi model over
    synthetic transformed taxi features: time spent checkpointing as a share of
    the training time (ours: every 100 steps, including the manifest hashes;
@@ -39,6 +40,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from benchmarks import report
+from components.trainer.checkpoint import store as checkpoint_store
 from tests.support import trainer_testing as tt
 
 # Part 1: lost work.
@@ -339,7 +341,7 @@ def _ours(work_dir: str, data) -> Dict[str, float]:
                                    for r, spawned, _ in on)}
   task = on[0][2]
   newest = max(n for n in os.listdir(task.checkpoint_dir)
-               if n.startswith('ckpt-'))
+               if checkpoint_store.is_checkpoint_name(n))
   measured['bytes'] = sum(
       os.path.getsize(os.path.join(task.checkpoint_dir, newest, name))
       for name in os.listdir(os.path.join(task.checkpoint_dir, newest)))

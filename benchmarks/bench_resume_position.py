@@ -28,6 +28,7 @@ from typing import Dict, List
 from benchmarks import bench_resume
 from benchmarks import report
 from components.trainer.checkpoint import records as records_lib
+from components.trainer.checkpoint import store as checkpoint_store
 from tests.support import trainer_testing as tt
 
 BATCH = bench_resume.TAXI_BATCH
@@ -87,7 +88,7 @@ def measure_trainer(work_dir: str, data) -> Dict[str, List[float]]:
                                              root)]}
   for round_index in range(ROUNDS):
     for position in POSITIONS:
-      name = f'ckpt-{position:012d}'
+      name = checkpoint_store.checkpoint_name(position)
       only = os.path.join(work_dir, f'from_{position}_{round_index}')
       shutil.copytree(os.path.join(full_dir, name), os.path.join(only, name))
       root = os.path.join(work_dir, f'restart_{position}_{round_index}')
@@ -144,7 +145,8 @@ def main(results_dir: str = 'benchmarks/results') -> str:
                  ' / '.join(f'{t:.2f}' for t in trainer[position])])
   data_rows = [[f'{position:,}', f'{median(dataset["ours"][position]):.3f}',
                 f'{median(dataset["skip"][position]):.3f}',
-                f'{median(dataset["skip"][position]) / median(dataset["ours"][position]):.1f}x']
+                '{:.1f}x'.format(median(dataset['skip'][position]) /
+                                 median(dataset['ours'][position]))]
                for position in POSITIONS]
   body = '\n\n'.join([
       __doc__.split('\n\n', 2)[2].strip(),

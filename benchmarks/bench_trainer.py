@@ -4,14 +4,14 @@
 
 Side by side in one run, in one taxi pipeline root (full taxi data, stock
 Transform, caching on so that every variant trains on the same transformed
-examples), each pipeline run in a fresh process: the stock Trainer running the taxi module's stock `run_fn`
-(`model.fit` over the TFX data accessor) and HighPerfTrainer in managed mode
-(the same module's `build_model`) with one_device and with each local
-multi-replica strategy; same train steps, same global batch, same model.
-Per variant: the Trainer component's wall time (MLMD), training examples/s
-over that wall time (steps x global batch / wall), the managed loop's own
-steady-state examples/s, and the Evaluator's binary accuracy on the raw eval
-split. Writes benchmarks/results/trainer.md.
+examples), each pipeline run in a fresh process: the stock Trainer running
+the taxi module's stock `run_fn` (`model.fit` over the TFX data accessor)
+and HighPerfTrainer in managed mode (the same module's `build_model`) with
+one_device and with each local multi-replica strategy; same train steps,
+same global batch, same model. Per variant: the Trainer component's wall
+time (MLMD), training examples/s over that wall time (steps x global batch /
+wall), the managed loop's own steady-state examples/s, and the Evaluator's
+binary accuracy on the raw eval split. Writes benchmarks/results/trainer.md.
 """
 
 import argparse

@@ -466,8 +466,10 @@ def _trainer_section(trainer, trainer_data, stock_rate: float) -> List[str]:
            'all rounds (examples/s)'],
           [[dataset, TRAINER_INPUTS[name],
             f'{_median(runs[name]["loop"]):,.0f}',
-            f'{_median(runs[name]["loop"]) / _median(runs["defaults"]["loop"]):.2f}x',
-            f'{_median(runs[name]["loop"]) / _median(runs["sequential"]["loop"]):.2f}x',
+            '{:.2f}x'.format(_median(runs[name]['loop']) /
+                             _median(runs['defaults']['loop'])),
+            '{:.2f}x'.format(_median(runs[name]['loop']) /
+                             _median(runs['sequential']['loop'])),
             f'{_median(runs[name]["wall"]):.1f}', _all(runs[name]['loop'])]
            for dataset, runs in trainer.items() for name in TRAINER_INPUTS]),
       '',

@@ -61,7 +61,8 @@ def run_fn(fn_args):
   export.export_saved_model(model, tf_transform_output,
                             taxi_module.RAW_LABEL_KEY,
                             fn_args.serving_model_dir)
-  (first_s, first_steps), (last_s, last_steps) = timer.points[0], timer.points[-1]
+  (first_s, first_steps), (last_s, last_steps) = (timer.points[0],
+                                                  timer.points[-1])
   with tf.io.gfile.GFile(os.path.join(fn_args.model_run_dir, TIMING_FILE),
                          'w') as f:
     f.write(json.dumps({

@@ -1,4 +1,5 @@
-"""Benchmark results: markdown tables with the machine they ran on, MLMD reads."""
+"""Benchmark results: markdown tables with the machine they ran on, MLMD
+reads."""
 
 import datetime
 import os

@@ -95,7 +95,8 @@ def _describe(annotation: Any, plural: bool = False) -> str:
   if annotation in _SCALARS:
     return _SCALARS[annotation][plural]
   if isinstance(annotation, type) and issubclass(annotation, JsonConfig):
-    return f'{"objects" if plural else "an object"} of {annotation.OPTIONS_NAME}'
+    return (f'{"objects" if plural else "an object"} of '
+            f'{annotation.OPTIONS_NAME}')
 
   origin, args = typing.get_origin(annotation), typing.get_args(annotation)
   if origin is Union:

@@ -6,8 +6,9 @@ on a 2-core machine) every time it needs the module: three times in a stock
 Transform step, once in a Trainer step. For a pure wheel (`Root-Is-Purelib:
 true`, no `.data` folder, which is what TFX builds) pip's `--target` install
 writes the wheel's files as they are (plus bytecode and its own RECORD
-lines), so unzipping it gives the same importable tree. Anything else (a requirement specifier, a wheel with scripts or data)
-still goes to pip. `components.patches.UNZIPPED_WHEEL_INSTALLS` installs
+lines), so unzipping it gives the same importable tree. Anything else (a
+requirement specifier, a wheel with scripts or data) still goes to pip.
+`components.patches.UNZIPPED_WHEEL_INSTALLS` installs
 `install_to_temp_directory` in TFX's place.
 """
 

@@ -7,11 +7,12 @@ data root is a path inside that image or on a shared filesystem (gs://...).
 The spec is pipeline spec 2.1 (`KubeflowV2DagRunnerConfig(
 use_pipeline_spec_2_1=True)`): parameters as `runtimeValue.constant`, which
 open-source KFP 2.x drivers resolve (the 2.0 form, `constantValue`, fails
-there), and each executor gets its inputs spec (`--json_serialized_inputs_spec_args`),
-without which TFX's entrypoint reads the deprecated `inputs.parameters` that
-KFP 2.x no longer fills. Every container runs `python -m kubeflow.entrypoint`,
-TFX's entrypoint behind a repair of untyped input artifacts (see
-kubeflow/entrypoint.py). The command line is `kubeflow.runner`.
+there), and each executor gets its inputs spec
+(`--json_serialized_inputs_spec_args`), without which TFX's entrypoint reads the
+deprecated `inputs.parameters` that KFP 2.x no longer fills. Every container
+runs `python -m kubeflow.entrypoint`, TFX's entrypoint behind a repair of
+untyped input artifacts (see kubeflow/entrypoint.py). The command line is
+`kubeflow.runner`.
 """
 
 import json

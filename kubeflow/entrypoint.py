@@ -2,7 +2,8 @@
 
     python -m kubeflow.entrypoint --executor_class_path ... \
         --json_serialized_invocation_args '{{$}}' \
-        --json_serialized_inputs_spec_args '<ComponentInputsSpec JSON>' [beam args]
+        --json_serialized_inputs_spec_args '<ComponentInputsSpec JSON>' \
+        [beam args]
 
 Runs `tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor`
 unchanged, after one repair of its `--json_serialized_invocation_args`:
@@ -134,7 +135,8 @@ def check_outputs_writable(executor_input_json: str,
       and the storage's error (or that it did not answer in `timeout_s`).
   """
   # pylint: disable=g-import-not-at-top
-  from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_entrypoint_utils
+  from tfx.orchestration.kubeflow.v2.container import (
+      kubeflow_v2_entrypoint_utils)
   from tfx.types import value_artifact
   from components import storage
   # pylint: enable=g-import-not-at-top

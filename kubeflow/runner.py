@@ -93,8 +93,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
       '--checkpoint-root', default=None,
       help='HighPerfTrainer checkpoint root (default: <pipeline-root>/'
-      f'{compiler.CHECKPOINT_SUBDIR}, outside the run folders, so a resubmitted run '
-      'resumes; the trainer keys it by <pipeline>/<node>/<fingerprint>).')
+      f'{compiler.CHECKPOINT_SUBDIR}, outside the run folders, so a '
+      'resubmitted run resumes; the trainer keys it by '
+      '<pipeline>/<node>/<fingerprint>).')
   return parser
 
 
@@ -132,7 +133,7 @@ def with_ray_address(distribution: Dict, address: str, stock: bool) -> Dict:
     raise ValueError('--ray-address must be a non-empty address, e.g. '
                      'ray://head-svc:10001.')
   if distribution.get('launcher', 'ray') != 'ray':
-    raise ValueError(f'--ray-address needs launcher \'ray\', but --distribution '
+    raise ValueError("--ray-address needs launcher 'ray', but --distribution "
                      f"sets launcher={distribution['launcher']!r}.")
   return {**distribution, 'launcher': 'ray',
           'ray': {**distribution.get('ray', {}), 'address': address}}

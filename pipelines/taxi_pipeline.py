@@ -104,7 +104,8 @@ def eval_config(accuracy_threshold: float,
 
 def upstream(data_root: str) -> Tuple[base_node.BaseNode, ...]:
   """CsvExampleGen -> StatisticsGen -> SchemaGen (inferred feature shapes) on
-  the CSVs in `data_root`: what every taxi pipeline and benchmark starts with."""
+  the CSVs in `data_root`: what every taxi pipeline and benchmark starts
+  with."""
   example_gen = tfx.components.CsvExampleGen(input_base=data_root)
   statistics_gen = tfx.components.StatisticsGen(
       examples=example_gen.outputs['examples'])

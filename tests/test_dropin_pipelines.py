@@ -26,6 +26,7 @@ from tfx.types import standard_artifacts
 from components import GPipePartitioner
 from components import HighPerfTrainer
 from components import OptimizedTransform
+from components.trainer.cluster import tf_cluster
 from pipelines import data
 from tests.support import dropin_shapes
 from tests.support import dropin_tuner_module
@@ -295,7 +296,7 @@ def test_tuner_cond_pusher_and_a_cached_rerun(tmp_path):
     tuned = json.load(f)
   tuned = tuned.get('values', tuned)
   assert tuned['learning_rate'] in dropin_tuner_module.LEARNING_RATES
-  with open(os.path.join(model_run.uri, 'training_task.json')) as f:
+  with open(os.path.join(model_run.uri, tf_cluster.TASK_FILE_NAME)) as f:
     task = json.load(f)
   assert task['hparams'] == {**dropin_shapes.HPARAMS, **tuned}
   # Blessed (threshold 0), so the conditional Pusher pushed.

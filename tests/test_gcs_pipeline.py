@@ -1,7 +1,7 @@
 """The taxi pipeline with its pipeline root, data and serving dir on gs://.
 
-A local GCS emulator stands in for Cloud Storage (tests/support/gcs_emulator.py, the
-`gcs_bucket` fixture); TensorFlow, Beam and TFX reach it through their real
+A local GCS emulator stands in for Cloud Storage (tests/support/gcs_emulator.py,
+the `gcs_bucket` fixture); TensorFlow, Beam and TFX reach it through their real
 GCS clients. MLMD stays in a local SQLite file. Each test runs the README
 command (`python -m pipelines.local_runner ...`) in a fresh process:
 
@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from components.partitioner import report
 from components.records import partition_plan
+from components.trainer.checkpoint import store as checkpoint_store
 from pipelines import data
 from pipelines import summary
 from tests.support import console_report
@@ -312,7 +313,9 @@ class _KillWorkerWhenCheckpointed:
   def __init__(self, pipeline: subprocess.Popen, checkpoint_root: str,
                index: int = 1):
     self._pipeline = pipeline
-    self._pattern = f'{checkpoint_root}/*/*/*/ckpt-*/MANIFEST.json'
+    self._pattern = (f'{checkpoint_root}/*/*/*/'
+                     f'{checkpoint_store.CHECKPOINT_DIR_PREFIX}*/'
+                     f'{checkpoint_store.MANIFEST_NAME}')
     self._index = index
     self.killed: Optional[dict] = None
     self.error: Optional[str] = None
@@ -410,6 +413,7 @@ def test_missing_bucket_fails_before_any_component_naming_the_root(
       _command('missing_bucket', root, gcs_data_root,
                str(tmp_path / 'missing.db'), '--root-check-timeout-s', '5'),
       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
-  assert process.returncode == 2, process.stdout[-2000:] + process.stderr[-4000:]
+  assert process.returncode == 2, (
+      process.stdout[-2000:] + process.stderr[-4000:])
   assert f"Cannot write the pipeline root at '{root}'" in process.stderr
   assert not (tmp_path / 'missing.db').exists()  # No component ran.

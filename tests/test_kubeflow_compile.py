@@ -258,7 +258,8 @@ def test_dockerfile_installs_the_lock_the_package_and_the_data():
   text = '\n'.join(lines)
   lock = text.index('COPY requirements.lock')
   deps = text.index('pip install --no-cache-dir --no-deps -r requirements.lock')
-  package = text.index('pip install --no-cache-dir --no-deps --no-build-isolation')
+  package = text.index(
+      'pip install --no-cache-dir --no-deps --no-build-isolation')
   assert lock < deps < package
   assert any(op == 'ENV' and 'TF_USE_LEGACY_KERAS=1' in args.split()
              for op, args in instructions)

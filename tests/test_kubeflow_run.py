@@ -1,10 +1,10 @@
 """The compiled KFP v2 pipeline runs the way a KFP backend runs it.
 
 The slow test compiles the tfx-hpm taxi pipeline and executes it with
-tests/support/kfp_backend.py (the OSS KFP driver + launcher, emulated): each task's
-container command as its own process, artifacts under a gs:// pipeline root
-on the local GCS emulator. The fast tests pin down the harness itself and the
-container entrypoint (kubeflow/entrypoint.py) on what KFP hands it.
+tests/support/kfp_backend.py (the OSS KFP driver + launcher, emulated): each
+task's container command as its own process, artifacts under a gs:// pipeline
+root on the local GCS emulator. The fast tests pin down the harness itself and
+the container entrypoint (kubeflow/entrypoint.py) on what KFP hands it.
 """
 
 import json
@@ -57,7 +57,8 @@ def _inputs_spec():
 
 
 def test_tfx_entrypoint_rejects_oss_input_artifacts_and_ours_repairs_them():
-  from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_entrypoint_utils as utils  # pylint: disable=g-import-not-at-top
+  from tfx.orchestration.kubeflow.v2.container import (  # pylint: disable=g-import-not-at-top
+      kubeflow_v2_entrypoint_utils as utils)
   raw = json_format.Parse(_oss_executor_input(), pb.ExecutorInput())
   # tensorflow/tfx#7768: TFX 1.16 cannot take an untyped artifact.
   with pytest.raises(AttributeError):
@@ -443,7 +444,8 @@ def _check_in_child(env, **uris):
                         env=env, capture_output=True, text=True, timeout=900,
                         check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-  (line,) = [l for l in proc.stdout.splitlines() if l.startswith('VERIFY ')]
+  (line,) = [out_line for out_line in proc.stdout.splitlines()
+             if out_line.startswith('VERIFY ')]
   return json.loads(line[len('VERIFY '):])
 
 

@@ -37,6 +37,7 @@ from components.records import training_result
 from components.records import tuned_input_pipeline
 from components import storage
 from components.trainer.checkpoint import store as store_lib
+from components.trainer.cluster import tf_cluster
 from components.trainer import executor as trainer_executor
 from components.trainer import model_run as trainer_model_run
 from components.trainer.config import DistributionConfig
@@ -47,7 +48,8 @@ from components import types as hpm_types
 from tests.support import id_recording_module
 from tests.support import trainer_testing as tt
 
-ID_MODULE_FILE = os.path.join(tt.REPO_ROOT, 'tests', 'support', 'id_recording_module.py')
+ID_MODULE_FILE = os.path.join(tt.REPO_ROOT, 'tests', 'support',
+                              'id_recording_module.py')
 
 
 def _ram(name: str) -> str:
@@ -124,10 +126,9 @@ def test_checkpoints_publish_and_restore_on_ram():
   for step in (1, 2, 3):
     variable.assign([float(step), float(step)])
     store.save(step)
-  assert [p.rsplit('-', 1)[-1] for p in store.checkpoint_dirs()] == [
-      '000000000003', '000000000002']
+  assert [store_lib.step_of(p) for p in store.checkpoint_dirs()] == [3, 2]
   # A checkpoint whose manifest was never written is skipped on restore.
-  partial = os.path.join(directory, store.checkpoint_name(4))
+  partial = os.path.join(directory, store_lib.checkpoint_name(4))
   tf.io.gfile.makedirs(partial)
   with tf.io.gfile.GFile(os.path.join(partial, 'ckpt.index'), 'wb') as f:
     f.write(b'partial')
@@ -258,7 +259,7 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
       model_run_uri, trainer_model_run.DECISION_FILE))
   assert decision['strategy'] == 'one_device'
   assert tf.io.gfile.exists(os.path.join(model_run_uri,
-                                         trainer_executor.TASK_FILE))
+                                         tf_cluster.TASK_FILE_NAME))
   assert tf.io.gfile.glob(os.path.join(model_run_uri, 'train', '*'))
   # Published checkpoints, with manifests, on the ram:// backup root.
   [checkpoint_dir] = tf.io.gfile.glob(
@@ -266,7 +267,7 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
   store = store_lib.CheckpointStore(checkpoint_dir,
                                         tf.train.Checkpoint())
   newest = store.checkpoint_dirs()[0]
-  assert newest.endswith(store.checkpoint_name(4))
+  assert store_lib.step_of(newest) == 4
   assert store.verify(newest)['step'] == 4
   model_run = outputs['model_run'][0]
   assert model_run.get_int_custom_property('train_steps') == 4

@@ -47,7 +47,8 @@ def test_unzipped_wheel_matches_pip_install(tmp_path):
       assert a.read() == b.read(), rel
   # The module and its sibling import from the unzipped tree.
   out = subprocess.run(
-      [sys.executable, '-c', 'import user_module; print(user_module.run_fn(0))'],
+      [sys.executable, '-c',
+       'import user_module; print(user_module.run_fn(0))'],
       env={**os.environ, 'PYTHONPATH': ours}, capture_output=True, text=True,
       check=True)
   assert out.stdout.strip() == '42'

@@ -12,7 +12,10 @@ from components.json_config import JsonConfig
 AUTOTUNE = -1
 CACHE_MODES = ('none', 'memory', 'disk')
 TRANSFORM_PLACEMENTS = ('materialized', 'on_the_fly')
-COMPRESSION_TYPES = ('GZIP', 'ZLIB', '')
+# TFX writes Examples (raw and transformed) as gzipped TFRecords, so a
+# reader assumes that unless told otherwise.
+DEFAULT_COMPRESSION = 'GZIP'
+COMPRESSION_TYPES = (DEFAULT_COMPRESSION, 'ZLIB', '')
 
 
 @dataclasses.dataclass
@@ -44,13 +47,13 @@ class InputPipelineConfig(JsonConfig):
   autotune_ram_budget_bytes: int = 0
   map_parallelization: bool = True
   private_threadpool_size: int = 0
-  compression_type: str = 'GZIP'
+  compression_type: str = DEFAULT_COMPRESSION
   transform_placement: str = 'materialized'
   # For 'on_the_fly': the transform graph and the raw examples per split.
   transform_graph_uri: Optional[str] = None
   raw_file_patterns: Dict[str, List[str]] = dataclasses.field(
       default_factory=dict)
-  raw_compression_type: str = 'GZIP'
+  raw_compression_type: str = DEFAULT_COMPRESSION
 
   def validate(self) -> 'InputPipelineConfig':
     if self.cache not in CACHE_MODES:

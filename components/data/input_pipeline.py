@@ -29,7 +29,6 @@ workers and train files with no index.
 import hashlib
 import json
 import os
-import re
 from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
@@ -39,7 +38,7 @@ from components.data.config import AUTOTUNE, InputPipelineConfig
 MIN_READ_BATCH = 512
 _COUNT_BATCH = 4096
 # TFX lays out every split of an Examples artifact as `<uri>/Split-<name>/`.
-_SPLIT_DIR = re.compile(r'(?:^|/)Split-([^/]+)/')
+_SPLIT_PREFIX = 'Split-'
 
 
 def options(config: InputPipelineConfig) -> tf.data.Options:
@@ -72,15 +71,31 @@ def count_records(files: List[str], compression_type: str) -> int:
              dataset.batch(_COUNT_BATCH).as_numpy_iterator())
 
 
+def split_name(folder: str) -> Optional[str]:
+  """`<name>` of a `Split-<name>` folder (TFX's layout), else None.
+
+  The one reading of TFX's split folders: the readers of patterns, the shard
+  index and the sharded Transform write all use it.
+  """
+  name = os.path.basename(folder.rstrip('/'))
+  return name[len(_SPLIT_PREFIX):] if name.startswith(_SPLIT_PREFIX) else None
+
+
+def _split_in(pattern: str) -> Optional[str]:
+  """The split of the outermost non-empty split folder in `pattern`."""
+  # A folder, so not the pattern's last part (its files).
+  return next((name for name in map(split_name, pattern.split('/')[:-1])
+               if name), None)
+
+
 def split_of(file_patterns: List[str]) -> str:
   """The TFX split name (`.../Split-<name>/...`) shared by the patterns."""
-  names = {m.group(1) for p in file_patterns for m in [_SPLIT_DIR.search(p)]
-           if m}
-  if len(names) != 1 or any(not _SPLIT_DIR.search(p) for p in file_patterns):
+  names = {_split_in(p) for p in file_patterns}
+  if len(names) != 1 or None in names:
     raise ValueError(
         f'Cannot tell the split of {file_patterns}: an on-the-fly config '
         'reads the raw examples of the same split, so pass split= or patterns '
-        "under one TFX 'Split-<name>/' folder.")
+        f"under one TFX '{_SPLIT_PREFIX}<name>/' folder.")
   return names.pop()
 
 

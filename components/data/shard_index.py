@@ -24,7 +24,6 @@ from components import storage
 
 FORMAT_VERSION = 1
 INDEX_NAME = 'shard_index-{split}.json'
-_SPLIT_PREFIX = 'Split-'
 # Files counted at once: reading is I/O and decompression in TF's threads.
 _COUNTING_THREADS = 8
 # The source of an index OptimizedTransform wrote (its counts are the
@@ -89,15 +88,9 @@ def split_folder(file_patterns: Sequence[str]) -> Optional[str]:
   return None if any(c in folder for c in '*?[') else folder
 
 
-def _split_name(folder: str) -> Optional[str]:
-  """`<name>` of a `Split-<name>` folder (TFX's layout), else None."""
-  name = os.path.basename(folder.rstrip('/'))
-  return name[len(_SPLIT_PREFIX):] if name.startswith(_SPLIT_PREFIX) else None
-
-
 def artifact_index_path(folder: str) -> Optional[str]:
   """Where OptimizedTransform writes the index of a `Split-<name>` folder."""
-  split = _split_name(folder)
+  split = input_pipeline.split_name(folder)
   return None if split is None else os.path.join(
       os.path.dirname(folder.rstrip('/')), INDEX_NAME.format(split=split))
 
@@ -171,7 +164,7 @@ def ensure(file_patterns: Sequence[str], files: List[str], compression: str,
     return None, 'the file patterns are not one folder'
   artifact_path = artifact_index_path(folder)
   own_path = os.path.join(own_dir, INDEX_NAME.format(
-      split=_split_name(folder) or os.path.basename(folder)))
+      split=input_pipeline.split_name(folder) or os.path.basename(folder)))
   for source, path in ((WRITTEN_WITH_THE_EXAMPLES, artifact_path),
                        ('built by an earlier attempt', own_path)):
     index = read(folder, path) if path else None

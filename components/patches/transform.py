@@ -24,6 +24,7 @@ from tfx.components.transform import executor as transform_executor
 from tfx.components.transform import labels
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+from components.data import input_pipeline
 from components import patches
 
 METRICS_NAMESPACE = 'tfx_hpm'
@@ -63,19 +64,15 @@ def sharded_processor(stock: type) -> type:
         return stock._EncodeAndWrite(  # pylint: disable=protected-access
             schema=schema, file_format=file_format, output_path=output_path)
       default, by_split = shards
-      split = _split_of(output_path)
+      # `output_path` is a file prefix inside the split's folder.
+      split = input_pipeline.split_name(
+          os.path.dirname(output_path.rstrip('/')))
       return _EncodeAndWriteSharded(  # pylint: disable=no-value-for-parameter
           schema=schema, output_path=output_path,
           num_shards=by_split.get(split, default),
           to_examples=stock._RecordBatchToExamplesFn)  # pylint: disable=protected-access
 
   return ShardedTransformProcessor
-
-
-def _split_of(output_path: str) -> Optional[str]:
-  """`<name>` of the `Split-<name>` folder the stock executor writes into."""
-  folder = os.path.basename(os.path.dirname(output_path.rstrip('/')))
-  return folder[len('Split-'):] if folder.startswith('Split-') else None
 
 
 @beam.ptransform_fn

@@ -55,7 +55,8 @@ def build_model_on_devices(build_model_fn: Callable[[], tf.keras.Model],
         owner.setdefault(id(weight), s)
   placement = [(devices[owner[id(v)]] if id(v) in owner else None, v.shape)
                for v in created]
-  del probe, probe_graph, created
+  del probe, probe_graph
+  created.clear()
 
   placed = []
 

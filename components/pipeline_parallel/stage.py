@@ -53,9 +53,10 @@ def build_stages(graph: graph_lib.LayerGraph, plan: PlanRecord,
         grad_inputs=tuple(name for name in inputs if name in needs_grad),
         variables=tuple(graph_lib.unique_variables(
             [v for layer in layers for v in layer.trainable_weights])),
-        loss_layers=tuple(l for l in layers if id(l) not in seen_layers),
+        loss_layers=tuple(layer for layer in layers
+                          if id(layer) not in seen_layers),
         is_last=s == plan.num_stages - 1))
-    seen_layers.update(id(l) for l in layers)
+    seen_layers.update(id(layer) for layer in layers)
   return stages
 
 

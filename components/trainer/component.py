@@ -233,10 +233,8 @@ def _static_num_steps(train_args: Any) -> int:
 
 
 def _planned_batch_size(channel: types.BaseChannel) -> Optional[int]:
-  """The plan's batch when a GPipePartitioner of this pipeline makes it."""
-  # Imported here: only pipelines that wire in a plan need the partitioner.
-  from components.partitioner import component as partitioner  # pylint: disable=g-import-not-at-top
+  """The plan's batch when the component producing it (a GPipePartitioner of
+  this pipeline) says it at construction (components import no other
+  component: its `planned_batch_size`, not its class, is the contract)."""
   producer = getattr(channel, 'producer_component', None)
-  if not isinstance(producer, partitioner.GPipePartitioner):
-    return None
-  return producer.planned_batch_size
+  return getattr(producer, 'planned_batch_size', None)

@@ -53,7 +53,6 @@ FAULT_TOLERANCE_KEY = 'fault_tolerance'
 TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
 PARTITION_PLAN_KEY = 'partition_plan'
 
-TASK_FILE = 'training_task.json'
 CLUSTER_LOG_DIR = 'cluster_logs'
 # This node's pipeline name and id where the executor's context has none:
 # TFX's Kubeflow V2 entrypoint gives executors no pipeline or node, so
@@ -195,7 +194,7 @@ class Executor(base_executor.BaseExecutor):
                              fault_tolerance, module_identity, mode,
                              stock_args)
       storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
-      task.save(os.path.join(task.model_run_dir, TASK_FILE))
+      task.save(os.path.join(task.model_run_dir, tf_cluster.TASK_FILE_NAME))
       prepared = time.monotonic()
       launch = self._train(task, config, fault_tolerance)
       # The component's fixed cost around the training processes.
@@ -304,14 +303,14 @@ class Executor(base_executor.BaseExecutor):
     # written cannot live on an object store); the logs are uploaded to
     # model_run when the cluster stops, also when it failed.
     local_dir = tempfile.mkdtemp(prefix='hpm-launch-')
-    task_path = os.path.join(local_dir, TASK_FILE)
+    task_path = os.path.join(local_dir, tf_cluster.TASK_FILE_NAME)
     task.save(task_path)
     local_logs = os.path.join(local_dir, CLUSTER_LOG_DIR)
     logs = os.path.join(task.model_run_dir, CLUSTER_LOG_DIR)
 
     def argv_for_role(role):
-      return [sys.executable, '-m', 'components.trainer.process.entry', '--task',
-              task_path, '--role', role]
+      return [sys.executable, '-m', 'components.trainer.process.entry',
+              '--task', task_path, '--role', role]
 
     def read_progress():
       # The chief's progress marker: the launcher logs it every few

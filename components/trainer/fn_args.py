@@ -1,8 +1,8 @@
 """run_fn mode: the stock `fn_args`, plus what HighPerfTrainer adds.
 
 A training process rebuilds exactly the `FnArgs` the stock Trainer would pass
-(`components.patches.stock_fn_args` on the executor's inputs, carried as JSON in the
-TrainingTask) and adds:
+(`components.patches.stock_fn_args` on the executor's inputs, carried as JSON in
+the TrainingTask) and adds:
 - `strategy`: the tf.distribute strategy chosen for this run;
 - `dataset_factory(file_patterns, label_key, ...)`: distributed `(features,
   label)` datasets for that strategy, read with the (tuned) input pipeline;

@@ -45,11 +45,6 @@ def resolve_launcher(config: DistributionConfig,
           "runs in the executor's process")
 
 
-
-def strategies_with_logical_cpus() -> Tuple[str, ...]:
-  return (AUTO,) + registry.names(logical_cpu_replicas=True)
-
-
 def check_partition_plan(strategy: str, replicas: int, accumulation: int,
                          trainer_batch: int,
                          plan_batch_size: Optional[int]) -> None:

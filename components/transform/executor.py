@@ -39,6 +39,7 @@ from tfx.types import standard_component_specs
 from tfx_bsl.public import tfxio
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+from components.data.config import DEFAULT_COMPRESSION
 from components.data import input_pipeline
 from components import patches
 from components import pipeline_layout
@@ -195,8 +196,8 @@ class Executor(transform_patches.TransformExecutorHooks):
     tuned_artifact = artifact_utils.get_single_instance(
         output_dict[TUNED_INPUT_PIPELINE_KEY])
     storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
-    split, not_tuned = tuning_inputs.split_to_tune(tuning, input_dict, output_dict,
-                                      exec_properties)
+    split, not_tuned = tuning_inputs.split_to_tune(
+        tuning, input_dict, output_dict, exec_properties)
     if not_tuned:
       return _Plan(tuning, tuned_artifact, not_tuned=not_tuned)
     tuning = dataclasses.replace(tuning, tune_split=split)
@@ -269,7 +270,8 @@ class Executor(transform_patches.TransformExecutorHooks):
         if transformed else None)
     raw_patterns = ({split: tuning_inputs.split_patterns(examples, split)
                      for split in splits_config.transform}
-                    if tuning_inputs.are_tfrecords(examples, tuning_inputs.TF_EXAMPLE) else None)
+                    if tuning_inputs.are_tfrecords(
+                        examples, tuning_inputs.TF_EXAMPLE) else None)
     references = ({artifact_lib.STOCK_READER: _stock_reader(
         materialized_patterns, tft_output.transformed_metadata.schema, batch)}
                   if materialized_patterns else {})
@@ -358,10 +360,13 @@ def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:
   """Examples in the files (estimated from the first one), None if none.
 
   Deterministic for the same files, so it tells an unchanged volume too.
+  Read as the tuner reads them: this executor leaves its compression at the
+  default.
   """
   try:
     return measurement.estimate_num_examples(
-        input_pipeline.list_files(patterns), 'GZIP') if patterns else None
+        input_pipeline.list_files(patterns),
+        DEFAULT_COMPRESSION) if patterns else None
   except (ValueError, tf.errors.OpError) as e:
     logging.info('Cannot estimate the examples in %s: %s', patterns, e)
     return None

@@ -5,9 +5,12 @@ artifact and its report (`report.py`).
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, TYPE_CHECKING
 
 from components.data.input_pipeline import InputPipelineConfig
+
+if TYPE_CHECKING:
+  import tensorflow as tf  # Only for the DatasetFn annotation.
 
 # Decisions (TuningResult.decision).
 SEARCHED = 'searched'

@@ -19,6 +19,7 @@ import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Union
 
+from components.data.config import DEFAULT_COMPRESSION
 from components.data import memory_fit
 from components.data.input_pipeline import InputPipelineConfig
 from components.transform.config import TuningConfig
@@ -44,8 +45,8 @@ def tune(tuning: TuningConfig,
          previous: Optional[Previous] = None,
          notes: Optional[List[str]] = None,
          batch_mismatches: Optional[List[str]] = None,
-         compression_type: str = 'GZIP',
-         raw_compression_type: str = 'GZIP',
+         compression_type: str = DEFAULT_COMPRESSION,
+         raw_compression_type: str = DEFAULT_COMPRESSION,
          cores: Optional[int] = None,
          clock_start: Optional[float] = None) -> TuningResult:
   """Measures candidates within `tuning.time_budget_s` and picks one.
@@ -359,8 +360,8 @@ def _verify_previous(previous: Previous, sources: Dict[str, Source],
     return trial
   trial.note = 'previous tuning, slower than the defaults now'
   notes.append(f'Previous tuning ({previous.description}) measured '
-               f'{trial.examples_per_sec:,.0f} examples/s, below the defaults\' '
-               f'{default.examples_per_sec:,.0f}' + (
+               f'{trial.examples_per_sec:,.0f} examples/s, below the '
+               f'defaults\' {default.examples_per_sec:,.0f}' + (
                    '' if trial.allowed else ' (or not allowed)') +
                '; searching again.')
   return None

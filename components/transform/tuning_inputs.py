@@ -49,7 +49,8 @@ def split_to_tune(tuning: TuningConfig,
     return None, (
         f'no examples the input pipeline reads: the examples are {formats} '
         '(it reads gzipped TFRecords, materialized or raw tf.Example)' +
-        ('' if output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
+        ('' if output_dict.get(
+            standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
          else ', and Transform did not materialize'))
   return split, None
 

@@ -94,8 +94,8 @@ def test_disk_cache_survives_a_killed_run(tmp_path):
   patterns = transform_data.write_split(str(tmp_path), num_examples, 5)
   cache_dir = str(tmp_path / 'c')
   killed = subprocess.run(
-      [sys.executable, '-c', _KILLED_WHILE_CACHING, patterns[0],
-       cache_dir], cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+      [sys.executable, '-c', _KILLED_WHILE_CACHING, patterns[0], cache_dir],
+      cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
       capture_output=True, text=True, timeout=120)
   assert killed.returncode == -9, killed.stderr[-2000:]
   assert any(name.endswith('.lockfile') for name in os.listdir(cache_dir))

@@ -74,9 +74,11 @@ def small_module(tmp_path):
      r"schedule must be one of \('gpipe', '1f1b', 'auto'\), got "
      r"'pipedream'"),
     ({'profile_repeats': 0}, r'profile_repeats must be a positive int'),
-    ({'stages': 2}, r"Unknown GPipePartitioner config option\(s\) \['stages'\]"),
+    ({'stages': 2},
+     r"Unknown GPipePartitioner config option\(s\) \['stages'\]"),
     # Non-finite numbers and wrong types, option by option.
-    ({'batch_size': float('nan')}, r'batch_size must be a positive int, got nan'),
+    ({'batch_size': float('nan')},
+     r'batch_size must be a positive int, got nan'),
     ({'batch_size': 64.0}, r'batch_size must be a positive int, got 64.0'),
     ({'num_stages': float('inf')}, r"num_stages must be a positive int or "),
     ({'num_microbatches': 'all'}, r"num_microbatches must be a positive int "),

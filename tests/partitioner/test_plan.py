@@ -343,7 +343,8 @@ def test_plan_format_version_is_checked(tmp_path):
       partition_plan.PlanRecord.from_dict(plan))
   for version in (None, 0, partition_plan.PLAN_FORMAT_VERSION + 1):
     with pytest.raises(ValueError, match=rf'format_version {version!r}; this '
-                       rf'runtime reads version {partition_plan.PLAN_FORMAT_VERSION}'):
+                       r'runtime reads version '
+                       rf'{partition_plan.PLAN_FORMAT_VERSION}'):
       partition_plan.PlanRecord.from_dict({**plan, 'format_version': version})
   with pytest.raises(ValueError, match=r"lacks \['boundaries'\]"):
     partition_plan.to_json({k: v for k, v in plan.items()

@@ -134,16 +134,18 @@ def test_profile_counts_bytes_and_optimizer_slots():
   x = tf.zeros([4, 6])
   profile = profiling.profile_model(model, x, repeats=2)
   assert profile.microbatch_size == 4
-  assert [l.name for l in profile.layers] == ['a', 'b', 'c', 'add', 'out']
-  assert sum(l.parameter_bytes for l in profile.layers) == 4 * (
+  assert [layer.name for layer in profile.layers] == [
+      'a', 'b', 'c', 'add', 'out']
+  assert sum(layer.parameter_bytes for layer in profile.layers) == 4 * (
       model.count_params())
   assert profile.layers[1].parameter_bytes == 4 * (8 * 8 + 8)
-  assert all(l.activation_bytes == 4 * 8 * 4 for l in profile.layers[:4])
+  assert all(layer.activation_bytes == 4 * 8 * 4
+             for layer in profile.layers[:4])
   assert profile.layers[-1].activation_bytes == 4 * 4
   assert profile.tensor_bytes['x'] == 4 * 6 * 4
   assert profile.optimizer_slot_ratio == pytest.approx(2.0)  # Adam: m, v.
-  assert all(l.forward_seconds >= 0 and l.backward_seconds >= 0
-             for l in profile.layers)
+  assert all(layer.forward_seconds >= 0 and layer.backward_seconds >= 0
+             for layer in profile.layers)
   assert profile.live_tensors[3] == ('a:0', 'c:0')
   assert profile.cut_bytes(3) == 2 * 4 * 8 * 4
 

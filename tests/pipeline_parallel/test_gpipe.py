@@ -7,12 +7,12 @@ its measurements as JSON; the tests assert on them. The worker hides any GPU,
 so the case is the same on every machine: 4 distinct stage devices, and the
 reference and the stages in the same fp32 arithmetic (a GPU's TF32 matmuls
 would differ from the CPU's beyond the tolerance). The fast test runs one
-core case; the slow ones run the full suite (about 45 s of CPU). Compared: the mini-batch
-loss and every gradient (fp32 tolerance) against the same model on one
-device, for each re-materialization mode, with a skip connection crossing
-stages; variable placement; one optimizer update per mini-batch; export;
-that re-materialization really lowers the allocator's peak, and that 1F1B
-(its own worker suite) does too, against GPipe.
+core case; the slow ones run the full suite (about 45 s of CPU). Compared: the
+mini-batch loss and every gradient (fp32 tolerance) against the same model on
+one device, for each re-materialization mode, with a skip connection crossing
+stages; variable placement; one optimizer update per mini-batch; export; that
+re-materialization really lowers the allocator's peak, and that 1F1B (its own
+worker suite) does too, against GPipe.
 """
 
 import json

@@ -337,9 +337,10 @@ class GcsEmulator:
 
 # ----------------------------------------------------- the server process
 #
-# `python tests/support/gcs_emulator.py --port P --cert C --key K` (what GcsEmulator
-# runs): the emulator on an internal port, behind a threaded front on P that
-# relays plain HTTP and terminates CONNECT tunnels to *.googleapis.com.
+# `python tests/support/gcs_emulator.py --port P --cert C --key K` (what
+# GcsEmulator runs): the emulator on an internal port, behind a threaded front
+# on P that relays plain HTTP and terminates CONNECT tunnels to
+# *.googleapis.com.
 
 
 def _pump(client, backend) -> None:

@@ -302,7 +302,8 @@ class KfpBackend:
     if task.trigger_policy.condition or task.trigger_policy.strategy:
       raise NotImplementedError(f'{name}: trigger policies (conditions)')
     if task.WhichOneof('iterator'):
-      raise NotImplementedError(f'{name}: loops ({task.WhichOneof("iterator")})')
+      raise NotImplementedError(
+          f'{name}: loops ({task.WhichOneof("iterator")})')
     component = self.spec.components[task.component_ref.name]
     if component.WhichOneof('implementation') != 'executor_label':
       raise NotImplementedError(f'{name}: sub-DAG components')

@@ -1,4 +1,5 @@
-"""Where the suite's time went: `python -m tests.support.timing_report A.xml ...`.
+"""Where the suite's time went:
+`python -m tests.support.timing_report A.xml ...`.
 
 Reads the JUnit XML files pytest wrote and prints the slowest tests, then each
 set's time and test count (the `set` property tests/conftest.py records:

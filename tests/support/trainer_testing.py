@@ -1,9 +1,10 @@
 """Shared helpers for the managed-loop, resume and fault tests.
 
 Builds a tiny synthetic problem (examples with an `id` feature, read by
-`tests/support/id_recording_module.py`), writes `TrainingTask`s for it, runs training
-in real child processes (`python -m tests.support.trainer_testing TASK_JSON`) and reads
-back which ids every optimizer step consumed.
+`tests/support/id_recording_module.py`), writes `TrainingTask`s for it, runs
+training in real child processes
+(`python -m tests.support.trainer_testing TASK_JSON`) and reads back which ids
+every optimizer step consumed.
 """
 
 import json
@@ -18,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from components.trainer.checkpoint import records as run_records
+from components.trainer.checkpoint import store as checkpoint_store
 from components.trainer.cluster import local_backend
 from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
@@ -25,7 +27,8 @@ from components.trainer.process.task import TrainingTask
 from tests.support import faulty_storage
 from tests.support import id_recording_module
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULE_PATH = 'tests.support.id_recording_module'
 CHILD_TIMEOUT_SECONDS = 300
 CLUSTER_TIMEOUT_S = 500
@@ -147,8 +150,8 @@ def start_child(task: TrainingTask, root: str, faults: Optional[str] = None,
 
   By default through `main` below (op determinism always on); `production`
   runs the executor's worker, which does only what the task configures.
-  `faults`: a `tests.support.faulty_storage.FaultyStorage` as JSON, installed in the
-  child before training.
+  `faults`: a `tests.support.faulty_storage.FaultyStorage` as JSON, installed in
+  the child before training.
   """
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
@@ -191,7 +194,8 @@ def run_cluster(task: TrainingTask, root: str, *,
                 num_ps: int = 0, production: bool = False,
                 max_restarts: Optional[int] = None,
                 hang_timeout_s: float = 0,
-                timeout_s: float = CLUSTER_TIMEOUT_S) -> supervisor.LaunchResult:
+                timeout_s: float = CLUSTER_TIMEOUT_S
+               ) -> supervisor.LaunchResult:
   """`task` as a local cluster under the launcher's supervisor (logs under
   `root`/logs), which reads the chief's progress as the executor's does.
   `num_workers`: a count, or one per attempt (an elastic cluster's
@@ -303,10 +307,10 @@ def assert_each_id_once(task: TrainingTask, train_steps: int,
 
 def latest_checkpoint_tensors(checkpoint_dir: str) -> Dict[str, np.ndarray]:
   """Every tensor (weights, optimizer slots, step) of the newest checkpoint."""
-  names = sorted(n.rstrip('/') for n in tf.io.gfile.listdir(checkpoint_dir)
-                 if n.startswith('ckpt-'))
-  reader = tf.train.load_checkpoint(
-      os.path.join(checkpoint_dir, names[-1], 'ckpt'))
+  newest = max(n.rstrip('/') for n in tf.io.gfile.listdir(checkpoint_dir)
+               if checkpoint_store.is_checkpoint_name(n))
+  reader = tf.train.load_checkpoint(os.path.join(
+      checkpoint_dir, newest, checkpoint_store.CHECKPOINT_PREFIX))
   return {name: reader.get_tensor(name)
           for name in reader.get_variable_to_shape_map()
           if not name.startswith('_CHECKPOINTABLE_OBJECT_GRAPH')}

@@ -1,4 +1,5 @@
-"""DistributionConfig validation: every bad value fails, naming what is allowed."""
+"""DistributionConfig validation: every bad value fails, naming what is
+allowed."""
 
 import pytest
 

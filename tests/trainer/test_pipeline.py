@@ -2,8 +2,9 @@
 
 The runs share the session's pipeline root with caching on
 (tests/support/taxi_runs.py), so ExampleGen .. Transform run once and each
-strategy reruns only Trainer, Evaluator and Pusher. Each must train the taxi model on the small sample with a real local
-cluster where the strategy has one, and the Evaluator must bless the export.
+strategy reruns only Trainer, Evaluator and Pusher. Each must train the taxi
+model on the small sample with a real local cluster where the strategy has one,
+and the Evaluator must bless the export.
 """
 
 import json
@@ -101,13 +102,13 @@ def _assert_trained_and_blessed(run, model_run, strategy: str, replicas: int,
 # Per strategy, where it trains the taxi model to the bound in a pipeline:
 # one_device in test_in_process_launcher_trains_in_the_executor;
 # multi_worker_mirrored in the pipelines of
-# test_gcs_pipeline.py::test_hpm_multi_worker_resumes_from_gcs_after_worker_killed
+# test_gcs_pipeline.py::test_hpm_multi_worker_resumes_from_gcs_after_worker_killed  # noqa: E501
 # (local launcher) and
-# tests/trainer/cluster/test_ray_backend.py::test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed;
-# mirrored in notebooks/trainer.ipynb. mirrored and central_storage compute
-# one device's large-batch step (tests/trainer/managed/test_accumulation.py,
-# tests/trainer/cluster/test_faults.py two-replica tests), so only the asynchronous
-# parameter-server training needs its own run here.
+# tests/trainer/cluster/test_ray_backend.py::test_taxi_pipeline_spreads_over_the_ray_nodes_and_is_blessed;  # noqa: E501
+# mirrored in notebooks/trainer.ipynb. mirrored and central_storage compute one
+# device's large-batch step (tests/trainer/managed/test_accumulation.py,
+# tests/trainer/cluster/test_faults.py two-replica tests), so only the
+# asynchronous parameter-server training needs its own run here.
 @pytest.mark.extended
 def test_parameter_server_trains_taxi_and_is_blessed(shared_taxi_root,
                                                      taxi_sample_dir):

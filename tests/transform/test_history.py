@@ -1,6 +1,5 @@
 """Finding the previous tuning and training in a pipeline root (fast)."""
 
-import json
 import os
 import time
 

@@ -69,8 +69,10 @@ def test_choose_cache_rules():
   tuning = TuningConfig()
   assert decisions.choose_cache(tuning, 10, 100)[0] == 'memory'
   assert decisions.choose_cache(tuning, 100, 10)[0] == 'none'
-  assert decisions.choose_cache(TuningConfig(cache_dir='/c'), 100, 10)[0] == 'disk'
-  assert decisions.choose_cache(TuningConfig(cache='none'), 10, 100)[0] == 'none'
+  assert decisions.choose_cache(
+      TuningConfig(cache_dir='/c'), 100, 10)[0] == 'disk'
+  assert decisions.choose_cache(
+      TuningConfig(cache='none'), 10, 100)[0] == 'none'
 
 
 def test_search_respects_budget_and_candidate_limit(patterns):

@@ -68,8 +68,8 @@ class RunRecords:
 
   def write_progress(self, step: int,
                      details: Optional[Dict[str, Any]] = None) -> None:
-    """Records the last step reached, to count lost steps after a crash,
-    with `details` for people watching (components/trainer/managed/progress.py)."""
+    """Records the last step reached, to count lost steps after a crash, with
+    `details` for people watching (components/trainer/managed/progress.py)."""
     if self._is_chief:
       self._io('write progress', tf.io.gfile.makedirs, self.directory)
       self._io('write progress', storage.write_json,

@@ -37,10 +37,15 @@ from components.trainer.cluster import failures
 MANIFEST_NAME = 'MANIFEST.json'
 CHECKPOINT_PREFIX = 'ckpt'
 INDEX_NAME = CHECKPOINT_PREFIX + '.index'
-_CHECKPOINT_DIR = re.compile(r'^ckpt-(\d{12})$')
+# A checkpoint folder is this and the step; the step is zero-padded to 12
+# digits so that the names sort by step.
+CHECKPOINT_DIR_PREFIX = CHECKPOINT_PREFIX + '-'
+_CHECKPOINT_DIR = re.compile(
+    '^' + re.escape(CHECKPOINT_DIR_PREFIX) + r'(\d{12})$')
 # What tf.train.Checkpoint.write publishes (not the leftovers of a retried
 # write).
-_CHECKPOINT_FILE = re.compile(r'^ckpt\.(index|data-\d{5}-of-\d{5})$')
+_CHECKPOINT_FILE = re.compile(
+    '^' + re.escape(CHECKPOINT_PREFIX) + r'\.(index|data-\d{5}-of-\d{5})$')
 # 1: every file's sha256; 2: sizes, and the sha256 of the index only.
 _MANIFEST_VERSION = 2
 _HASH_CHUNK_BYTES = 4 * 1024 * 1024
@@ -74,6 +79,22 @@ class RestoreResult:
   skipped: List[Dict[str, Any]]
   # What the training saved with it (`save`'s `extra`).
   extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def checkpoint_name(step: int) -> str:
+  """The folder name of the checkpoint after `step` optimizer steps."""
+  return f'{CHECKPOINT_DIR_PREFIX}{step:012d}'
+
+
+def step_of(path: str) -> Optional[int]:
+  """The step of the checkpoint folder `path` (a name or a path ending in
+  one); None for anything else beside them (lease, events, progress)."""
+  match = _CHECKPOINT_DIR.match(path.rstrip('/').rsplit('/', 1)[-1])
+  return int(match.group(1)) if match else None
+
+
+def is_checkpoint_name(path: str) -> bool:
+  return step_of(path) is not None
 
 
 def _sha256(path: str) -> str:
@@ -139,10 +160,6 @@ class CheckpointStore:
     return storage.retrying(lambda: fn(*args), what, self._retry,
                             self._record_retry)
 
-  @staticmethod
-  def checkpoint_name(step: int) -> str:
-    return f'{CHECKPOINT_PREFIX}-{step:012d}'
-
   def acquire_lease(self, mode: str = 'fail', timeout_seconds: float = 0.0
                    ) -> Optional[Dict[str, Any]]:
     """Takes the folder's lease (chief with a run id); the event, if any."""
@@ -160,12 +177,10 @@ class CheckpointStore:
     """Checkpoint dirs (published or partial), newest (highest step) first."""
     if not self._io('list checkpoints', tf.io.gfile.isdir, self.directory):
       return []
-    names = [n.rstrip('/') for n in self._io(
-        'list checkpoints', tf.io.gfile.listdir, self.directory)]
-    steps = sorted((int(m.group(1))
-                    for m in map(_CHECKPOINT_DIR.match, names) if m),
-                   reverse=True)
-    return [location.join(self.directory, self.checkpoint_name(s))
+    steps = sorted((step for step in map(step_of, self._io(
+        'list checkpoints', tf.io.gfile.listdir, self.directory))
+                    if step is not None), reverse=True)
+    return [location.join(self.directory, checkpoint_name(s))
             for s in steps]
 
   @staticmethod
@@ -195,7 +210,7 @@ class CheckpointStore:
         shutil.rmtree(scratch, ignore_errors=True)
       return ''
     self._ensure_lease()
-    final_dir = location.join(self.directory, self.checkpoint_name(step))
+    final_dir = location.join(self.directory, checkpoint_name(step))
     prefix = location.join(final_dir, CHECKPOINT_PREFIX)
 
     def write():

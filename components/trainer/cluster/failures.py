@@ -3,13 +3,13 @@
 `CLASSES` is the one table: a training process classifies the exception that
 ended it (`classify`); for a failure no relaunch can cure (corrupt or missing
 data, a full, read-only or forbidden location, a base model that does not
-fit, a setting the model cannot train with, another run's lease) it writes one `FAILURE_MARK` line naming the class
-and what to fix, and exits NOT_RETRYABLE_EXIT_CODE; the supervisor then fails
-at once with that line's message first (`read_record`). Anything else (a
-lost worker, a preemption, a throttled or unreachable store, a timeout) is
-transient: the cluster is relaunched from its last checkpoint while
-`max_restarts` lasts. No TensorFlow import: TF's errors are told apart by
-class name, OS errors by errno.
+fit, a setting the model cannot train with, another run's lease) it writes one
+`FAILURE_MARK` line naming the class and what to fix, and exits
+NOT_RETRYABLE_EXIT_CODE; the supervisor then fails at once with that line's
+message first (`read_record`). Anything else (a lost worker, a preemption, a
+throttled or unreachable store, a timeout) is transient: the cluster is
+relaunched from its last checkpoint while `max_restarts` lasts. No TensorFlow
+import: TF's errors are told apart by class name, OS errors by errno.
 """
 
 import dataclasses

@@ -19,6 +19,7 @@ import portpicker
 import ray
 
 from components.trainer.cluster import local_backend
+from components.trainer.cluster import tf_cluster
 
 # Placeholders in a task's argv that the actor replaces on its node: its
 # Python interpreter and its local copy of the training task file.
@@ -47,7 +48,7 @@ class _TaskActor:
   def run(self, argv: List[str], env: Dict[str, Optional[str]],
           task_json: str) -> int:
     """Runs the task's process to its end; returns its exit code."""
-    task_path = os.path.join(self._dir, 'training_task.json')
+    task_path = os.path.join(self._dir, tf_cluster.TASK_FILE_NAME)
     with open(task_path, 'w') as f:
       f.write(task_json)
     argv = [sys.executable if a == PYTHON else task_path if a == TASK_FILE

@@ -40,6 +40,7 @@ import ray.util.client
 from ray.util import scheduling_strategies
 
 from components.trainer.cluster import local_backend
+from components.trainer.cluster import membership
 from components.trainer.cluster.ray_actor import PYTHON
 from components.trainer.cluster.ray_actor import RemoteTaskActor
 from components.trainer.cluster.ray_actor import TASK_FILE
@@ -73,7 +74,8 @@ class StorageNotSharedError(ValueError):
 
 
 def resolve_address(address: str) -> str:
-  """distribution.ray.address, else RAY_ADDRESS, else `auto` (the node's own cluster)."""
+  """distribution.ray.address, else RAY_ADDRESS, else `auto` (the node's own
+  cluster)."""
   return address or os.environ.get('RAY_ADDRESS') or 'auto'
 
 
@@ -344,7 +346,7 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
     StorageNotSharedError: Local outputs with tasks on several hosts.
   """
   forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-  elastic = min_workers is not None and min_workers < num_workers
+  elastic = membership.is_elastic(num_workers, min_workers)
 
   def start(index: int, attempt_dir: str) -> _RayAttempt:
     group, workers, reason = None, num_workers, ''
@@ -385,7 +387,7 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
     return attempt
 
   with tempfile.TemporaryDirectory(prefix='hpm-ray-driver-') as local_dir:
-    local_task_path = os.path.join(local_dir, 'training_task.json')
+    local_task_path = os.path.join(local_dir, tf_cluster.TASK_FILE_NAME)
     with open(local_task_path, 'w') as f:
       f.write(task_json)
     return supervisor.supervise(start, log_dir,

@@ -19,6 +19,11 @@ from components.trainer.strategies import registry
 # MultiWorkerMirrored, the parameter-server coordinator, a single-worker
 # strategy's one process); `server` runs a tf.distribute.Server that joins.
 ROLES = ('trainer', 'server')
+# The file a process reads its TrainingTask from (`--task`): each backend
+# writes one where its processes run, and the executor keeps one in the
+# ModelRun. Here, not beside TrainingTask: every backend imports this module,
+# and the process package imports the cluster package, not the reverse.
+TASK_FILE_NAME = 'training_task.json'
 
 
 @dataclasses.dataclass

@@ -124,8 +124,9 @@ def choose(calls: Dict[int, List[float]]) -> Tuple[int, str]:
   median or two alone must not pick the shorter."""
   shorter, longer = sorted(calls)
   pairs = list(zip(calls[longer], calls[shorter]))
-  wins = sum(s / shorter < (1 - AUTO_SHORTER_MARGIN) * l / longer
-             for l, s in pairs)
+  wins = sum(
+      short_call / shorter < (1 - AUTO_SHORTER_MARGIN) * long_call / longer
+      for long_call, short_call in pairs)
   k = shorter if wins == len(pairs) else longer
   medians = ', '.join(f'{n}: {statistics.median(calls[n]) / n * 1e3:.4f}'
                       for n in (shorter, longer))

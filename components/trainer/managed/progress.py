@@ -4,10 +4,10 @@ Every training process logs a progress line every few seconds through
 `LOGGER`; the chief also hands the same numbers to `progress.json` (its
 checkpoint folder's progress marker, written at most once a second). The
 supervisor of the training processes (`supervisor`, for either launcher)
-reads that file every few seconds and logs the line through `LOGGER` in the executor's
-process: the component's own log, which a pipeline console shows
-(pipelines/console.py lets the `tfx_hpm` loggers' INFO through and sends
-TFX and Beam INFO to a file). No TensorFlow import: the supervisor uses it.
+reads that file every few seconds and logs the line through `LOGGER` in the
+executor's process: the component's own log, which a pipeline console shows
+(pipelines/console.py lets the `tfx_hpm` loggers' INFO through and sends TFX and
+Beam INFO to a file). No TensorFlow import: the supervisor uses it.
 """
 
 import logging

@@ -173,13 +173,22 @@ def _save_steps(store, state, steps):
     store.save(step)
 
 
+def test_checkpoint_folder_names():
+  # The one literal: folders saved by earlier versions must still be found.
+  assert store_lib.checkpoint_name(120) == 'ckpt-000000000120'
+  assert store_lib.step_of('gs://b/fp/ckpt-000000000120/') == 120
+  assert store_lib.is_checkpoint_name('ckpt-000000000000')
+  for other in ('ckpt-120', 'LEASE.json', 'progress.json', 'ckpt.index'):
+    assert store_lib.step_of(other) is None
+    assert not store_lib.is_checkpoint_name(other)
+
+
 def test_save_restore_and_keep_last(root):
   state = _State()
   store = CheckpointStore(root + '/fp', state.checkpoint, keep_last=2)
   assert store.restore_latest() is None
   _save_steps(store, state, [10, 20, 30])
-  assert [p.rsplit('/', 1)[1] for p in store.checkpoint_dirs()] == [
-      'ckpt-000000000030', 'ckpt-000000000020']
+  assert _published(store) == [30, 20]
   state.set(0)
   restored = store.restore_latest()
   assert restored.step == 30 and restored.skipped == []
@@ -189,8 +198,8 @@ def test_save_restore_and_keep_last(root):
   assert manifest['step'] == 30 and manifest['version'] == 2
   # Sizes of every file, the sha256 of the index (TF checksums the data).
   files = manifest['files']
-  assert set(files) == {'ckpt.index', _data_file(restored.path)}
-  assert len(files['ckpt.index']['sha256']) == 64
+  assert set(files) == {store_lib.INDEX_NAME, _data_file(restored.path)}
+  assert len(files[store_lib.INDEX_NAME]['sha256']) == 64
   assert all(tf.io.gfile.stat(restored.path + '/' + name).length == f['size']
              for name, f in files.items())
 
@@ -201,7 +210,8 @@ def test_save_reads_back_only_the_index(root):
   with FaultyStorage(root, []) as faults:
     _save_steps(store, state, [1, 2])
   assert faults.opened_for_read
-  assert all(p.endswith('/ckpt.index') for p in faults.opened_for_read)
+  assert all(p.endswith('/' + store_lib.INDEX_NAME)
+             for p in faults.opened_for_read)
 
 
 def _data_file(path):
@@ -222,7 +232,7 @@ def test_corrupt_newest_falls_back_to_previous(root, file, damage, reason,
   store = CheckpointStore(root + '/fp', state.checkpoint, keep_last=3)
   _save_steps(store, state, [5, 10])
   newest = store.checkpoint_dirs()[0]
-  name = _data_file(newest) if file == 'data' else 'ckpt.index'
+  name = _data_file(newest) if file == 'data' else store_lib.INDEX_NAME
   faulty_storage.rewrite(newest + '/' + name, damage)
   state.set(0)
   restored = store.restore_latest()
@@ -234,7 +244,8 @@ def test_corrupt_newest_falls_back_to_previous(root, file, damage, reason,
   assert reason in restored.skipped[0]['reason']
   assert 'falling back' in caplog.text
   # The unusable checkpoint is gone, so later pruning cannot keep it.
-  assert store.checkpoint_dirs() == [root + '/fp/ckpt-000000000005']
+  assert store.checkpoint_dirs() == [
+      root + '/fp/' + store_lib.checkpoint_name(5)]
 
 
 def test_crash_before_manifest_never_looks_valid(root, monkeypatch):
@@ -251,7 +262,8 @@ def test_crash_before_manifest_never_looks_valid(root, monkeypatch):
     store.save(8)
   monkeypatch.undo()
   # The data files of step 8 are all there, only the manifest is missing.
-  assert tf.io.gfile.exists(root + '/fp/ckpt-000000000008/ckpt.index')
+  assert tf.io.gfile.exists(
+      f'{root}/fp/{store_lib.checkpoint_name(8)}/{store_lib.INDEX_NAME}')
   state.set(0)
   restored = store.restore_latest()
   assert restored.step == 4
@@ -266,7 +278,8 @@ def test_all_corrupt_starts_from_scratch(root):
   state = _State()
   store = CheckpointStore(root + '/fp', state.checkpoint)
   _save_steps(store, state, [3])
-  tf.io.gfile.remove(store.checkpoint_dirs()[0] + '/ckpt.index')
+  tf.io.gfile.remove(
+      store.checkpoint_dirs()[0] + '/' + store_lib.INDEX_NAME)
   assert store.restore_latest() is None
   assert store.checkpoint_dirs() == []
 
@@ -332,7 +345,8 @@ def test_progress_marker_close_ends_the_pause_between_writes(root):
 
 
 def _published(store):
-  return [p.rsplit('/', 1)[1] for p in store.checkpoint_dirs()]
+  """Steps of the checkpoint folders there, newest first."""
+  return [store_lib.step_of(p) for p in store.checkpoint_dirs()]
 
 
 @pytest.mark.parametrize('fault', [
@@ -353,8 +367,8 @@ def test_transient_faults_while_saving_are_retried_and_delete_nothing(
     _save_steps(store, state, [1, 2, 3])
   assert faults.injected, 'the fault was never reached'
   # Only pruning deleted anything: step 1, after step 3 was published.
-  assert faults.deleted == [root + '/fp/ckpt-000000000001']
-  assert _published(store) == ['ckpt-000000000003', 'ckpt-000000000002']
+  assert faults.deleted == [root + '/fp/' + store_lib.checkpoint_name(1)]
+  assert _published(store) == [3, 2]
   retried = fault.error != 'slow'
   assert len(store.retries) == (fault.count if retried else 0)
   if retried:
@@ -391,12 +405,12 @@ def test_storage_that_keeps_failing_fails_the_restore_and_deletes_nothing(
   with FaultyStorage(root, [Fault('checkpoint_read', 1, 'unavailable',
                                   count=100)]) as faults:
     with pytest.raises(store_lib.CheckpointStorageError,
-                       match='ckpt-000000000008.*UnavailableError.*Nothing '
-                       'was deleted'):
+                       match=store_lib.checkpoint_name(8) +
+                       '.*UnavailableError.*Nothing was deleted'):
       store.restore_latest()
   assert faults.deleted == []
   assert len(store.retries) == NO_WAIT.attempts - 1
-  assert _published(store) == ['ckpt-000000000008', 'ckpt-000000000004']
+  assert _published(store) == [8, 4]
 
 
 def test_a_write_the_store_cut_short_is_caught_by_tf_on_restore(root):
@@ -410,7 +424,7 @@ def test_a_write_the_store_cut_short_is_caught_by_tf_on_restore(root):
   restored = store.restore_latest()
   assert restored.step == 4 and float(state.weights.numpy()[0]) == 4.0
   [skipped] = restored.skipped
-  assert skipped['path'].endswith('ckpt-000000000008') and skipped['deleted']
+  assert store_lib.step_of(skipped['path']) == 8 and skipped['deleted']
   assert 'crc32c' in skipped['reason']
 
 
@@ -421,7 +435,8 @@ def test_a_cut_manifest_is_never_restored(root):
   # Writes of step 8: the TF files go through C++; the manifest is write 1.
   with FaultyStorage(root, [Fault('write', 1, 'truncate')]) as faults:
     _save_steps(store, state, [8])
-  assert 'ckpt-000000000008/MANIFEST.json' in faults.injected[0]['path']
+  assert f'{store_lib.checkpoint_name(8)}/{store_lib.MANIFEST_NAME}' in (
+      faults.injected[0]['path'])
   restored = store.restore_latest()
   assert restored.step == 4
   assert 'unreadable manifest' in restored.skipped[0]['reason']
@@ -450,10 +465,10 @@ def test_a_changed_model_is_a_clear_error_and_keeps_checkpoints(
   with pytest.raises(store_lib.CheckpointMismatchError,
                      match=message) as error:
     store.restore_latest()
-  assert 'ckpt-000000000008 is intact but does not fit the model' in str(
-      error.value)
+  assert (f'{store_lib.checkpoint_name(8)} is intact but does not fit the '
+          'model') in str(error.value)
   assert 'are kept' in str(error.value)
-  assert _published(store) == ['ckpt-000000000008', 'ckpt-000000000004']
+  assert _published(store) == [8, 4]
 
 
 # ----------------------------------------------------------------- lease
@@ -488,7 +503,7 @@ def test_a_second_run_fails_naming_the_holder_and_prunes_nothing(root):
   with pytest.raises(RuntimeError, match='never acquired'):
     second.save(5)
   _save_steps(first, state, [8])
-  assert _published(first) == ['ckpt-000000000008']
+  assert _published(first) == [8]
   first.release_lease()
   assert not tf.io.gfile.exists(first.lease.path)
 
@@ -572,7 +587,7 @@ def test_a_run_whose_lease_was_taken_stops_before_deleting(root):
     with pytest.raises(lease_lib.LeaseLostError):
       store.delete_all()
   assert faults.deleted == []
-  assert _published(store) == ['ckpt-000000000004']
+  assert _published(store) == [4]
   store.release_lease()
   # The other run's lease stays.
   assert store.lease.read()['token'] == 'theirs'

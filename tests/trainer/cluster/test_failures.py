@@ -217,8 +217,8 @@ def _assert_same_tensors(task, baseline):
 
 def _published_steps(checkpoint_dir: str):
   return sorted(
-      int(name.split('-')[1]) for name in os.listdir(checkpoint_dir)
-      if name.startswith('ckpt-') and os.path.exists(
+      store_lib.step_of(name) for name in os.listdir(checkpoint_dir)
+      if store_lib.is_checkpoint_name(name) and os.path.exists(
           os.path.join(checkpoint_dir, name, store_lib.MANIFEST_NAME)))
 
 
@@ -303,7 +303,7 @@ def test_a_full_checkpoint_location_says_so_keeps_the_last_good_one_and_resumes(
 
     def fill_after_the_first_checkpoint():
       # Mid-training: once the step-4 checkpoint is published.
-      manifest = os.path.join(checkpoints, 'ckpt-000000000004',
+      manifest = os.path.join(checkpoints, store_lib.checkpoint_name(4),
                               store_lib.MANIFEST_NAME)
       while not os.path.exists(manifest):
         time.sleep(0.02)

@@ -143,7 +143,8 @@ def test_timeout_kills_and_fails(tmp_path):
   pid_file = str(tmp_path / 'stuck.pid')
   specs = [ProcessSpec('trainer', _sleeper(pid_file))]
   with pytest.raises(supervisor.ClusterTimeoutError, match='timeout_s=2'):
-    local_backend.run_supervised(lambda attempt: specs, str(tmp_path), timeout_s=2)
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path),
+                                 timeout_s=2)
   _assert_killed(pid_file)
 
 
@@ -157,7 +158,8 @@ def test_sigterm_ignoring_process_is_sigkilled_after_grace(tmp_path):
                """)),
            ProcessSpec('worker-1', _sleeper(pid_file, ignore_term=True))]
   with pytest.raises(supervisor.ClusterFailedError):
-    local_backend.run_supervised(lambda attempt: specs, str(tmp_path), grace_s=1)
+    local_backend.run_supervised(lambda attempt: specs, str(tmp_path),
+                                 grace_s=1)
   # It ignored SIGTERM: only the SIGKILL after the grace period ended it.
   _assert_killed(pid_file)
 
@@ -290,7 +292,8 @@ def test_sigterm_is_forwarded_and_fails_as_preempted(tmp_path):
       """)
   server = _sleeper(str(tmp_path / 'server.pid'))
   supervisor = subprocess.Popen(_python(f"""
-      from components.trainer.cluster import local_backend, supervisor, tf_cluster
+      from components.trainer.cluster import local_backend
+      from components.trainer.cluster import supervisor, tf_cluster
       specs = [tf_cluster.ProcessSpec('ps-0', {server!r}, server=True),
                tf_cluster.ProcessSpec('chief', {trainer!r})]
       try:
@@ -319,8 +322,8 @@ def _chief_writing_progress(progress_file: str, steps, exit_code: int):
       for step in {list(steps)!r}:
         record = progress.details(
             step=step, train_steps=4, loss=0.5 / step, steps_per_sec=2.0,
-            steady=step > 1, examples_per_step=32, elapsed_s=0.5 * step, checkpoints=step // 2,
-            last_checkpoint_step=step // 2 * 2 or None)
+            steady=step > 1, examples_per_step=32, elapsed_s=0.5 * step,
+            checkpoints=step // 2, last_checkpoint_step=step // 2 * 2 or None)
         record.update(step=step, time=time.time())
         with open({progress_file!r} + '.tmp', 'w') as f:
           json.dump(record, f)

@@ -48,6 +48,7 @@ import tensorflow as tf
 from components import storage
 from components.trainer.cluster import ray_backend
 from components.trainer.cluster import supervisor
+from components.trainer.cluster import tf_cluster
 from components.trainer.config import DistributionConfig
 from components.trainer.strategies import choice as strategy_lib
 from tests.support import mlmd
@@ -409,8 +410,8 @@ def test_killed_actor_dead_host_and_partition_the_cluster_resumes_each_time(
         return False
     return True
 
-  # As in tests/trainer/cluster/test_faults.py: under TF's own 10 s heartbeat timeout (and
-  # Ray's 15 s here), far over a step and a save.
+  # As in tests/trainer/cluster/test_faults.py: under TF's own 10 s heartbeat
+  # timeout (and Ray's 15 s here), far over a step and a save.
   launch = _run_on_ray_acting(task, root, act, hang_timeout_s=4)
 
   print(f'the partition\'s node declared dead by Ray after '
@@ -667,7 +668,8 @@ def test_taxi_pipeline_on_gcs_spreads_over_the_ray_hosts_and_is_blessed(
   model_run = mlmd.latest_artifact(str(tmp_path / 'metadata.db'), 'ModelRun')
   assert model_run.uri.startswith(gcs_root)
   # The workers read the upstream's copies in the bucket.
-  task = storage.read_json(os.path.join(model_run.uri, 'training_task.json'))
+  task = storage.read_json(
+      os.path.join(model_run.uri, tf_cluster.TASK_FILE_NAME))
   assert all(path.startswith(gcs_root)
              for path in task['train_files'] + task['eval_files']), task
   props = model_run.custom_properties
@@ -748,7 +750,8 @@ def test_a_cluster_that_cannot_be_placed_fails_naming_what_it_asked(
   monkeypatch.setattr(ray_backend.ray_placement, 'reserve', counted)
   task = tt.mwms_task(str(tmp_path), data)
   with pytest.raises(ray_backend.PlacementError) as e:
-    ray_training.run_on_ray(task, str(tmp_path), cpus=64, min_workers=min_workers)
+    ray_training.run_on_ray(task, str(tmp_path), cpus=64,
+                            min_workers=min_workers)
   tasks = min_workers or 2
   assert f"cannot place {tasks} tasks of {{'CPU': 64}} each" in str(e.value)
   assert 'within 1 s' in str(e.value)

@@ -4,10 +4,11 @@
 
 Every run is a child process (`tests.support.trainer_testing`, the
 production `task_process.train` with deterministic ops) on 64 examples with an
-`id` feature; the model logs which ids each optimizer step consumed. A killed-and-rerun
-training must end with the same weights and optimizer state, bit for bit, as
-an uninterrupted one, after exactly `TRAIN_STEPS` optimizer steps, and every
-step of the surviving trajectory must have trained on the same ids.
+`id` feature; the model logs which ids each optimizer step consumed. A
+killed-and-rerun training must end with the same weights and optimizer state,
+bit for bit, as an uninterrupted one, after exactly `TRAIN_STEPS` optimizer
+steps, and every step of the surviving trajectory must have trained on the same
+ids.
 """
 
 import dataclasses
@@ -22,7 +23,6 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from components.trainer.checkpoint import store as store_lib
 from components.trainer.cluster import exit_codes
@@ -101,7 +101,7 @@ def test_sigkill_at_random_step_then_rerun_is_exact(tmp_path, data, baseline,
     assert event['event'] == 'resumed'
     assert event['from_step'] % SAVE_EVERY == 0
     assert event['checkpoint'].endswith(
-        store_lib.CheckpointStore.checkpoint_name(event['from_step']))
+        store_lib.checkpoint_name(event['from_step']))
   # Every checkpoint carries the data order it was trained in.
   manifests = sorted(pathlib.Path(task.checkpoint_dir).glob(
       f'*/{store_lib.MANIFEST_NAME}'))
@@ -140,7 +140,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_loses_nothing(
   assert preempted['resume_events'][-1]['at_step'] == last_trained + 1
   assert os.path.isdir(os.path.join(
       task.checkpoint_dir,
-      store_lib.CheckpointStore.checkpoint_name(last_trained + 1)))
+      store_lib.checkpoint_name(last_trained + 1)))
 
   assert tt.run_child(task, root) == 0, tt.child_log(root)
   result, records = _assert_same_training(task, baseline)
@@ -184,7 +184,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
 
 def _checkpoint_steps(task):
   store = store_lib.CheckpointStore(task.checkpoint_dir, None)
-  return [int(p.rsplit('-', 1)[1]) for p in store.checkpoint_dirs()]
+  return [store_lib.step_of(p) for p in store.checkpoint_dirs()]
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from components.trainer.checkpoint import location as location_lib
 from components.trainer.checkpoint import records as records_lib
+from components.trainer.checkpoint import store as store_lib
 from components.trainer.managed import accumulation
 from components.trainer.managed import call_size
 from components.trainer.managed import driver
@@ -83,7 +84,7 @@ def test_one_device_trains_evaluates_exports_and_reports(tmp_path, data):
   # Checkpoints at 5, 10, 15 and the final 16; the last two are kept.
   assert result['checkpoints_saved'] == 4
   assert sorted(os.listdir(task.checkpoint_dir))[:2] == [
-      'ckpt-000000000015', 'ckpt-000000000016']
+      store_lib.checkpoint_name(15), store_lib.checkpoint_name(16)]
   assert json.loads(json.dumps(result)) == result  # The worker writes it.
 
   # Every example exactly once, 4 per optimizer step.
@@ -233,7 +234,7 @@ def test_rerun_resumes_with_the_exact_data_order(tmp_path, data):
   assert result['start_step'] == 6 and result['steps_this_attempt'] == 6
   event = result['resume_events'][-1]
   assert event['event'] == 'resumed' and event['from_step'] == 6
-  assert event['checkpoint'].endswith('ckpt-000000000006')
+  assert store_lib.step_of(event['checkpoint']) == 6
   assert event['steps_lost'] == 0
   assert tt.ids_by_step(tt.read_id_log(split.hparams['id_log'])) == (
       tt.ids_by_step(tt.read_id_log(whole.hparams['id_log'])))
@@ -273,8 +274,8 @@ def test_time_based_checkpoints(tmp_path, data):
                                        'keep_last': 20},
                       hparams={'step_sleep_seconds': 0.1})
   result = train_here(task)
-  steps = sorted(int(n.split('-')[1]) for n in os.listdir(task.checkpoint_dir)
-                 if n.startswith('ckpt-'))
+  steps = sorted(step for step in map(
+      store_lib.step_of, os.listdir(task.checkpoint_dir)) if step is not None)
   assert result['checkpoints_saved'] == len(steps) >= 2
   assert steps[-1] == 12
   assert all(later - earlier >= 4 for earlier, later in zip(steps[:-2],
@@ -441,7 +442,7 @@ def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):
     # Beside them: the progress marker and the data's shard index.
     split = os.path.basename(os.path.dirname(data['pattern']))
     assert sorted(os.listdir(task.checkpoint_dir)) == [
-        f'ckpt-{s:012d}' for s in (4, 8, 12, 13)] + [
+        store_lib.checkpoint_name(s) for s in (4, 8, 12, 13)] + [
             'progress.json', f'shard_index-{split}.json']
     results[setting]['ids'] = tt.ids_by_step(
         tt.read_id_log(task.hparams['id_log']))

@@ -5,7 +5,8 @@ Two runs with one seed end with bit-identical weights and optimizer state
 and trained on the same ids per step; another seed gives other weights and
 another data order. one_device trains in this process (fast); mirrored on 2
 logical CPUs and a 2-worker MultiWorkerMirrored cluster run the production
-worker (`components.trainer.process.entry`, op determinism from the config only).
+worker (`components.trainer.process.entry`, op determinism from the config
+only).
 """
 
 import random
