@@ -48,12 +48,11 @@ import glob
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
+from benchmarks import processes
 from benchmarks import report
 
 TRAIN_STEPS = 20000
@@ -393,14 +392,7 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
 
 def _in_process(root: str, mode: str, spec: Dict[str, Any]) -> Dict[str, Any]:
   """`mode` (prepare, trainer, ceiling) in a fresh Python process."""
-  out = os.path.join(root, f'out-{time.time_ns()}.json')
-  subprocess.run(
-      [sys.executable, '-m', 'benchmarks.bench_ceiling', '--root', root,
-       '--mode', mode, '--spec', json.dumps(spec), '--out', out],
-      check=True, env=dict(os.environ, TF_USE_LEGACY_KERAS='1',
-                           TF_CPP_MIN_LOG_LEVEL='2'))
-  with open(out) as f:
-    return json.load(f)
+  return processes.run_mode('benchmarks.bench_ceiling', root, mode, spec)
 
 
 def _ceiling(root: str, spec: Dict[str, Any], intra_op_threads) -> float:

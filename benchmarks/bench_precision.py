@@ -86,11 +86,11 @@ import platform
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from benchmarks import processes
 from benchmarks import report
 
 MODULE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -350,6 +350,7 @@ def run_fit(root: str, spec: Dict[str, Any]) -> Dict[str, Any]:
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from components import patches
+  from benchmarks.call_timer import CallTimer
   from benchmarks.precision_modules import precision_module as module
   # pylint: enable=g-import-not-at-top
   family, batch = spec['family'], spec['batch']
@@ -380,7 +381,7 @@ def run_fit(root: str, spec: Dict[str, Any]) -> Dict[str, Any]:
                     steps_per_execution=k,
                     jit_compile=spec['xla'] == 'on')
       tf.keras.mixed_precision.set_global_policy('float32')
-      timer = module.CallTimer()
+      timer = CallTimer()
       model.fit(dataset, steps_per_epoch=steps, verbose=0, callbacks=[timer])
       rates[k] = round(timer.steady_steps_per_sec() * batch, 2)
   best = max(rates, key=rates.get)
@@ -394,14 +395,7 @@ MODES = {OURS: run_ours, STOCK: run_stock, FIT: run_fit}
 
 def _in_process(root: str, mode: str, spec: Dict[str, Any]) -> Dict[str, Any]:
   """`mode` in a fresh Python process; its JSON result."""
-  out = os.path.join(root, f'out-{time.time_ns()}.json')
-  subprocess.run(
-      [sys.executable, '-m', 'benchmarks.bench_precision', '--root', root,
-       '--mode', mode, '--spec', json.dumps(spec), '--out', out],
-      check=True, env=dict(os.environ, TF_USE_LEGACY_KERAS='1',
-                           TF_CPP_MIN_LOG_LEVEL='2'))
-  with open(out) as f:
-    return json.load(f)
+  return processes.run_mode('benchmarks.bench_precision', root, mode, spec)
 
 
 def machine_info() -> Dict[str, Any]:

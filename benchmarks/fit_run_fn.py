@@ -10,32 +10,15 @@ benchmark reads the steady training rate the same way for every variant.
 
 import json
 import os
-import time
 
 import tensorflow as tf
 import tensorflow_transform as tft
 
+from benchmarks import call_timer
 from components.trainer.managed import export
 from pipelines import taxi_module
 
 TIMING_FILE = 'fit_timing.json'
-
-
-class _CallTimer(tf.keras.callbacks.Callback):
-  """(seconds since start, steps done) at the end of every call of steps."""
-
-  def __init__(self):
-    super().__init__()
-    self.points = []
-    self._start = None
-
-  def on_train_begin(self, logs=None):
-    self._start = time.monotonic()
-
-  def on_train_batch_end(self, batch, logs=None):
-    # With steps_per_execution=N Keras calls this once per N steps, with
-    # the index of the last step of the call.
-    self.points.append((time.monotonic() - self._start, batch + 1))
 
 
 def run_fn(fn_args):
@@ -52,7 +35,7 @@ def run_fn(fn_args):
   model.compile(loss=model.loss, optimizer=model.optimizer,
                 metrics=[tf.keras.metrics.BinaryAccuracy()],
                 steps_per_execution=config['steps_per_execution'])
-  timer = _CallTimer()
+  timer = call_timer.CallTimer()
   model.fit(
       train_dataset, steps_per_epoch=fn_args.train_steps,
       validation_data=eval_dataset, validation_steps=fn_args.eval_steps,
@@ -61,11 +44,9 @@ def run_fn(fn_args):
   export.export_saved_model(model, tf_transform_output,
                             taxi_module.RAW_LABEL_KEY,
                             fn_args.serving_model_dir)
-  (first_s, first_steps), (last_s, last_steps) = (timer.points[0],
-                                                  timer.points[-1])
   with tf.io.gfile.GFile(os.path.join(fn_args.model_run_dir, TIMING_FILE),
                          'w') as f:
     f.write(json.dumps({
-        'steady_steps_per_sec': (last_steps - first_steps) / max(
-            last_s - first_s, 1e-9),
-        'calls': len(timer.points), 'first_call_seconds': first_s}))
+        'steady_steps_per_sec': timer.steady_steps_per_sec(),
+        'calls': len(timer.points),
+        'first_call_seconds': timer.first_call_s}))

@@ -32,7 +32,6 @@ final validation metrics to `<model_run_dir>/FIT_RESULT_FILE`.
 
 import json
 import os
-import time
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -286,32 +285,6 @@ def build_model(hparams: Optional[Dict[str, Any]] = None) -> tf.keras.Model:
 # --- the stock Trainer's run_fn
 
 
-class CallTimer(tf.keras.callbacks.Callback):
-  """(seconds since start, steps done) at the end of every call of steps
-  (as `benchmarks/fit_run_fn.py`)."""
-
-  def __init__(self):
-    super().__init__()
-    self.points = []
-    self._start = None
-
-  def on_train_begin(self, logs=None):
-    self._start = time.monotonic()
-
-  def on_train_batch_end(self, batch, logs=None):
-    # With steps_per_execution=N Keras calls this once per N steps, with
-    # the index of the last step of the call.
-    self.points.append((time.monotonic() - self._start, batch + 1))
-
-  def steady_steps_per_sec(self) -> float:
-    """Steps per second after the first call (which traces)."""
-    (first_s, first_steps), (last_s, last_steps) = (self.points[0],
-                                                    self.points[-1])
-    if last_steps == first_steps:
-      return first_steps / max(first_s, 1e-9)
-    return (last_steps - first_steps) / max(last_s - first_s, 1e-9)
-
-
 def run_fn(fn_args):
   """The stock Trainer's entry point: `model.fit` over the data accessor in
   the dtype policy and XLA setting of `custom_config`, then export."""
@@ -319,6 +292,9 @@ def run_fn(fn_args):
   from google.protobuf import text_format
   from tensorflow_metadata.proto.v0 import schema_pb2
   from tfx_bsl.public.tfxio import TensorFlowDatasetOptions
+  # The stock Trainer runs in the benchmark's process, where the repository
+  # is importable (managed mode loads this file where it may not be).
+  from benchmarks.call_timer import CallTimer
   # pylint: enable=g-import-not-at-top
   config = fn_args.custom_config or {}
   hparams = dict(config.get('hparams') or {})
