@@ -238,10 +238,12 @@ class Executor(base_executor.BaseExecutor):
          'custom_config': stock_args.custom_config,
          'distribution': config_lib.trajectory(config),
          'input_pipeline': input_pipeline})
+    module_file = props.get(standard_component_specs.MODULE_FILE_KEY)
+    module_path = (props.get(standard_component_specs.MODULE_PATH_KEY) or
+                   run_fn_module or None)
     return TrainingTask(
-        module_file=props.get(standard_component_specs.MODULE_FILE_KEY),
-        module_path=(props.get(standard_component_specs.MODULE_PATH_KEY) or
-                     run_fn_module or None),
+        module_file=module_file,
+        module_path=module_path,
         mode=mode,
         train_files=stock_args.train_files,
         eval_files=stock_args.eval_files,
@@ -262,7 +264,8 @@ class Executor(base_executor.BaseExecutor):
         partition_plan_uri=(artifact_utils.get_single_uri(partition_plan)
                             if partition_plan else None),
         base_model=stock_args.base_model or None,
-        model_weights=self._model_weights(props, config, mode, hparams),
+        model_weights=self._model_weights(module_file, module_path, config,
+                                          mode, hparams),
         executor_io={
             'input_dict': artifact_utils.jsonify_artifact_dict(input_dict),
             'output_dict': artifact_utils.jsonify_artifact_dict(output_dict),
@@ -270,7 +273,8 @@ class Executor(base_executor.BaseExecutor):
         })
 
   @staticmethod
-  def _model_weights(props, config, mode: str, hparams) -> Optional[int]:
+  def _model_weights(module_file: Optional[str], module_path: Optional[str],
+                     config, mode: str, hparams) -> Optional[int]:
     """The module model's weights, where an `auto` option reads them in the
     training process before it builds the model: the op pool of a fresh
     process (`in_process` leaves the executor's alone), `precision`."""
@@ -279,9 +283,7 @@ class Executor(base_executor.BaseExecutor):
     if mode != 'managed' or not (threads_auto or
                                  config.precision == config_lib.AUTO):
       return None
-    module = user_module.load(
-        props.get(standard_component_specs.MODULE_FILE_KEY),
-        props.get(standard_component_specs.MODULE_PATH_KEY))
+    module = user_module.load(module_file, module_path)
     return user_module.count_weights(module, hparams)
 
   def _train(self, task: TrainingTask,

@@ -221,6 +221,19 @@ def test_the_executor_counts_the_models_weights():
   assert user_module.count_weights(Subclassed, {}) is None
 
 
+def test_the_executor_counts_only_where_an_auto_option_reads_it():
+  from components.trainer import executor  # pylint: disable=g-import-not-at-top
+  from components.trainer.config import DistributionConfig  # pylint: disable=g-import-not-at-top
+  count = lambda mode, **options: executor.Executor._model_weights(  # pylint: disable=protected-access
+      None, 'tests.support.id_recording_module',
+      DistributionConfig.from_dict(options), mode, {'id_log': None})
+  assert count('managed') == 49  # intra_op_threads='auto' by default.
+  assert count('managed', intra_op_threads=1, precision='auto') == 49
+  assert count('managed', intra_op_threads=1) is None
+  assert count('managed', launcher='in_process') is None
+  assert count('run_fn') is None
+
+
 def test_workers_that_disagree_train_in_float32():
   hardware = lambda: precision.Hardware(cpu_flags=frozenset({'amx_bf16'}))
   assert precision.decide('auto', hardware, True,
