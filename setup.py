@@ -32,6 +32,8 @@ setuptools.setup(
     extras_require={
         'dev': ['pytest>=8.3', 'pytest-timeout>=2.3', 'nbformat>=5.10',
                 # A local GCS server for the gs:// pipeline tests.
-                'gcp-storage-emulator>=2026.7.19'],
+                'gcp-storage-emulator>=2026.7.19',
+                # `make lint`.
+                'ruff>=0.17,<0.18', 'import-linter>=2.15,<3'],
     },
 )
