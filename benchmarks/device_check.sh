@@ -37,6 +37,11 @@ LOG="$OUT_DIR/precision_gpu.log"
     2>/dev/null || echo "nvidia-smi: not available"
   "$PY" -c 'import tensorflow as tf; print("TensorFlow", tf.__version__,
     tf.config.list_physical_devices("GPU"))'
+  # The lock's TensorFlow finds a GPU only with the CUDA libraries of
+  # `tensorflow[and-cuda]==2.16.2` installed; without them this is a CPU run.
+  "$PY" -c 'import sys, tensorflow as tf
+sys.exit(0 if tf.config.list_physical_devices("GPU") else 1)' ||
+    echo "WARNING: TensorFlow sees no GPU: the report is a CPU run."
 } 2>&1 | tee "$LOG"
 
 timeout 450 "$PY" -m benchmarks.bench_precision --device-check \
