@@ -285,10 +285,9 @@ class ManagedTraining:
       runner = step_runners.ParameterServerSteps(
           self.strategy, dataset_fn, self._replica_step(self.xla.enabled),
           self.step, self.train_steps)
-      if self.xla.enabled:
-        runner = xla.CompileErrorsNamed(runner, self.xla)
       # Only the coordinator checkpoints: our own SIGTERM flag suffices.
-      return runner, preemption.SigtermWatcher(self._save_now)
+      return self._with_xla(runner), preemption.SigtermWatcher(
+          self._save_now)
     if self.order is not None:
       dataset_fn = datasets.ordered_train_dataset_fn(
           self.data_check, self.data, self.order, start, self.train_steps)
@@ -309,18 +308,23 @@ class ManagedTraining:
       runner = step_runners.PipelineSteps(
           self.pipeline_runner, dataset_fn(tf.distribute.InputContext()),
           self.step)
-    if self.xla.enabled:
-      runner = xla.CompileErrorsNamed(runner, self.xla)
-    if self.xla.enabled or self.xla.source != 'config':
-      progress.LOGGER.info('XLA %s (%s: %s).',
-                           'on' if self.xla.enabled else 'off',
-                           self.xla.source, self.xla.reason)
+    runner = self._with_xla(runner)
     if self.spec.lockstep_workers:
       return runner, preemption.MultiWorkerPreemptionWatcher(
           self.strategy, self.checkpoint, self._save_now)
     return runner, preemption.SigtermWatcher(self._save_now)
 
   # --- XLA
+
+  def _with_xla(self, runner):
+    """`runner` as the XLA choice runs it: logged where it is not the
+    default, its compile errors named where XLA is on."""
+    if self.xla.enabled or self.xla.source != 'config':
+      progress.LOGGER.info('XLA %s (%s: %s).',
+                           'on' if self.xla.enabled else 'off',
+                           self.xla.source, self.xla.reason)
+    return xla.CompileErrorsNamed(runner, self.xla) if self.xla.enabled else (
+        runner)
 
   def _choose_xla(self, start: int, probe, not_measured: str = ''
                   ) -> xla.XlaChoice:
