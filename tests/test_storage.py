@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import threading
+import time
 import uuid
 from typing import Dict
 
@@ -601,9 +602,11 @@ def test_transform_executor_runs_with_only_the_stock_exec_properties(
       == {'id', 'x', 'label'}
 
 
-def _read_while_rewritten(path, values, atomic):
+def _read_while_rewritten(path, values, atomic, paced=False):
   """Writes each of `values` to `path` in turn while a thread reads it as
-  JSON; what the reader saw."""
+  JSON; what the reader saw. `paced`: each write waits for a read to end
+  since the last one (a loaded machine schedules the reader late), so
+  every version is read at least once while the next is written."""
   storage.write_json(path, values[0], atomic)
   seen, stop = [], threading.Event()
 
@@ -615,6 +618,9 @@ def _read_while_rewritten(path, values, atomic):
   reader.start()
   try:
     for value in values[1:]:
+      reads = len(seen)
+      while paced and len(seen) == reads and reader.is_alive():
+        time.sleep(0.001)
       storage.write_json(path, value, atomic)
   finally:
     stop.set()
@@ -638,7 +644,8 @@ def test_a_record_rewritten_longer_on_gcs_is_read_whole(gcs_bucket):
   one cut to the old length (GFile.read() asked the size first)."""
   path = f'{gcs_bucket}/torn-{uuid.uuid4().hex}/events.json'
   seen = _read_while_rewritten(
-      path, [list(range(count)) for count in range(1, 80)], False)
-  assert len(seen) > 20
+      path, [list(range(count)) for count in range(1, 80)], False,
+      paced=True)
+  assert len(set(map(len, seen))) > 20  # Reads of many versions.
   assert all(events == list(range(len(events))) for events in seen)
   assert storage.read_json(path) == list(range(79))
