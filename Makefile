@@ -96,7 +96,7 @@ CORE := not extended and not conformance
 LINTED := components pipelines kubeflow benchmarks tests
 lint: venv
 	$(VENV)/bin/ruff check $(LINTED)
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-cache
 
 test: venv
 	$(VPY) -m pytest tests $(XDIST) -m "$(CORE)" --junitxml=$(TEST_RESULTS)/core.xml $(PYTEST_ARGS)

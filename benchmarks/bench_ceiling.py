@@ -14,7 +14,7 @@ process:
   stacked), CEILING_K steps per `tf.function` call (a `tf.range` loop
   indexing the stacked tensors), no input pipeline, no checkpoints, the loss
   read back once per call; measured with the op pool the trainer's
-  `intra_op_threads='auto'` picks (`components.trainer.process.cpu_threads`)
+  `intra_op_threads='auto'` picks (`components.trainer.common.cpu_threads`)
   and, once a round, with TensorFlow's default, the faster counting;
 - HighPerfTrainer's executor (a LocalDagRunner run of the Trainer, its
   upstream cached) with the default `steps_per_execution='auto'`;
@@ -207,7 +207,7 @@ def run_ceiling(inputs: Dict[str, str], strategy_name: str, batch: int,
   the op pool of `intra_op_threads` (as the trainer's option)."""
   # pylint: disable=g-import-not-at-top
   from components.data import input_pipeline
-  from components.trainer.process import cpu_threads
+  from components.trainer.common import cpu_threads
   from components.trainer.strategies import choice as strategy_lib
   from components.trainer.strategies import registry
   from components.trainer.config import DistributionConfig
@@ -295,7 +295,7 @@ def run_breakdown(inputs: Dict[str, str], batch: int, train_steps: int,
   # pylint: disable=g-import-not-at-top
   from benchmarks import tf_trace
   from components.trainer.managed import accumulation
-  from components.trainer.process import cpu_threads
+  from components.trainer.common import cpu_threads
   from components.data import input_pipeline
   from components.data import shard_index
   from components.trainer.managed import datasets

@@ -83,13 +83,13 @@ def keras_child(config_path: str) -> None:
   import tensorflow as tf
   from components.data import input_pipeline
   from components.trainer.managed import datasets
-  from components.trainer import fn_args
+  from components.trainer.common import task as task_lib
   # pylint: enable=g-import-not-at-top
   with open(config_path) as f:
     config = json.load(f)
   module = importlib.import_module(config['module_path'])
   model = module.build_model(config['hparams'])
-  feature_spec = fn_args.feature_spec(types.SimpleNamespace(
+  feature_spec = task_lib.feature_spec(types.SimpleNamespace(
       transform_output=None, schema_path=config['schema_path']))
   dataset = input_pipeline.build_dataset(
       [config['pattern']], feature_spec, module.LABEL_KEY,

@@ -23,7 +23,7 @@ from absl import logging as absl_logging
 
 import components
 
-# Our components' loggers (components/trainer/managed/progress.py's is one).
+# Our components' loggers (components/trainer/common/progress.py's is one).
 HPM_LOGGER = 'tfx_hpm'
 # Records logged from these folders are ours (absl logs every module's
 # records through one logger, so its name does not tell).

@@ -1,13 +1,22 @@
-"""HighPerfTrainer: the TFX adapter here, the rest in one subpackage a concept.
+"""HighPerfTrainer: the TFX adapter on top, one subpackage a concept below.
 
-- `component`, `executor`, `fn_args`: the TFX side (spec, executor, the stock
-  `run_fn` contract); `config` (DistributionConfig), `resolve` (the
-  executor's decisions, taken once), `model_run` (what MLMD records),
-  `user_module` (the one module loader).
-- `strategies/`: the registry (one entry per strategy) and `auto`.
-- `cluster/`: the processes of a training: their TF cluster, supervision,
-  the local and Ray backends, failure classes, elastic membership.
-- `process/`: one training process: its entry point, its task, its context.
-- `managed/`: the training loop the trainer owns in managed mode.
-- `checkpoint/`: crash-safe checkpoints in a location that survives TFX.
+Layers, each importing only those under it (`.importlinter` enforces it):
+
+  component                  the TFX component and its spec
+  executor                   TFX's executor: resolves, launches, records
+  model_run | resolve        what MLMD records; the executor's decisions
+  process.entry              what each training process runs
+  managed | fn_args          the managed loop; run_fn mode's `fn_args`
+  process.context            what a process resolves once as it starts
+  strategies.choice          what `auto` stands for, building the strategy
+  config                     DistributionConfig and its checks
+  cluster                    the processes of a training, supervised
+  checkpoint                 crash-safe checkpoints
+  common | user_module       shared facts (task, progress, failures,
+                             membership, cpu threads); the module loader
+  strategies.registry        one entry per strategy: its capabilities
+
+`strategies` and `process` each span two layers: a strategy's entry is
+read by everything, the choice needs the config; a process's context is
+read by the loop that its entry runs.
 """

@@ -176,7 +176,7 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
     examples = examples or transformed_examples
     config = config_lib.DistributionConfig.from_dict(distribution)
     if partition_plan is not None:
-      resolve.check_partition_plan(
+      config_lib.check_partition_plan(
           config.strategy, 1, config.gradient_accumulation_steps,
           config.global_batch(1), _planned_batch_size(partition_plan))
     fault_config = FaultToleranceConfig.from_dict(fault_tolerance)

@@ -9,8 +9,8 @@ import dataclasses
 from typing import Any, Dict, Optional, Tuple, Union
 
 from components.json_config import JsonConfig, check_int, is_int, is_number
-from components.trainer.cluster import membership
-from components.trainer.process import cpu_threads
+from components.trainer.common import membership
+from components.trainer.common import cpu_threads
 from components.trainer.strategies import registry
 
 LAUNCHERS = ('auto', 'in_process', 'local', 'ray')
@@ -370,3 +370,40 @@ def trajectory(config: DistributionConfig) -> Dict[str, Any]:
   return {field.name: getattr(config, field.name)
           for field in dataclasses.fields(config)
           if not field.metadata.get('trajectory_neutral')}
+
+
+# What a partition plan's single pipeline runs under (`auto` picks
+# one_device for it).
+PLAN_STRATEGIES = (AUTO, 'one_device')
+
+
+def check_partition_plan(strategy: str, replicas: int, accumulation: int,
+                         trainer_batch: int,
+                         plan_batch_size: Optional[int]) -> None:
+  """What a partition plan needs of the trainer: checked at construction
+  (from the config) and again in the training process (with the replicas and
+  accumulation it found).
+
+  The pipeline is one replica that splits the global batch into the plan's
+  micro-batches itself; `plan_batch_size` is None when the plan's batch is
+  not known before the run (a plan not made in this pipeline).
+  """
+  if strategy not in PLAN_STRATEGIES:
+    raise ValueError(
+        f'A partition plan runs one pipeline over its own stage devices; '
+        f'strategy must be one of {PLAN_STRATEGIES}, got {strategy!r}.')
+  if replicas != 1:
+    raise ValueError(
+        f'A partition plan runs one pipeline over its own stage devices; it '
+        f'needs one replica, got {replicas}.')
+  if accumulation != 1:
+    raise ValueError(
+        f'gradient_accumulation_steps={accumulation} with a partition plan: '
+        "the pipeline already accumulates over the plan's micro-batches; "
+        'use 1.')
+  if plan_batch_size is not None and trainer_batch != plan_batch_size:
+    raise ValueError(
+        f"The partition plan is made for batch_size {plan_batch_size}, but "
+        f'the trainer\'s global batch is {trainer_batch}; set '
+        f'global_batch_size={plan_batch_size} (or the partitioner\'s '
+        f'batch_size to {trainer_batch}).')

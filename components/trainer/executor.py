@@ -40,10 +40,10 @@ from components.trainer.cluster import local_backend
 from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
 from components.trainer import config as config_lib
-from components.trainer.managed import progress
+from components.trainer.common import progress
 from components.trainer import model_run as model_run_lib
 from components.trainer.process import entry
-from components.trainer.process.task import TrainingTask
+from components.trainer.common.task import TrainingTask
 from components.trainer import resolve
 from components.trainer.strategies import choice as strategy_lib
 from components.trainer import user_module

@@ -25,28 +25,7 @@ import tensorflow as tf
 from components.data import input_pipeline
 from components import patches
 from components.trainer.process.context import ProcessContext
-from components.trainer.process.task import TrainingTask
-
-
-def feature_spec(task: TrainingTask) -> Dict[str, Any]:
-  """Parsing spec of the training examples: transformed, else from schema."""
-  import tensorflow_transform as tft  # pylint: disable=g-import-not-at-top
-  if task.transform_output:
-    return tft.TFTransformOutput(task.transform_output
-                                ).transformed_feature_spec()
-  if task.schema_path:
-    from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
-    from tensorflow_metadata.proto.v0 import schema_pb2  # pylint: disable=g-import-not-at-top
-    from tensorflow_transform.tf_metadata import schema_utils  # pylint: disable=g-import-not-at-top
-    schema = schema_pb2.Schema()
-    path = task.schema_path
-    if tf.io.gfile.isdir(path):  # A Schema artifact's folder.
-      path = os.path.join(path, 'schema.pbtxt')
-    with tf.io.gfile.GFile(path) as f:
-      text_format.Parse(f.read(), schema)
-    return schema_utils.schema_as_feature_spec(schema).feature_spec
-  raise ValueError('Parsing the examples needs a transform_graph or a schema '
-                   'input; the Trainer got neither.')
+from components.trainer.common.task import feature_spec
 
 
 class DatasetFactory:

@@ -1,23 +1,18 @@
 """The executor's decisions, each taken once before any process starts.
 
-The mode a module supports, the training length, the launcher `auto` stands
-for, and whether a partition plan fits the trainer's batch and strategy.
+The mode a module supports, the training length and the launcher `auto`
+stands for.
 Pure Python (no TFX, no TensorFlow): the component's constructor takes the
 same decisions where they need no I/O.
 """
 
 import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 from components.trainer.config import AUTO
 from components.trainer.config import check_choice
 from components.trainer.config import DistributionConfig
 from components.trainer.config import MODES
-
-# What a partition plan's single pipeline runs under (`auto` picks
-# one_device for it).
-PLAN_STRATEGIES = (AUTO, 'one_device')
-
 
 def resolve_launcher(config: DistributionConfig,
                      process_local: Dict[str, str]
@@ -43,38 +38,6 @@ def resolve_launcher(config: DistributionConfig,
           f'{sorted(process_local)} at {sorted(process_local.values())} '
           'live in this process (child processes cannot see them): training '
           "runs in the executor's process")
-
-
-def check_partition_plan(strategy: str, replicas: int, accumulation: int,
-                         trainer_batch: int,
-                         plan_batch_size: Optional[int]) -> None:
-  """What a partition plan needs of the trainer: checked at construction
-  (from the config) and again in the training process (with the replicas and
-  accumulation it found).
-
-  The pipeline is one replica that splits the global batch into the plan's
-  micro-batches itself; `plan_batch_size` is None when the plan's batch is
-  not known before the run (a plan not made in this pipeline).
-  """
-  if strategy not in PLAN_STRATEGIES:
-    raise ValueError(
-        f'A partition plan runs one pipeline over its own stage devices; '
-        f'strategy must be one of {PLAN_STRATEGIES}, got {strategy!r}.')
-  if replicas != 1:
-    raise ValueError(
-        f'A partition plan runs one pipeline over its own stage devices; it '
-        f'needs one replica, got {replicas}.')
-  if accumulation != 1:
-    raise ValueError(
-        f'gradient_accumulation_steps={accumulation} with a partition plan: '
-        "the pipeline already accumulates over the plan's micro-batches; "
-        'use 1.')
-  if plan_batch_size is not None and trainer_batch != plan_batch_size:
-    raise ValueError(
-        f"The partition plan is made for batch_size {plan_batch_size}, but "
-        f'the trainer\'s global batch is {trainer_batch}; set '
-        f'global_batch_size={plan_batch_size} (or the partitioner\'s '
-        f'batch_size to {trainer_batch}).')
 
 
 def resolve_mode(mode: str, *, has_build_model: bool, has_run_fn: bool,

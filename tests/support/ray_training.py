@@ -16,7 +16,7 @@ import urllib.parse
 
 from components.trainer.checkpoint import records as run_records
 from components.trainer.cluster import ray_backend
-from components.trainer.process.task import TrainingTask
+from components.trainer.common.task import TrainingTask
 
 CLUSTER_TIMEOUT_S = 400
 

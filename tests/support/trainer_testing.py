@@ -23,7 +23,7 @@ from components.trainer.checkpoint import store as checkpoint_store
 from components.trainer.cluster import local_backend
 from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
-from components.trainer.process.task import TrainingTask
+from components.trainer.common.task import TrainingTask
 from tests.support import faulty_storage
 from tests.support import id_recording_module
 

@@ -3,10 +3,10 @@ allowed."""
 
 import pytest
 
-from components.trainer.cluster import membership
+from components.trainer.common import membership
 from components.trainer import config as config_lib
 from components.trainer.config import DistributionConfig
-from components.trainer.process import cpu_threads
+from components.trainer.common import cpu_threads
 from components.trainer import resolve as resolve_lib
 
 

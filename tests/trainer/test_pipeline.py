@@ -18,7 +18,7 @@ from tfx import v1 as tfx
 
 from components import HighPerfTrainer
 from components.records import training_result
-from components.trainer.process.task import TrainingTask
+from components.trainer.common.task import TrainingTask
 from pipelines import data
 from pipelines import taxi_pipeline
 from tests.support import taxi_runs

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from components import storage
 from components.trainer.checkpoint import location
-from components.trainer.managed import progress
+from components.trainer.common import progress
 
 EVENTS_NAME = 'events.json'
 PROGRESS_NAME = 'progress.json'
@@ -69,7 +69,7 @@ class RunRecords:
   def write_progress(self, step: int,
                      details: Optional[Dict[str, Any]] = None) -> None:
     """Records the last step reached, to count lost steps after a crash, with
-    `details` for people watching (components/trainer/managed/progress.py)."""
+    `details` for people watching (components/trainer/common/progress.py)."""
     if self._is_chief:
       self._io('write progress', tf.io.gfile.makedirs, self.directory)
       self._io('write progress', storage.write_json,

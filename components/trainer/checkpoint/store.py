@@ -32,7 +32,7 @@ from components import storage
 from components.trainer.checkpoint.lease import CheckpointLease
 from components.trainer.checkpoint import location
 from components.trainer.checkpoint import records
-from components.trainer.cluster import failures
+from components.trainer.common import failures
 
 MANIFEST_NAME = 'MANIFEST.json'
 CHECKPOINT_PREFIX = 'ckpt'

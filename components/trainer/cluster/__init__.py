@@ -3,7 +3,7 @@
 `tf_cluster` (tasks, roles, TF_CONFIGs), `supervisor` (attempts, outcomes,
 relaunch or fail) over two backends: `local_backend` (child processes here)
 and `ray_backend` with `ray_actor` and `ray_placement` (Ray actors across
-nodes); `failures` (what a relaunch can cure), `exit_codes`, `membership`
-(an elastic cluster's worker counts), `progress_relay` and `log_tail` (what
-the supervisor shows). No TensorFlow import.
+nodes); `progress_relay` and `log_tail` (what the supervisor shows). What a
+relaunch can cure and an elastic cluster's counts are `common`'s. No
+TensorFlow import.
 """

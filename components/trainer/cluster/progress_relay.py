@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from components.trainer.managed import progress
+from components.trainer.common import progress
 
 
 class ProgressRelay:

@@ -40,7 +40,7 @@ import ray.util.client
 from ray.util import scheduling_strategies
 
 from components.trainer.cluster import local_backend
-from components.trainer.cluster import membership
+from components.trainer.common import membership
 from components.trainer.cluster.ray_actor import PYTHON
 from components.trainer.cluster.ray_actor import RemoteTaskActor
 from components.trainer.cluster.ray_actor import TASK_FILE

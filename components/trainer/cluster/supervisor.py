@@ -34,13 +34,13 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 from absl import logging
 
-from components.trainer.cluster.exit_codes import NOT_RETRYABLE_EXIT_CODE
-from components.trainer.cluster.exit_codes import PREEMPTED_EXIT_CODE
-from components.trainer.cluster import failures
+from components.trainer.common.exit_codes import NOT_RETRYABLE_EXIT_CODE
+from components.trainer.common.exit_codes import PREEMPTED_EXIT_CODE
+from components.trainer.common import failures
 from components.trainer.cluster import log_tail
-from components.trainer.cluster import membership as membership_lib
+from components.trainer.common import membership as membership_lib
 from components.trainer.cluster import progress_relay
-from components.trainer.managed import progress
+from components.trainer.common import progress
 
 # A killed cluster's processes get this long to exit after SIGTERM before
 # SIGKILL.

@@ -4,5 +4,5 @@
 `accumulation` (the per-replica update), `step_runners` (k steps per call:
 synchronous, parameter servers, GPipe), `call_size` (choosing k), `driver`
 (the loop: calls, saves, preemption, progress), `votes`, `preemption`,
-`progress`, `evaluation`, `export`, `warm_start`.
+`evaluation`, `export`, `warm_start`, `precision`, `xla`.
 """

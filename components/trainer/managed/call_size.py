@@ -22,7 +22,7 @@ import statistics
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from components.trainer.config import AUTO
-from components.trainer.managed import progress
+from components.trainer.common import progress
 
 AUTO_CANDIDATES = (1, 4, 16, 64, 256, 1024, 4096)
 # The short probe: long enough to run the multi-step loop, short enough

@@ -22,8 +22,8 @@ from components.data import memory_fit
 from components.data import ordered_pipeline
 from components.data import shard_index
 from components.data import unreadable
-from components.trainer import fn_args
-from components.trainer.process.task import TrainingTask
+from components.trainer.common import task as task_lib
+from components.trainer.common.task import TrainingTask
 
 # Seed of the data order without distribution.seed; fixed so that every
 # attempt replays the same order.
@@ -62,7 +62,7 @@ def training_data(task: TrainingTask, module) -> TrainingData:
     logging.warning('input_pipeline.deterministic is False: a resumed run '
                     'will not see exactly the examples an uninterrupted run '
                     'would have seen.')
-  return TrainingData(feature_spec=fn_args.feature_spec(task),
+  return TrainingData(feature_spec=task_lib.feature_spec(task),
                       label_key=module.LABEL_KEY,
                       raw_label_key=getattr(module, 'RAW_LABEL_KEY', None),
                       config=config, tf_transform_output=tf_transform_output)

@@ -21,8 +21,8 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 import tensorflow as tf
 
-from components.trainer.cluster.failures import TrainingConfigError
-from components.trainer.process import cpu_threads
+from components.trainer.common.failures import TrainingConfigError
+from components.trainer.common import cpu_threads
 
 FLOAT32 = 'float32'
 BFLOAT16 = 'mixed_bfloat16'

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict
 from absl import logging
 import tensorflow as tf
 
-from components.trainer.cluster.exit_codes import PREEMPTED_EXIT_CODE
+from components.trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 
 
 class Preempted(Exception):

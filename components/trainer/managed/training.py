@@ -39,14 +39,14 @@ from components.trainer.managed import evaluation
 from components.trainer.managed import export
 from components.trainer.managed import precision
 from components.trainer.managed import preemption
-from components.trainer.managed import progress
+from components.trainer.common import progress
 from components.trainer.managed import step_runners
 from components.trainer.managed import votes
 from components.trainer.managed import warm_start
 from components.trainer.managed import xla
 from components.trainer.process.context import ProcessContext
-from components.trainer.process.task import TrainingTask
-from components.trainer import resolve
+from components.trainer.common.task import TrainingTask
+from components.trainer import config as config_lib
 from components.trainer import user_module
 
 # Batches each parameter-server worker shuffles over (its own order).
@@ -101,7 +101,7 @@ class ManagedTraining:
     self.plan = (partition_plan.read(task.partition_plan_uri)
                  if task.partition_plan_uri else None)
     if self.plan is not None:
-      resolve.check_partition_plan(
+      config_lib.check_partition_plan(
           self.spec.name, self.replicas, self.accumulation, self.global_batch,
           self.plan.batch_size)
     self.examples_per_step = self.global_batch * self.accumulation

@@ -23,8 +23,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
 
-from components.trainer.cluster import failures
-from components.trainer.cluster.failures import TrainingConfigError
+from components.trainer.common import failures
+from components.trainer.common.failures import TrainingConfigError
 
 OFF, ON, AUTO = 'off', 'on', 'auto'
 # Steps in one timed call, and timed calls per setting (interleaved, after

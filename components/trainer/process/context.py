@@ -13,9 +13,9 @@ from typing import Any, Dict
 
 from components.data import input_pipeline
 from components.data import shard_index
-from components.trainer.cluster import membership
+from components.trainer.common import membership
 from components.trainer.config import DistributionConfig
-from components.trainer.process.task import TrainingTask
+from components.trainer.common.task import TrainingTask
 from components.trainer.strategies import choice
 from components.trainer.strategies import registry
 

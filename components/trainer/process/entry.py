@@ -33,14 +33,14 @@ import tensorflow as tf
 from components.data import input_pipeline
 from components.data import shard_check
 from components.records import training_result
-from components.trainer.cluster.exit_codes import NOT_RETRYABLE_EXIT_CODE
-from components.trainer.cluster import failures
+from components.trainer.common.exit_codes import NOT_RETRYABLE_EXIT_CODE
+from components.trainer.common import failures
 from components.trainer.cluster import tf_cluster
 from components.trainer.config import DistributionConfig
 from components.trainer.managed import preemption
 from components.trainer.process.context import ProcessContext
-from components.trainer.process import cpu_threads
-from components.trainer.process.task import TrainingTask
+from components.trainer.common import cpu_threads
+from components.trainer.common.task import TrainingTask
 from components.trainer.strategies import choice
 from components.trainer.strategies import registry
 # pylint: enable=g-import-not-at-top,wrong-import-position

@@ -1,7 +1,7 @@
 """Failures no relaunch can cure fail at once, naming what to fix; nothing
 good is lost, and the run resumes exactly once the cause is removed.
 
-The table (`components/trainer/cluster/failures.py`) per class; the supervisor's
+The table (`components/trainer/common/failures.py`) per class; the supervisor's
 use of a process's failure record; the damaged-file search; then the real
 thing in supervised training processes: a truncated shard and one with a
 flipped byte, a checkpoint location (a small tmpfs) that fills up
@@ -23,7 +23,7 @@ import tensorflow as tf
 from components.data import shard_check
 from components.data import shard_index
 from components.trainer.checkpoint import store as store_lib
-from components.trainer.cluster import failures
+from components.trainer.common import failures
 from components.trainer.cluster import local_backend
 from components.trainer.cluster.local_backend import ProcessSpec
 from components.trainer.cluster import supervisor

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from components.trainer.cluster import exit_codes
+from components.trainer.common import exit_codes
 from components.trainer.cluster import local_backend
 from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
 from components.trainer.cluster.tf_cluster import ProcessSpec
-from components.trainer.managed import progress
+from components.trainer.common import progress
 
 
 def _python(code: str):
@@ -318,7 +318,7 @@ def _chief_writing_progress(progress_file: str, steps, exit_code: int):
   from `progress.details`, the file replaced atomically), then exits."""
   return _python(f"""
       import json, os, sys, time
-      from components.trainer.managed import progress
+      from components.trainer.common import progress
       for step in {list(steps)!r}:
         record = progress.details(
             step=step, train_steps=4, loss=0.5 / step, steps_per_sec=2.0,
@@ -376,7 +376,7 @@ def _chief_with_pauses(progress_file: str, unreadable: str, script):
   seconds, ('hang',) sleeps for good, ('exit',) exits 0."""
   return _python(f"""
       import json, os, sys, time
-      from components.trainer.managed import progress
+      from components.trainer.common import progress
       def write(step, **extra):
         record = dict(progress.details(
             step=step, train_steps=8, loss=0.5, steps_per_sec=2.0, steady=True,

@@ -17,7 +17,7 @@ from components.trainer.managed import accumulation
 from components.trainer.managed import precision
 from components.trainer.managed import step_runners
 from components.trainer.managed import training
-from components.trainer.process import cpu_threads
+from components.trainer.common import cpu_threads
 from components.trainer import user_module
 from tests.support import trainer_testing as tt
 

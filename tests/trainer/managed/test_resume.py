@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from components.trainer.checkpoint import store as store_lib
-from components.trainer.cluster import exit_codes
+from components.trainer.common import exit_codes
 from components.trainer.managed import preemption
 from tests.support import trainer_testing as tt
 from tests.support import faulty_storage

@@ -25,7 +25,7 @@ from components.trainer.managed import driver
 from components.trainer.managed import evaluation
 from components.trainer.managed import export
 from components.trainer.managed import preemption
-from components.trainer.managed import progress
+from components.trainer.common import progress
 from components.trainer.managed import step_runners
 from components.trainer.managed import training
 from components.trainer.process.context import ProcessContext

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer.cluster import failures
+from components.trainer.common import failures
 from components.trainer.managed import training
 from components.trainer.managed import xla
 from tests.support import trainer_testing as tt

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer.process import cpu_threads
+from components.trainer.common import cpu_threads
 from components.trainer.process import entry
 from tests.support import trainer_testing as tt
 

@@ -205,7 +205,7 @@ def test_logical_cpus_after_tf_started_fail_clearly():
 def _task(tmp_path, distribution, mode='managed', train_steps=0,
           eval_steps=0):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from components.trainer.process.task import TrainingTask  # pylint: disable=g-import-not-at-top
+  from components.trainer.common.task import TrainingTask  # pylint: disable=g-import-not-at-top
   pattern = str(tmp_path / 'data-*.gz')
   for index, count in enumerate((300, 340)):  # 640 records in 2 files.
     options = tf.io.TFRecordOptions(compression_type='GZIP')
@@ -250,7 +250,7 @@ def _resolve_lengths(task, num_replicas, workers=1):
 def test_an_elastic_cluster_below_full_size_keeps_its_update_batch(tmp_path):
   """3 workers x 2 accumulated batches of 4 at full size; on 2 workers the
   same 24 examples per update: 3 accumulated batches of 4 each."""
-  from components.trainer.cluster import membership  # pylint: disable=g-import-not-at-top
+  from components.trainer.common import membership  # pylint: disable=g-import-not-at-top
   task = _task(tmp_path, {
       'strategy': 'multi_worker_mirrored', 'launcher': 'ray',
       'num_workers': 3, 'min_workers': 2, 'per_replica_batch_size': 4,

@@ -1,0 +1,8 @@
+"""The trainer's bottom layer: facts every layer above reads, importing none.
+
+`task` (the JSON the executor hands every process, and the feature spec its
+examples parse with), `progress` (the progress numbers and line), `failures`
+and `exit_codes` (what a relaunch can cure, and how a process says so),
+`membership` (an elastic cluster's worker counts and data partitions),
+`cpu_threads` (a process's op pool). Below them only the strategy registry.
+"""
