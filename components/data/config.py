@@ -83,3 +83,10 @@ class InputPipelineConfig(JsonConfig):
                        'transform_graph_uri and raw_file_patterns (split -> '
                        'globs of the raw examples).')
     return self
+
+  def read_compression(self) -> str:
+    """The compression of the files this config reads: the raw examples'
+    on the fly, else the materialized examples'."""
+    return (self.raw_compression_type
+            if self.transform_placement == 'on_the_fly'
+            else self.compression_type)

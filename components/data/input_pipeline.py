@@ -99,6 +99,21 @@ def split_of(file_patterns: List[str]) -> str:
   return names.pop()
 
 
+def patterns_read(config: InputPipelineConfig, file_patterns: List[str],
+                  split: Optional[str] = None) -> List[str]:
+  """The patterns `config` reads for the split of `file_patterns` (the
+  materialized examples): on the fly, the raw examples of the same split
+  (`split`, by default the `Split-<name>` folder of the patterns). With
+  `read_compression`, the one rule of what a placement reads."""
+  if config.transform_placement != 'on_the_fly':
+    return list(file_patterns)
+  split = split or split_of(file_patterns)
+  if split not in config.raw_file_patterns:
+    raise ValueError(f'split={split!r} has no raw examples in the on-the-fly '
+                     f'config; it has {sorted(config.raw_file_patterns)}.')
+  return list(config.raw_file_patterns[split])
+
+
 def read_batch_size(config: InputPipelineConfig, batch_size: int) -> int:
   return config.read_batch_size or max(batch_size, MIN_READ_BATCH)
 
@@ -309,14 +324,8 @@ def build_dataset(file_patterns: List[str],
       them; `unreadable`, where the user opted in).
   """
   config = (config or InputPipelineConfig()).validate()
-  compression_type = config.compression_type
-  if config.transform_placement == 'on_the_fly':
-    split = split or split_of(file_patterns)
-    if split not in config.raw_file_patterns:
-      raise ValueError(f'split={split!r} has no raw examples in the on-the-fly '
-                       f'config; it has {sorted(config.raw_file_patterns)}.')
-    file_patterns = config.raw_file_patterns[split]
-    compression_type = config.raw_compression_type
+  compression_type = config.read_compression()
+  file_patterns = patterns_read(config, file_patterns, split)
   files = list_files(file_patterns)
   num_pipelines, pipeline_id = 1, 0
   if input_context is not None:

@@ -146,9 +146,7 @@ def build_ordered_dataset(paths: List[str], feature_spec: Dict[str, Any],
   """
   config = (config or InputPipelineConfig()).validate()
   if compression_type is None:
-    compression_type = (config.raw_compression_type
-                        if config.transform_placement == 'on_the_fly'
-                        else config.compression_type)
+    compression_type = config.read_compression()
   num_pipelines, pipeline_id, replicas = 1, 0, 1
   if input_context is not None:
     num_pipelines = input_context.num_input_pipelines

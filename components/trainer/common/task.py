@@ -2,8 +2,9 @@
 
 The executor resolves everything a training process needs (files, output
 dirs, configs, the stable checkpoint dir) into a `TrainingTask`; every process
-of a local cluster, and the in-process trainer, starts from the same task. No
-TFX import, so child processes start fast and tests run without TFX.
+of a local cluster, and the in-process trainer, starts from the same task;
+`feature_spec` is what its examples parse with. No TFX import, so child
+processes start fast and tests run without TFX.
 """
 
 import dataclasses

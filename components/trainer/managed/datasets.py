@@ -10,7 +10,6 @@ worker creates its dataset.
 """
 
 import dataclasses
-import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from absl import logging
@@ -23,6 +22,7 @@ from components.data import ordered_pipeline
 from components.data import shard_index
 from components.data import unreadable
 from components.trainer.common import task as task_lib
+from components.trainer.common.split_source import split_source
 from components.trainer.common.task import TrainingTask
 
 # Seed of the data order without distribution.seed; fixed so that every
@@ -30,9 +30,6 @@ from components.trainer.common.task import TrainingTask
 DATA_SEED = 20240611
 # `seed` value for a new seed per dataset (parameter-server workers).
 PER_WORKER_SEED = object()
-# Where the indexes of raw examples read on the fly are kept, in the
-# checkpoint folder.
-RAW_INDEX_DIR = 'raw_examples'
 # Rows parsed to measure what a cached row takes.
 _SIZE_SAMPLE_ROWS = 256
 
@@ -207,20 +204,12 @@ def check_data(task: TrainingTask, data: TrainingData, is_chief: bool,
   first read through once per training (`unreadable`) and each damaged
   file's readable prefix is what the datasets read."""
   found = DataCheck()
-  config = data.config
-  read = {'train': task.train_files, 'eval': task.eval_files}
-  compression = config.compression_type
-  index_dir = task.checkpoint_dir
-  if config.transform_placement == 'on_the_fly':
-    # The files read are the raw examples of the same splits, indexed apart
-    # from the transformed ones.
-    read = {split: config.raw_file_patterns.get(
-        input_pipeline.split_of(patterns)) for split, patterns in read.items()
-            if patterns}
-    compression = config.raw_compression_type
-    index_dir = os.path.join(task.checkpoint_dir, RAW_INDEX_DIR)
-  splits = [(split, patterns, input_pipeline.list_files(patterns))
-            for split, patterns in read.items() if patterns]
+  sources = {split: split_source(data.config, patterns, task.checkpoint_dir)
+             for split, patterns in (('train', task.train_files),
+                                     ('eval', task.eval_files)) if patterns}
+  splits = [(split, source, input_pipeline.list_files(source.patterns))
+            for split, source in sources.items()]
+  compression = data.config.read_compression()
   scanned, indexed = None, {}
   if skip_unreadable:
     files = sorted({f for _, _, split_files in splits for f in split_files})
@@ -232,11 +221,11 @@ def check_data(task: TrainingTask, data: TrainingData, is_chief: bool,
     all_workers(True)
     if not is_chief:
       scanned = unreadable.read(task.checkpoint_dir, files)
-  for split, patterns, files in splits:
+  for split, read, files in splits:
     if not is_chief:
       all_workers(True)  # The chief has written the index.
     index, source = shard_index.ensure(
-        patterns, files, compression, index_dir,
+        read.patterns, files, compression, read.index_dir,
         build_missing=is_chief, counts=scanned and scanned.readable)
     if is_chief:
       all_workers(True)

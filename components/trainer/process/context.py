@@ -14,6 +14,8 @@ from typing import Any, Dict
 from components.data import input_pipeline
 from components.data import shard_index
 from components.trainer.common import membership
+from components.trainer.common.split_source import split_source
+from components.trainer.common.split_source import SplitSource
 from components.trainer.config import DistributionConfig
 from components.trainer.common.task import TrainingTask
 from components.trainer.strategies import choice
@@ -92,14 +94,15 @@ def resolve_lengths(task: TrainingTask, config: DistributionConfig,
   per_replica = config.per_replica_batch(
       membership.full_size_replicas(config, num_replicas, workers))
   examples_per_update = per_replica * num_replicas * accumulation
-  compression = input_pipeline.InputPipelineConfig.from_dict(
-      task.input_pipeline).compression_type
+  reading = input_pipeline.InputPipelineConfig.from_dict(task.input_pipeline)
   train_steps, eval_steps = task.train_steps, task.eval_steps
   if config.train_epochs:
-    examples = _records(task.train_files, compression, task.checkpoint_dir)
+    examples = _records(split_source(reading, task.train_files,
+                                     task.checkpoint_dir))
     train_steps = max(1, config.train_epochs * examples // examples_per_update)
   if task.mode == 'managed' and not eval_steps:
-    examples = _records(task.eval_files, compression, task.checkpoint_dir)
+    examples = _records(split_source(reading, task.eval_files,
+                                     task.checkpoint_dir))
     eval_steps = max(1, examples // (per_replica * num_replicas))
   config = dataclasses.replace(config, per_replica_batch_size=per_replica,
                                global_batch_size=None, train_epochs=0)
@@ -108,12 +111,12 @@ def resolve_lengths(task: TrainingTask, config: DistributionConfig,
   return task, config
 
 
-def _records(file_patterns, compression: str, checkpoint_dir: str) -> int:
+def _records(source: SplitSource) -> int:
   """A split's records: from its shard index where one was written (by
   OptimizedTransform, or by an earlier attempt), else counted."""
-  files = input_pipeline.list_files(file_patterns)
-  index, _ = shard_index.ensure(file_patterns, files, compression,
-                                checkpoint_dir, build_missing=False)
+  files = input_pipeline.list_files(source.patterns)
+  index, _ = shard_index.ensure(source.patterns, files, source.compression,
+                                source.index_dir, build_missing=False)
   if index is not None:
     return index.records
-  return input_pipeline.count_records(files, compression)
+  return input_pipeline.count_records(files, source.compression)

@@ -40,6 +40,7 @@ from components.trainer.config import DistributionConfig
 from components.trainer.managed import preemption
 from components.trainer.process.context import ProcessContext
 from components.trainer.common import cpu_threads
+from components.trainer.common.split_source import split_source
 from components.trainer.common.task import TrainingTask
 from components.trainer.strategies import choice
 from components.trainer.strategies import registry
@@ -200,8 +201,10 @@ def describe_failure(task: TrainingTask,
     config = input_pipeline.InputPipelineConfig.from_dict(
         task.input_pipeline or {})
     damaged = shard_check.first_damaged(
-        list(task.train_files) + list(task.eval_files),
-        config.compression_type)
+        [pattern for patterns in (task.train_files, task.eval_files)
+         if patterns for pattern in split_source(
+             config, patterns, task.checkpoint_dir).patterns],
+        config.read_compression())
     if damaged:
       where = (f'The data file {damaged["path"]} is damaged after record '
                f'{damaged["readable_records"]} (the records before it read '

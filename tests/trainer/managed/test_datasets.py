@@ -5,6 +5,7 @@ import os
 
 from components.data import input_pipeline
 from components.data.config import InputPipelineConfig
+from components.trainer.common import split_source
 from components.trainer.managed import datasets
 from tests.support import trainer_testing as tt
 from tests.support import transform_data
@@ -58,6 +59,7 @@ def test_on_the_fly_the_raw_examples_read_are_indexed(tmp_path):
   assert sum(found.train_records.values()) == 90
   assert found.indexes['train']['source'].startswith('built now')
   # Apart from an index of the transformed examples of the same split.
-  assert os.listdir(task.checkpoint_dir) == [datasets.RAW_INDEX_DIR]
+  assert os.listdir(task.checkpoint_dir) == [split_source.RAW_INDEX_DIR]
   assert os.path.exists(os.path.join(
-      task.checkpoint_dir, datasets.RAW_INDEX_DIR, 'shard_index-train.json'))
+      task.checkpoint_dir, split_source.RAW_INDEX_DIR,
+      'shard_index-train.json'))
