@@ -80,11 +80,10 @@ TRAINER_EVAL_STEPS = 10
 TRAINER_INPUTS = {
     'tuned': 'tuned artifact (OptimizedTransform)',
     'defaults': 'no artifact (InputPipelineConfig defaults)',
-    'sequential': 'sequential config (1 reader, batch after interleave, '
-                  '1 parse call, no cache)',
+    'sequential': 'sequential config (1 shard at a time, 1 parse call, '
+                  'no cache)',
 }
-SEQUENTIAL_CONFIG = {'interleave_cycle_length': 1, 'interleave_parallelism': 1,
-                     'batch_in_reader': False, 'parse_parallel_calls': 1,
+SEQUENTIAL_CONFIG = {'read_ahead_shards': 1, 'parse_parallel_calls': 1,
                      'cache': 'none'}
 BEAM_ARGS = ['--direct_running_mode=in_memory', '--direct_num_workers=1']
 GOAL_FIRST_EPOCH = 2.0

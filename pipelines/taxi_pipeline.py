@@ -243,6 +243,17 @@ def trainer_reader_batch(distribution: Optional[Dict] = None) -> int:
   return config.per_replica_batch(replicas) * config.gradient_accumulation_steps
 
 
+def trainer_replica_partitions(distribution: Optional[Dict] = None) -> int:
+  """The data order's streams one HighPerfTrainer replica reads (its
+  partitions over its replicas), assuming one replica where `auto` leaves
+  the count to run time."""
+  from components.trainer.common import membership  # pylint: disable=g-import-not-at-top
+  from components.trainer.config import DistributionConfig  # pylint: disable=g-import-not-at-top
+  config = DistributionConfig.from_dict(dict(distribution or {}))
+  replicas = config.expected_replicas() or 1
+  return max(1, membership.order_partitions(config, replicas) // replicas)
+
+
 def hpm_factories(distribution: Optional[Dict] = None,
                   tuning: Optional[Dict] = None,
                   fault_tolerance: Optional[Dict] = None
@@ -251,14 +262,17 @@ def hpm_factories(distribution: Optional[Dict] = None,
 
   `distribution`, `fault_tolerance` go to HighPerfTrainer, `tuning` to
   OptimizedTransform (None: their defaults). The tuning measures at the
-  trainer's batch: `tuning['trainer_batch_size']` defaults to
-  `trainer_reader_batch(distribution)`, and a `batch_size` that differs from
-  it is flagged in the tuning report.
+  trainer's batch and streams: `tuning['trainer_batch_size']` defaults to
+  `trainer_reader_batch(distribution)`, `trainer_data_partitions` to
+  `trainer_replica_partitions(distribution)`, and a `batch_size` that
+  differs from the trainer's is flagged in the tuning report.
   """
   # Imported lazily so a stock-only pipeline never imports our components.
   from components import HighPerfTrainer, OptimizedTransform  # pylint: disable=g-import-not-at-top
   tuning = dict(tuning or {})
   tuning.setdefault('trainer_batch_size', trainer_reader_batch(distribution))
+  tuning.setdefault('trainer_data_partitions',
+                    trainer_replica_partitions(distribution))
 
   def make_transform(examples, schema, module_file):
     return OptimizedTransform(

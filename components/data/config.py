@@ -25,11 +25,18 @@ class InputPipelineConfig(JsonConfig):
   Integer knobs take -1 for tf.data AUTOTUNE.
   """
   OPTIONS_NAME = 'input pipeline'
-  interleave_cycle_length: int = AUTOTUNE
-  interleave_parallelism: int = AUTOTUNE
+  # The interleave knobs named the unordered reader's parallel file reads;
+  # reading ahead is their place in the ordered reader, and every reader
+  # batches records where it reads them.
+  RENAMED = {'interleave_cycle_length': 'read_ahead_shards',
+             'interleave_parallelism': 'read_ahead_shards',
+             'batch_in_reader': 'read_batch_size'}
+  # Shards (a partition's segments) each stream reads at once, handed on in
+  # order: object storage serves one stream a fraction of its bandwidth and
+  # a first-byte wait per read, which parallel streams hide. 1 reads one
+  # after another; K holds up to K + 1 segments' records in memory.
+  read_ahead_shards: int = 1
   read_buffer_bytes: int = 256 * 1024
-  # Batch inside each file reader (parallel) rather than after interleaving.
-  batch_in_reader: bool = True
   # Records read and parsed per step; batches are cut from these blocks, so
   # small training batches do not pay per-step overheads. 0: the larger of
   # the batch size and MIN_READ_BATCH.
@@ -60,8 +67,10 @@ class InputPipelineConfig(JsonConfig):
       raise ValueError(f'cache={self.cache!r} is not one of {CACHE_MODES}.')
     if self.cache == 'disk' and not self.cache_dir:
       raise ValueError("cache='disk' needs cache_dir (a local folder).")
-    for name in ('interleave_cycle_length', 'interleave_parallelism',
-                 'parse_parallel_calls', 'prefetch_batches'):
+    if self.read_ahead_shards < 1:
+      raise ValueError(f'read_ahead_shards={self.read_ahead_shards} must be '
+                       '>= 1 (1: no read-ahead).')
+    for name in ('parse_parallel_calls', 'prefetch_batches'):
       value = getattr(self, name)
       if value == 0 or value < AUTOTUNE:
         raise ValueError(f'{name}={value} must be positive or -1 (AUTOTUNE).')

@@ -4,9 +4,9 @@ This is the library half of OptimizedTransform: the tuner measures configs of
 `InputPipelineConfig`, and HighPerfTrainer (or a `run_fn`) builds its dataset
 with `build_dataset` from the chosen one. No TFX import, so it tests fast.
 
-Why it is fast: each file reader batches its own records inside the parallel
-interleave, so the per-record cost of tf.data runs on every reader thread
-instead of on one; parsing is vectorized (`tf.io.parse_example` on a batch)
+Why it is fast: each file reader batches its own records (`read_in_order`,
+shared with the ordered reader), so the per-record cost of tf.data runs on
+the reader threads; parsing is vectorized (`tf.io.parse_example` on a batch)
 with parallel calls; `rebatch` then cuts exact batches without copying rows
 one by one. Caching, when chosen, holds the parsed (and transformed) tensors,
 so later epochs skip reading, parsing and transforming.
@@ -118,17 +118,51 @@ def read_batch_size(config: InputPipelineConfig, batch_size: int) -> int:
   return config.read_batch_size or max(batch_size, MIN_READ_BATCH)
 
 
+# Batch size that holds a whole shard (a read-ahead reads it as one).
+_WHOLE_SHARD = 2**62
+
+
+def read_in_order(table: tf.data.Dataset, config: InputPipelineConfig,
+                  compression_type: str, batch_size: int) -> tf.data.Dataset:
+  """Batches of the records `table`'s (path, skip, take) elements name, in
+  table order (take -1: to the file's end); a shard's last batch may be
+  short.
+
+  `config.read_ahead_shards` K > 1 reads K shards at once, each whole, and
+  hands them on in table order: the rows and their read batches are those
+  of K = 1, and up to K + 1 shards' records are in memory.
+  """
+  @tf.autograph.experimental.do_not_convert
+  def records(path, skip, take):
+    return tf.data.TFRecordDataset(
+        path, compression_type=compression_type,
+        buffer_size=config.read_buffer_bytes).skip(skip).take(take)
+
+  if config.read_ahead_shards == 1:
+    return table.flat_map(
+        lambda path, skip, take: records(path, skip, take).batch(batch_size))
+
+  @tf.autograph.experimental.do_not_convert
+  def whole(path, skip, take):
+    # A shard with no records to read is an empty batch.
+    return records(path, skip, take).batch(_WHOLE_SHARD).concatenate(
+        tf.data.Dataset.from_tensors(tf.zeros([0], tf.string))
+    ).take(1).get_single_element()
+
+  shards = table.map(whole, num_parallel_calls=config.read_ahead_shards,
+                     deterministic=True)
+  return shards.filter(lambda batch: tf.size(batch) > 0).flat_map(
+      lambda batch: tf.data.Dataset.from_tensors(batch).rebatch(batch_size))
+
+
 def read_batches(files: tf.data.Dataset, config: InputPipelineConfig,
                  compression_type: str, batch_size: int,
                  readable_records: Optional[Dict[str, int]] = None
                 ) -> tf.data.Dataset:
-  """Batches of serialized records from a dataset of file names.
-
-  With `batch_in_reader`, each file's records are batched by its own reader
-  (one per interleave worker), so batches hold consecutive records of one file
-  and the last batch of a file may be short; `rebatch` cuts the training
-  batches later. `readable_records`: files read only up to that many records
-  (damaged past them, `unreadable`).
+  """Batches of serialized records from a dataset of file names, each
+  file's records batched where they are read (`read_in_order`).
+  `readable_records`: files read only up to that many records (damaged past
+  them, `unreadable`).
   """
   limits = None
   if readable_records:
@@ -138,19 +172,13 @@ def read_batches(files: tf.data.Dataset, config: InputPipelineConfig,
                     tf.int64)), default_value=-1)
 
   @tf.autograph.experimental.do_not_convert
-  def reader(filename):
-    records = tf.data.TFRecordDataset(
-        filename, compression_type=compression_type,
-        buffer_size=config.read_buffer_bytes)
-    if limits is not None:
-      records = records.take(limits.lookup(filename))
-    return records.batch(batch_size) if config.batch_in_reader else records
+  def whole_file(filename):
+    take = (tf.constant(-1, tf.int64) if limits is None
+            else limits.lookup(filename))
+    return filename, tf.constant(0, tf.int64), take
 
-  dataset = files.interleave(
-      reader, cycle_length=config.interleave_cycle_length,
-      num_parallel_calls=config.interleave_parallelism,
-      deterministic=config.deterministic)
-  return dataset if config.batch_in_reader else dataset.batch(batch_size)
+  return read_in_order(files.map(whole_file), config, compression_type,
+                       batch_size)
 
 
 def make_parser(feature_spec: Dict[str, Any], label_key: Optional[str],
@@ -264,8 +292,7 @@ def disk_cache_prefix(config: InputPipelineConfig, what: List[Any]) -> str:
   that would make every later run fail, so those are removed.
   """
   key = json.dumps(what + [config.transform_placement,
-                           config.transform_graph_uri,
-                           config.batch_in_reader])
+                           config.transform_graph_uri])
   prefix = os.path.join(config.cache_dir,
                         hashlib.sha256(key.encode()).hexdigest()[:24])
   tf.io.gfile.makedirs(config.cache_dir)

@@ -24,21 +24,14 @@ def _read_segments(paths: List[str], segments, config: InputPipelineConfig,
                    compression_type: str, read_batch: int,
                    read_counter: Optional[tf.Variable]) -> tf.data.Dataset:
   """Read batches of the records `segments` (tensors shard, skip, take)
-  name, in order. `read_counter` counts every record decompressed, the
-  skipped ones included."""
+  name, in order (`config.read_ahead_shards` at once). `read_counter`
+  counts every record decompressed, the skipped ones included."""
   shards, skips, takes = segments
   table = tf.data.Dataset.from_tensor_slices(
       (tf.gather(tf.constant(paths), shards), skips, takes))
-
-  @tf.autograph.experimental.do_not_convert
-  def read(path, skip, take):
-    records = tf.data.TFRecordDataset(
-        path, compression_type=compression_type,
-        buffer_size=config.read_buffer_bytes).skip(skip).take(take)
-    return records.batch(read_batch)
-
   if read_counter is None:
-    return table.flat_map(read)
+    return input_pipeline.read_in_order(table, config, compression_type,
+                                        read_batch)
 
   @tf.autograph.experimental.do_not_convert
   def count_skipped(path, skip, take):
@@ -51,7 +44,9 @@ def _read_segments(paths: List[str], segments, config: InputPipelineConfig,
         tf.size(batch, out_type=tf.int64))]):
       return tf.identity(batch)
 
-  return table.map(count_skipped).flat_map(read).map(count_read)
+  return input_pipeline.read_in_order(
+      table.map(count_skipped), config, compression_type,
+      read_batch).map(count_read)
 
 
 def _segment_tensors(segments: List[data_order_lib.Segment]):

@@ -37,6 +37,10 @@ class TuningConfig(JsonConfig):
       batch times gradient-accumulation steps, per input pipeline);
       `pipelines.taxi_pipeline.hpm_factories` sets it from the trainer's
       distribution config.
+    trainer_data_partitions: Streams of the trainer's data order one
+      replica's batch is cut from (its data partitions over its replicas;
+      1 by default): the tuner reads that many, as the trainer does.
+      `hpm_factories` sets it from the trainer's distribution config.
     cache: 'auto' decides from the measured size against the budgets;
       'memory', 'disk' or 'none' force a mode ('memory' still must fit).
     cache_dir: Local folder for the on-disk cache; without it 'auto' never
@@ -79,6 +83,7 @@ class TuningConfig(JsonConfig):
   ram_budget_bytes: Optional[int] = None
   batch_size: Optional[int] = None
   trainer_batch_size: Optional[int] = None
+  trainer_data_partitions: int = 1
   cache: str = 'auto'
   cache_dir: Optional[str] = None
   materialize: str = 'auto'
@@ -126,6 +131,14 @@ class TuningConfig(JsonConfig):
       if value is not None and (not _is_int(value) or value < 1):
         raise ValueError(f'{name} must be a positive int or None, got '
                          f'{value!r}.')
+    if not _is_int(self.trainer_data_partitions, 1):
+      raise ValueError('trainer_data_partitions must be a positive int, got '
+                       f'{self.trainer_data_partitions!r}.')
+    if self.measure_batch_size % self.trainer_data_partitions:
+      raise ValueError(
+          f'The measured batch {self.measure_batch_size} cannot be cut from '
+          f'trainer_data_partitions={self.trainer_data_partitions} streams: '
+          'use a batch it divides.')
     if not _is_int(self.num_output_shards) or self.num_output_shards < 0:
       raise ValueError('num_output_shards must be an int >= 0 (0 keeps '
                        "Transform's files), got "

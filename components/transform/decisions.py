@@ -28,21 +28,29 @@ ON_THE_FLY_MIN_LEFT_S = 12.0
 INPUT_BOUND_RATIO = 4.0
 # InputPipelineConfig fields the search sets (what a reused config carries
 # over); placement, cache and budgets are decided anew.
-SEARCH_KNOBS = ('interleave_cycle_length', 'interleave_parallelism',
-                'batch_in_reader', 'read_batch_size', 'parse_parallel_calls',
+SEARCH_KNOBS = ('read_ahead_shards', 'read_batch_size', 'parse_parallel_calls',
                 'read_buffer_bytes', 'prefetch_batches',
                 'map_parallelization', 'private_threadpool_size',
                 'deterministic')
+# Shards read ahead that the search tries: streams of object storage need
+# several; local files gain from parallel decompression.
+READ_AHEAD_CANDIDATES = (2, 4, 8, 16)
 
 
-def search_space(num_files: int,
-                  cores: int) -> List[Tuple[str, Dict[str, Any]]]:
-  """(knob, alternative) trials, the knobs in the order they matter most."""
-  parallel = sorted({min(n, max(num_files, 1)) for n in (cores, 2 * cores)})
+def max_read_ahead(largest_shard_bytes: float, ram_budget: int) -> int:
+  """The most shards a stream may read ahead: K + 1 of the largest shard's
+  records held in at most half the input pipeline's RAM budget."""
+  return max(1, int(ram_budget / 2 // max(largest_shard_bytes, 1.0)) - 1)
+
+
+def search_space(num_files: int, cores: int, read_ahead_limit: int
+                ) -> List[Tuple[str, Dict[str, Any]]]:
+  """(knob, alternative) trials, the knobs in the order they matter most:
+  read-ahead first (a stream-bound reader gains most there), up to
+  `read_ahead_limit` shards and the files there are."""
   knobs = [
-      ('reader batching', [{'batch_in_reader': False}]),
-      ('interleave', [{'interleave_cycle_length': n,
-                       'interleave_parallelism': n} for n in parallel]),
+      ('read-ahead', [{'read_ahead_shards': k} for k in READ_AHEAD_CANDIDATES
+                      if k <= min(read_ahead_limit, num_files)]),
       ('read batch size',
        [{'read_batch_size': 4 * input_pipeline.MIN_READ_BATCH}]),
       ('parse parallel calls', [{'parse_parallel_calls': n}
@@ -59,8 +67,7 @@ def search_space(num_files: int,
 
 
 _SHORT_NAMES = {
-    'interleave_cycle_length': 'cycle',
-    'interleave_parallelism': 'interleave_par',
+    'read_ahead_shards': 'read_ahead',
     'parse_parallel_calls': 'parse_par',
     'read_buffer_bytes': 'buffer',
     'prefetch_batches': 'prefetch',

@@ -1,25 +1,39 @@
 """What the tuner measures on: a placement's files and parser (`Source`),
-its stage rates and its cached (later-epoch) rate."""
+read by the trainer's reader (the data order's `ordered_pipeline`), its stage
+rates and its cached (later-epoch) rate."""
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from components.data import data_order
 from components.data import input_pipeline
+from components.data import ordered_pipeline
+from components.data import shard_index
 from components.data.input_pipeline import AUTOTUNE, InputPipelineConfig
 from components.transform.config import TuningConfig
 from components.transform.measurement import Clock
 from components.transform.results import DatasetFn, Measurement, StageRate
 
 
+# Shards the measured data order spans at most: the measurements read a
+# few seconds of data, so the order's segment table stays this size
+# however many shards the split has.
+MEASURED_SHARDS = 64
+SEED = 0
+
+
 class Source:
-  """Files, compression and parser of one transform placement."""
+  """Files, compression and parser of one transform placement, read as the
+  trainer reads them: its data order over the split's shard index (the one
+  written with the examples, else counts estimated from the file sizes),
+  `partitions` streams, each `read_ahead_shards` shards ahead."""
 
   def __init__(self, placement: str, patterns: List[str], compression: str,
                base: InputPipelineConfig, feature_spec: Dict[str, Any],
-               split: str):
+               split: str, partitions: int = 1):
     self.placement = placement
     self.patterns = patterns
     self.files = input_pipeline.list_files(patterns)
@@ -27,16 +41,57 @@ class Source:
     self.base = dataclasses.replace(base, transform_placement=placement)
     self.feature_spec = feature_spec
     self.split = split
+    self.partitions = partitions
+    self._shards: Optional[Tuple[List[str], Tuple[int, ...], str]] = None
 
   def config(self, changes: Dict[str, Any]) -> InputPipelineConfig:
     return dataclasses.replace(self.base, **changes).validate()
 
+  def shards(self) -> Tuple[List[str], Tuple[int, ...], str]:
+    """The measured shards (at most MEASURED_SHARDS, in index order), their
+    record counts, and where the counts come from."""
+    if self._shards is None:
+      files = self.files[:MEASURED_SHARDS]
+      folder = shard_index.split_folder(self.patterns)
+      path = folder and shard_index.artifact_index_path(folder)
+      index = shard_index.read(folder, path) if path else None
+      counts = index and index.records_by_path()
+      if counts and all(f in counts for f in files):
+        self._shards = (files, tuple(counts[f] for f in files),
+                        f'the shard index {path}')
+      else:
+        per_byte = input_pipeline.count_records(
+            files[:1], self.compression) / max(
+                tf.io.gfile.stat(files[0]).length, 1)
+        self._shards = (files, tuple(
+            max(1, round(per_byte * tf.io.gfile.stat(f).length))
+            for f in files), 'estimated from the file sizes')
+    return self._shards
+
+  def order(self, config: InputPipelineConfig, batch_size: int,
+            shuffle: bool) -> data_order.DataOrder:
+    """The trainer's data order over the measured shards at `batch_size`
+    rows an update (one input pipeline)."""
+    if batch_size % self.partitions:
+      raise ValueError(f'batch_size={batch_size} cannot be shared by '
+                       f'{self.partitions} data partitions.')
+    batch = batch_size // self.partitions
+    _, counts, _ = self.shards()
+    return data_order.DataOrder(
+        seed=SEED, partitions=self.partitions, batch=batch,
+        window=config.shuffle_window_batches * batch if shuffle else 0,
+        shard_records=counts, fixed_shard_order=config.cache != 'none')
+
   def dataset(self, config: InputPipelineConfig, batch_size: int,
-              shuffle: bool) -> tf.data.Dataset:
-    """The trainer's pipeline (`build_dataset`) over this source."""
-    return input_pipeline.build_dataset(
-        self.patterns, self.feature_spec, None, batch_size, config,
-        shuffle=shuffle, split=self.split)
+              shuffle: bool, epochs: int = 1) -> tf.data.Dataset:
+    """The trainer's reader over this source: `epochs` epochs of the
+    measured shards."""
+    files, _, _ = self.shards()
+    order = self.order(config, batch_size, shuffle)
+    return ordered_pipeline.build_ordered_dataset(
+        files, self.feature_spec, None, order, config,
+        compression_type=self.compression,
+        updates=max(1, epochs * order.rows_per_partition // order.batch))
 
   def full(self, changes: Dict[str, Any], batch_size: int) -> DatasetFn:
     """The trainer's first-epoch pipeline (no cache) for these knobs."""
@@ -96,11 +151,11 @@ def make_sources(tuning: TuningConfig, feature_spec: Dict[str, Any],
   if materialized_patterns is not None:
     sources['materialized'] = Source('materialized', materialized_patterns,
                                       compression_type, base, feature_spec,
-                                      split)
+                                      split, tuning.trainer_data_partitions)
   if on_the_fly and (tuning.materialize != 'always' or not sources):
     sources['on_the_fly'] = Source('on_the_fly', raw_file_patterns[split],
                                     raw_compression_type, base, feature_spec,
-                                    split)
+                                    split, tuning.trainer_data_partitions)
   return sources
 
 
@@ -126,7 +181,7 @@ def stage_rates(source: Source, full: Measurement, batch: int,
   cumulative = [(stage, clock.measure(source.prefix(batch, stage, raw_spec)))
                 for stage in stage_names]
   cumulative.append(('batch', full.examples_per_sec))
-  read_bytes = _serialized_bytes_per_example(source, batch)
+  read_bytes = serialized_bytes_per_example(source, batch)
   result, previous_cost = [], 0.0
   for stage, rate in cumulative:
     # Noise can make a longer prefix measure faster: that stage costs ~0.
@@ -139,7 +194,7 @@ def stage_rates(source: Source, full: Measurement, batch: int,
   return result
 
 
-def _serialized_bytes_per_example(source: Source, batch: int) -> float:
+def serialized_bytes_per_example(source: Source, batch: int) -> float:
   dataset = tf.data.TFRecordDataset(source.files[0],
                                     compression_type=source.compression)
   sizes = next(iter(dataset.batch(batch).map(tf.strings.length)))
@@ -152,6 +207,11 @@ def cached_rate(source: Source, config: InputPipelineConfig, batch: int,
 
   The skip over the first epoch fills the cache before the timing starts.
   """
-  return clock.measure(
-      lambda: source.dataset(config, batch, shuffle=True).skip(
-          num_examples // batch + 2))
+  del num_examples  # The measured shards' epoch is what is cached.
+
+  def later_epochs():
+    order = source.order(config, batch, shuffle=True)
+    first_epoch = max(1, order.rows_per_partition // order.batch)
+    return source.dataset(config, batch, shuffle=True, epochs=3).skip(
+        first_epoch)
+  return clock.measure(later_epochs)

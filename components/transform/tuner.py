@@ -242,8 +242,8 @@ class _Search:
   def greedy(self, source: Source, best: Measurement) -> Measurement:
     """Each knob's alternatives in turn, at the best config so far."""
     clock, notes = self.clock, self.notes
-    for knob, changes in decisions.search_space(len(source.files),
-                                                self.cores):
+    for knob, changes in decisions.search_space(
+        len(source.shards()[0]), self.cores, self.read_ahead_limit(source)):
       if len(self.candidates) >= self.tuning.max_candidates:
         notes.append(f'Search stopped at max_candidates before {knob!r}.')
         break
@@ -260,6 +260,14 @@ class _Search:
           notes.append(f'Search stopped by the time budget at {knob!r}.')
           break
     return best
+
+  def read_ahead_limit(self, source: Source) -> int:
+    """The most shards read ahead that fit the RAM budget."""
+    _, counts, _ = source.shards()
+    largest = max(counts) * sources_lib.serialized_bytes_per_example(
+        source, self.batch)
+    return decisions.max_read_ahead(
+        largest, self.ram_budget or memory_fit.default_ram_budget())
 
   def later_epochs_rate(self, source: Source,
                         best: Measurement) -> Optional[float]:

@@ -50,11 +50,11 @@ def _flat(batches):
 
 @pytest.mark.parametrize('changes', [
     {},
-    {'batch_in_reader': False},
+    {'read_ahead_shards': 3},
     {'cache': 'memory'},
     {'shuffle_buffer_batches': 4, 'shuffle_window_batches': 0},
-    {'interleave_cycle_length': 2, 'interleave_parallelism': 1,
-     'parse_parallel_calls': 1, 'prefetch_batches': 2},
+    {'read_ahead_shards': 2, 'parse_parallel_calls': 1,
+     'prefetch_batches': 2},
 ])
 def test_one_epoch_yields_every_example_once(train_patterns, changes):
   config = dataclasses.replace(InputPipelineConfig(), **changes)
@@ -142,7 +142,7 @@ def test_deterministic_and_skip_resumes_exactly(train_patterns, changes):
 
 @pytest.mark.parametrize('num_files,changes', [
     (5, {}), (5, {'cache': 'memory'}), (1, {}),
-    (5, {'shuffle_window_batches': 0, 'batch_in_reader': False}),
+    (5, {'shuffle_window_batches': 0, 'read_ahead_shards': 4}),
 ])
 def test_resume_many_epochs_in_is_exact(tmp_path, num_files, changes):
   """A position epochs deep, per input pipeline, with batches that straddle
@@ -280,9 +280,18 @@ def test_split_of_reads_tfx_split_folders():
 
 
 def test_config_json_round_trip():
-  config = InputPipelineConfig(cache='memory', interleave_parallelism=3,
+  config = InputPipelineConfig(cache='memory', read_ahead_shards=3,
                                deterministic=False)
   assert InputPipelineConfig.from_json(config.to_json()) == config
   assert InputPipelineConfig.from_json('') == InputPipelineConfig()
   # The config module spells AUTOTUNE without importing TensorFlow.
   assert input_pipeline.AUTOTUNE == tf.data.AUTOTUNE
+
+
+@pytest.mark.parametrize('old', ['interleave_cycle_length',
+                                 'interleave_parallelism', 'batch_in_reader'])
+def test_retired_reader_knobs_fail_naming_their_place_now(old):
+  with pytest.raises(ValueError, match=f"'{old}' is now 'read_"):
+    InputPipelineConfig.from_dict({old: 4})
+  with pytest.raises(ValueError, match='read_ahead_shards=0 must be >= 1'):
+    InputPipelineConfig.from_dict({'read_ahead_shards': 0})

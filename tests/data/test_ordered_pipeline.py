@@ -138,3 +138,27 @@ def test_damaged_tails_are_left_out_by_the_counts(shards):
   config = dataclasses.replace(InputPipelineConfig(), read_batch_size=16)
   assert _updates(files, _order(short), updates=5, config=config) == (
       _updates(files, _order(short), updates=5))
+
+
+@pytest.mark.parametrize('read_ahead', [2, 5])
+def test_reading_ahead_trains_the_same_rows_and_resumes(shards, read_ahead):
+  """K shards read at once hand their records on in the order's sequence:
+  the same rows every update at W = 1, 2, 4, resumed at several positions,
+  and a resume reads at most one shard a partition plus the K read ahead."""
+  files, counts = shards
+  order = _order(counts)
+  one = _updates(files, order)
+  config = InputPipelineConfig(read_ahead_shards=read_ahead)
+  for pipelines in (1, 2, 4):
+    assert _updates(files, order, pipelines, config=config) == one, pipelines
+  for start in (1, 31, 56):
+    assert _updates(files, order, pipelines=2, start=start,
+                    updates=UPDATES - start, config=config) == one[start:]
+  start = 29
+  counter = tf.Variable(0, dtype=tf.int64)
+  resumed = _updates(files, order, start=start, updates=1, config=config,
+                     counter=counter)
+  assert resumed == one[start:start + 1]
+  bound = sum(order.records_to_resume(p, start) for p in range(PARTITIONS))
+  assert counter.numpy() <= bound + PARTITIONS * read_ahead * max(counts)
+  assert counter.numpy() < start * BATCH * PARTITIONS

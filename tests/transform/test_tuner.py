@@ -308,3 +308,15 @@ def test_previous_config_kept_unless_slower_than_the_defaults():
   slower, measured, notes = _verify(90.0, changes)
   assert slower is None and measured == [changes]
   assert 'searching again' in notes[-1]
+
+
+def test_read_ahead_candidates_fit_the_ram_budget_and_the_shards():
+  # K + 1 shards of 100 MB in half of a 1 GB budget: K = 4.
+  assert decisions.max_read_ahead(100e6, 10**9) == 4
+  assert decisions.max_read_ahead(10e9, 10**9) == 1
+  tried = [changes['read_ahead_shards'] for knob, changes in
+           decisions.search_space(num_files=6, cores=2, read_ahead_limit=8)
+           if knob == 'read-ahead']
+  assert tried == [2, 4]
+  assert not [knob for knob, _ in decisions.search_space(64, 2, 1)
+              if knob == 'read-ahead']
