@@ -10,13 +10,16 @@ import os
 from typing import Optional
 
 
-def pipeline_root(executor_output_uri: Optional[str], fallback: str) -> str:
-  """The root above `<root>/<node>/.system/...`; without that layout (an
-  executor run by hand, another orchestrator), `fallback`."""
+def pipeline_root(executor_output_uri: Optional[str],
+                  output_artifact_uri: str) -> str:
+  """The root above `<root>/<node>/.system/...`; without that (an executor
+  run by hand, TFX's Kubeflow entrypoint, which gives none), the folder
+  three above `output_artifact_uri`, one of this execution's output
+  artifacts: `<root>/<node>/<output_key>/<execution_id>` in TFX's layout."""
   output_uri = executor_output_uri or ''
   if '/.system/' in output_uri:
     return os.path.dirname(output_uri.split('/.system/')[0])
-  return fallback
+  return above(output_artifact_uri, 3)
 
 
 def above(uri: str, levels: int) -> str:

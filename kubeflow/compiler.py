@@ -19,7 +19,7 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence
 
-from components.trainer.checkpoint.location import CHECKPOINT_SUBDIR
+from components.trainer.checkpoint import location
 from kubeflow.resources import Resources
 
 # What `make image` builds (the Makefile's IMAGE default); tests check both.
@@ -31,14 +31,6 @@ DEFAULT_BEAM_PIPELINE_ARGS = ('--direct_running_mode=multi_processing',
 # The container command of every executor (TFX's entrypoint, repaired).
 ENTRYPOINT_COMMAND = ('python', '-m', 'kubeflow.entrypoint')
 PIPELINE_NAME = 'taxi-hpm'
-
-
-def default_checkpoint_root(pipeline_root: str) -> str:
-  """`<pipeline_root>/_hpm_checkpoints`: outside any run's folder
-  (`<pipeline_root>/<pipeline>/<run id>/...`), so a resubmitted run finds the
-  checkpoints of the one it replaces. The trainer keys its checkpoints under
-  it by pipeline, node and training fingerprint (see `_trainer_env`)."""
-  return '/'.join([pipeline_root.rstrip('/'), CHECKPOINT_SUBDIR])
 
 
 def check_beam_pipeline_args(args: Sequence[str]) -> List[str]:
@@ -160,7 +152,7 @@ def compile_pipeline(output: str, image: str, pipeline_root: str,
     beam_pipeline_args: Beam flags for every task (default: the multi-process
       DirectRunner inside each task's container).
     checkpoint_root: HighPerfTrainer `fault_tolerance.backup_root`; default
-      `default_checkpoint_root(pipeline_root)`.
+      `<pipeline_root>/_hpm_checkpoints` (`location.checkpoint_root`).
     compare_to_baseline: Keep the latest-blessed-model Resolver (compiled to
       two `resolver` tasks, which Vertex AI Pipelines runs and open-source
       KFP 2.x refuses); False judges each model on the accuracy bound alone,
@@ -183,8 +175,8 @@ def compile_pipeline(output: str, image: str, pipeline_root: str,
           gpipe_stages, gpipe_batch_size)
     factories.update(taxi_pipeline.hpm_factories(
         distribution=distribution,
-        fault_tolerance={'backup_root': checkpoint_root or
-                         default_checkpoint_root(pipeline_root)}))
+        fault_tolerance={'backup_root': location.checkpoint_root(
+            checkpoint_root, pipeline_root)}))
   pipeline = taxi_pipeline.create_pipeline(
       pipeline_name=name,
       pipeline_root=pipeline_root,

@@ -20,6 +20,7 @@ import json
 import sys
 from typing import Dict
 
+from components.trainer.checkpoint import location
 from kubeflow import compiler
 from kubeflow import resources
 from pipelines import console
@@ -92,9 +93,9 @@ def _parser() -> argparse.ArgumentParser:
       f'({" ".join(compiler.DEFAULT_BEAM_PIPELINE_ARGS)}).')
   parser.add_argument(
       '--checkpoint-root', default=None,
-      help='HighPerfTrainer checkpoint root (default: <pipeline-root>/'
-      f'{compiler.CHECKPOINT_SUBDIR}, outside the run folders, so a '
-      'resubmitted run resumes; the trainer keys it by '
+      help='HighPerfTrainer checkpoint root (default: '
+      f'{location.checkpoint_root(None, "<pipeline-root>")}, outside the run '
+      'folders, so a resubmitted run resumes; the trainer keys it by '
       '<pipeline>/<node>/<fingerprint>).')
   return parser
 

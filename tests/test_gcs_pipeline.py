@@ -35,6 +35,7 @@ import tensorflow as tf
 from components.partitioner import report
 from components.records import partition_plan
 from components.trainer.checkpoint import store as checkpoint_store
+from components.trainer.common import tf_config as tf_config_lib
 from pipelines import data
 from pipelines import summary
 from tests.support import console_report
@@ -333,7 +334,7 @@ class _KillWorkerWhenCheckpointed:
         if 'components.trainer.process.entry' not in argv or (
             argv[argv.index('--role') + 1] != 'trainer'):
           continue
-        tf_config = json.loads(child.environ().get('TF_CONFIG') or '{}')
+        tf_config = tf_config_lib.from_env(child.environ())
       except (psutil.Error, ValueError, IndexError):
         continue
       if tf_config.get('task', {}).get('index') == self._index:

@@ -3,10 +3,15 @@
 from components import pipeline_layout
 
 
-def test_the_root_is_above_the_executor_output_or_the_fallback():
+def test_the_root_is_above_the_executor_output_or_an_output_artifact():
   output = 'gs://b/root/Trainer/.system/executor_execution/7/executor_output.pb'
-  assert pipeline_layout.pipeline_root(output, 'x') == 'gs://b/root'
-  assert pipeline_layout.pipeline_root(None, 'x') == 'x'
+  assert pipeline_layout.pipeline_root(output, 'gs://elsewhere') == (
+      'gs://b/root')
+  # Without an executor output URI: the trainer's model_run and the
+  # transform's tuned_input_pipeline artifacts name the same root.
+  for artifact in ('gs://b/root/Trainer/model_run/7',
+                   'gs://b/root/Transform/tuned_input_pipeline/5/'):
+    assert pipeline_layout.pipeline_root(None, artifact) == 'gs://b/root'
 
 
 def test_above_never_climbs_past_a_filesystem_root():

@@ -13,7 +13,8 @@ Layers, each importing only those under it (`.importlinter` enforces it):
   cluster                    the processes of a training, supervised
   checkpoint                 crash-safe checkpoints
   common | user_module       shared facts (task, progress, failures,
-                             membership, cpu threads); the module loader
+                             membership, cpu threads, TF_CONFIG); the module
+                             loader
   strategies.registry        one entry per strategy: its capabilities
 
 `strategies` and `process` each span two layers: a strategy's entry is

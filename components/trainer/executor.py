@@ -390,13 +390,11 @@ class Executor(base_executor.BaseExecutor):
 
   def _checkpoint_root(self, fault_tolerance: FaultToleranceConfig,
                        model_run_dir: str) -> str:
-    return fault_tolerance.backup_root or os.path.join(
-        self._pipeline_root(model_run_dir), location.CHECKPOINT_SUBDIR)
+    return location.checkpoint_root(fault_tolerance.backup_root,
+                                    self._pipeline_root(model_run_dir))
 
   def _pipeline_root(self, model_run_dir: str) -> str:
-    """Orchestrators with another layout than TFX's should set
-    fault_tolerance.backup_root; without it the checkpoints go next to this
-    node's outputs."""
+    """Found from `model_run_dir`, the model_run artifact's URI, where TFX
+    gives no executor output URI."""
     return pipeline_layout.pipeline_root(
-        self._context and self._context.executor_output_uri,
-        pipeline_layout.above(model_run_dir, 2))
+        self._context and self._context.executor_output_uri, model_run_dir)

@@ -123,15 +123,12 @@ def build_fn_args(context: ProcessContext):
   fn_args.strategy = context.strategy
   fn_args.dataset_factory = make_dataset_factory(context)
   fn_args.checkpoint_dir = task.checkpoint_dir
-  tf_config = context.tf_config
-  cluster = tf_config.get('cluster', {})
-  num_workers = len(cluster.get('worker', [])) + len(cluster.get('chief', []))
-  if num_workers > 1:
+  if context.workers > 1:
     fn_args.data_accessor = fn_args.data_accessor._replace(
         tf_dataset_factory=with_auto_shard(
-            fn_args.data_accessor.tf_dataset_factory, num_workers))
+            fn_args.data_accessor.tf_dataset_factory, context.workers))
   if not context.is_chief:
-    task_info = tf_config.get('task', {})
+    task_info = context.tf_config.get('task', {})
     fn_args.serving_model_dir = tempfile.mkdtemp(prefix='hpm-nonchief-model-')
     fn_args.model_run_dir = os.path.join(
         fn_args.model_run_dir,

@@ -205,7 +205,7 @@ class Executor(transform_patches.TransformExecutorHooks):
     plan = _Plan(tuning, tuned_artifact)
     training = history.previous_training(pipeline_layout.pipeline_root(
         self._context and self._context.executor_output_uri,
-        pipeline_layout.above(tuned_artifact.uri, 3)))
+        tuned_artifact.uri))
     if training is not None and training.reader_batch != batch:
       plan.mismatches.append(
           f'the previous training ({training.uri}) read batches of '

@@ -11,13 +11,22 @@ Pure Python: the Kubeflow compile names the same root.
 
 import hashlib
 import json
+import os
 import re
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
-# The default checkpoint root's folder under the pipeline root, outside any
-# run's folder.
+# The default checkpoint root's folder under the pipeline root.
 CHECKPOINT_SUBDIR = '_hpm_checkpoints'
 _SAFE_NAME = re.compile(r'[^A-Za-z0-9._-]+')
+
+
+def checkpoint_root(backup_root: Optional[str], pipeline_root: str) -> str:
+  """`fault_tolerance.backup_root` where set, else
+  `<pipeline_root>/_hpm_checkpoints`: outside any run's folder (Kubeflow's
+  `<pipeline_root>/<pipeline>/<run id>/...`), so a resubmitted run finds the
+  checkpoints of the one it replaces. The trainer keys its checkpoints under
+  it by pipeline, node and training fingerprint (`stable_checkpoint_dir`)."""
+  return backup_root or os.path.join(pipeline_root, CHECKPOINT_SUBDIR)
 
 
 def join(*parts: str) -> str:

@@ -4,5 +4,7 @@
 examples parse with), `progress` (the progress numbers and line), `failures`
 and `exit_codes` (what a relaunch can cure, and how a process says so),
 `membership` (an elastic cluster's worker counts and data partitions),
-`cpu_threads` (a process's op pool). Below them only the strategy registry.
+`cpu_threads` (a process's op pool), `tf_config` (a process's TF_CONFIG: its
+workers, its tasks, whether it is the chief). Below them only the strategy
+registry.
 """

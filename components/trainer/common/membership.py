@@ -114,14 +114,6 @@ def order_partitions(config, full_replicas: int) -> int:
   return full_replicas
 
 
-def workers_in(tf_config: dict) -> int:
-  """The worker count of a TF_CONFIG cluster: its workers, and its chief
-  unless that is a parameter-server coordinator; 1 without a cluster."""
-  cluster = tf_config.get('cluster') or {}
-  chief = 0 if cluster.get('ps') else len(cluster.get('chief', []))
-  return max(1, len(cluster.get('worker', [])) + chief)
-
-
 @dataclasses.dataclass
 class MembershipEvent:
   """The cluster's worker count changed between two attempts."""

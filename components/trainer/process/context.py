@@ -16,9 +16,9 @@ from components.data import shard_index
 from components.trainer.common import membership
 from components.trainer.common.split_source import split_source
 from components.trainer.common.split_source import SplitSource
+from components.trainer.common import tf_config as tf_config_lib
 from components.trainer.config import DistributionConfig
 from components.trainer.common.task import TrainingTask
-from components.trainer.strategies import choice
 from components.trainer.strategies import registry
 
 
@@ -62,13 +62,13 @@ class ProcessContext:
   def resolve(cls, task: TrainingTask, config: DistributionConfig,
               strategy: Any) -> 'ProcessContext':
     """The context of a process that built `strategy` from `config`."""
-    tf_config = choice.tf_config_from_env()
-    workers = membership.workers_in(tf_config)
+    tf_config = tf_config_lib.from_env()
+    workers = tf_config_lib.worker_count(tf_config)
     task, config = resolve_lengths(task, config, strategy.num_replicas_in_sync,
                                    workers)
     return cls(task=task, config=config, spec=registry.get(config.strategy),
                strategy=strategy, tf_config=tf_config, workers=workers,
-               is_chief=choice.is_chief(tf_config))
+               is_chief=tf_config_lib.is_chief(tf_config))
 
   @classmethod
   def of_strategy(cls, task: TrainingTask, strategy: Any) -> 'ProcessContext':

@@ -41,6 +41,7 @@ from components.trainer.managed import preemption
 from components.trainer.process.context import ProcessContext
 from components.trainer.common import cpu_threads
 from components.trainer.common.split_source import split_source
+from components.trainer.common import tf_config as tf_config_lib
 from components.trainer.common.task import TrainingTask
 from components.trainer.strategies import choice
 from components.trainer.strategies import registry
@@ -129,7 +130,7 @@ def run_in_process(task: TrainingTask,
                    config: DistributionConfig) -> Dict[str, Any]:
   """launcher='in_process': this process's role comes from TF_CONFIG;
   `config`: the executor's validated and resolved distribution config."""
-  task_type = choice.tf_config_from_env().get('task', {}).get('type')
+  task_type = tf_config_lib.from_env().get('task', {}).get('type')
   if (registry.get(task.distribution['strategy']).cluster ==
       registry.PARAMETER_SERVERS and task_type in ('ps', 'worker')):
     run_server()
@@ -221,8 +222,7 @@ def finish(code: int) -> None:
   process of a larger cluster exits normally, as TensorFlow's shutdown at
   exit is where its tasks leave the coordination service together.
   """
-  cluster = choice.tf_config_from_env().get('cluster', {})
-  if sum(len(tasks) for tasks in cluster.values()) > 1:
+  if tf_config_lib.task_count(tf_config_lib.from_env()) > 1:
     sys.exit(code)
   std_logging.shutdown()
   sys.stdout.flush()

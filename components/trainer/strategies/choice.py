@@ -7,11 +7,10 @@ config (`StrategySpec.mismatch`).
 """
 
 import dataclasses
-import json
-import os
 from typing import Any, Dict, Tuple
 
 from components import devices
+from components.trainer.common import tf_config as tf_config_lib
 from components.trainer.config import DistributionConfig
 from components.trainer.strategies import registry
 
@@ -33,12 +32,7 @@ class Environment:
   has_partition_plan: bool = False
 
   def cluster_size(self, task_type: str) -> int:
-    return len(self.tf_config.get('cluster', {}).get(task_type, []))
-
-
-def tf_config_from_env() -> Dict[str, Any]:
-  """This process's TF_CONFIG (cluster and task), {} if unset."""
-  return json.loads(os.environ.get('TF_CONFIG') or '{}')
+    return tf_config_lib.tasks_of(self.tf_config, task_type)
 
 
 def detect_environment(config: DistributionConfig,
@@ -50,7 +44,8 @@ def detect_environment(config: DistributionConfig,
   Ray cluster is contacted (the first place an unreachable address fails)
   and its nodes that can hold a task counted.
   """
-  tf_config = tf_config_from_env() if config.launcher == 'in_process' else {}
+  tf_config = (tf_config_lib.from_env() if config.launcher == 'in_process'
+               else {})
   ray_nodes = 0
   if config.launcher == 'ray':
     from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
@@ -94,7 +89,7 @@ def _candidates(config: DistributionConfig, env: Environment):
     yield ('one_device', 'A partition plan: one pipeline, which places each '
            'stage on its own device (GPUs, else logical CPUs).')
   ps_tasks = env.cluster_size('ps')
-  cluster_workers = env.cluster_size('worker') + env.cluster_size('chief')
+  cluster_workers = tf_config_lib.worker_count(env.tf_config)
   if env.tpu_available:
     yield 'tpu', 'A TPU was found (tpu_address, TPU_NAME or /dev/accel*).'
   if ps_tasks:
@@ -152,21 +147,6 @@ def resolve(config: DistributionConfig,
   if replicas is not None:
     resolved.per_replica_batch(replicas)
   return resolved, reason
-
-
-def is_chief(tf_config: Dict[str, Any]) -> bool:
-  """Whether this process writes the shared outputs (model, results).
-
-  No cluster, a `chief` task, or worker 0 of a cluster without a chief.
-  """
-  cluster = tf_config.get('cluster') or {}
-  if not cluster:
-    return True
-  task = tf_config.get('task', {})
-  if task.get('type') == 'chief':
-    return True
-  return (task.get('type') == 'worker' and task.get('index') == 0 and
-          'chief' not in cluster)
 
 
 def configure_logical_cpus(num_devices: int) -> None:

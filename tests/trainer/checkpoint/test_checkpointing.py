@@ -142,6 +142,15 @@ def test_stable_checkpoint_dir_sanitizes_and_rejects_empty():
     location_lib.stable_checkpoint_dir('/r', 'p', '', 'f')
 
 
+def test_checkpoint_root_is_the_backup_root_else_under_the_pipeline_root():
+  """The executor's and the Kubeflow compile's default alike."""
+  assert location_lib.checkpoint_root('gs://b/ckpt', 'gs://b/root') == (
+      'gs://b/ckpt')
+  assert location_lib.checkpoint_root(None, 'gs://b/root') == (
+      'gs://b/root/_hpm_checkpoints')
+  assert location_lib.checkpoint_root('', 'ram://') == 'ram://_hpm_checkpoints'
+
+
 # ------------------------------------------------------------- the store
 
 

@@ -121,20 +121,6 @@ def test_detect_environment_reads_tf_config_only_in_process(monkeypatch):
   assert in_process.cluster_size('worker') == 2
 
 
-@pytest.mark.parametrize('tf_config,chief', [
-    ({}, True),
-    (_cluster(worker=2), True),
-    ({**_cluster(worker=2), 'task': {'type': 'worker', 'index': 1}}, False),
-    ({**_cluster(chief=1, worker=2), 'task': {'type': 'worker', 'index': 0}},
-     False),
-    ({**_cluster(chief=1, worker=2), 'task': {'type': 'chief', 'index': 0}},
-     True),
-    ({**_cluster(chief=1, ps=1), 'task': {'type': 'ps', 'index': 0}}, False),
-])
-def test_is_chief(tf_config, chief):
-  assert strategy_lib.is_chief(tf_config) is chief
-
-
 def _run_python(code: str) -> subprocess.CompletedProcess:
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   return subprocess.run([sys.executable, '-c', textwrap.dedent(code)],
