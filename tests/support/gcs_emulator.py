@@ -7,6 +7,12 @@
       ...                          # hosts' bridge), for processes with `env`
     emulator.stop()                # kills it by pid
 
+`GcsEmulator(port, first_byte_s=0.05, stream_bytes_per_s=4e6)` answers as
+object storage does off this machine: each request's first byte that long
+after it, then at most that rate on its connection, many connections served
+in parallel (the benchmark of the trainer's read-ahead,
+benchmarks/bench_remote_read.py).
+
 Every process that touches gs:// needs `environment(port)` in its environment
 before it imports TensorFlow. Clients reach the server like this:
 
@@ -240,7 +246,9 @@ def is_answering(port: int, timeout: float = 1.0, host: str = HOST) -> bool:
 class GcsEmulator:
   """The emulator as a child process, on `port` of 127.0.0.1."""
 
-  def __init__(self, port: int, log_dir: Optional[str] = None):
+  def __init__(self, port: int, log_dir: Optional[str] = None,
+               first_byte_s: float = 0.0,
+               stream_bytes_per_s: Optional[float] = None):
     self.port = port
     self.url = endpoint(port)
     self._log_dir = log_dir or tempfile.mkdtemp(prefix='gcs_emulator_')
@@ -249,7 +257,9 @@ class GcsEmulator:
     tls = tls_files()
     argv = [sys.executable, os.path.abspath(__file__), '--host', HOST,
             '--port', str(port), '--cert', tls['cert'], '--key', tls['key'],
-            '--parent-pid', str(os.getpid())]
+            '--parent-pid', str(os.getpid()),
+            '--first-byte-s', str(first_byte_s),
+            '--stream-bytes-per-s', str(stream_bytes_per_s or 0)]
     start = time.monotonic()
     self.process = subprocess.Popen(  # pylint: disable=consider-using-with
         argv, stdin=subprocess.DEVNULL, stdout=self._log,
@@ -364,6 +374,50 @@ def _pump(client, backend) -> None:
       (backend if source is client else client).sendall(data)
 
 
+def _throttled_pump(client, backend, first_byte_s: float,
+                    bytes_per_s: float) -> None:
+  """`_pump`, with the answer held back as object storage holds it: its
+  first byte `first_byte_s` after the request, then at most `bytes_per_s`
+  on this connection (0: no cap). The answer is taken from the backend at
+  once (it serves one request at a time), so connections are throttled in
+  parallel, and one thread serves both directions (an SSL socket must not
+  be read and written by two)."""
+  answer = bytearray()
+  start = time.monotonic() + first_byte_s
+  sent, backend_open = 0, True
+  while True:
+    now = time.monotonic()
+    allowed = 0
+    if answer and now >= start:
+      allowed = len(answer) if not bytes_per_s else min(
+          len(answer), int((now - start) * bytes_per_s) - sent)
+    if allowed > 0:
+      client.sendall(answer[:allowed])
+      del answer[:allowed]
+      sent += allowed
+    elif not backend_open and not answer:
+      return
+    sockets = [client] + ([backend] if backend_open else [])
+    pending = isinstance(client, ssl.SSLSocket) and client.pending()
+    wait = 0.002 if answer else 600
+    readable = [client] if pending else select.select(sockets, [], [],
+                                                      wait)[0]
+    for source in readable:
+      try:
+        data = source.recv(256 * 1024)
+      except ssl.SSLWantReadError:
+        continue
+      except OSError:
+        data = b''
+      if source is backend:
+        answer += data
+        backend_open = bool(data)
+      elif not data:
+        return
+      else:
+        backend.sendall(data)
+
+
 def _read_head(sock) -> Optional[bytes]:
   """Bytes up to and including the end of the first request's headers."""
   data = b''
@@ -418,7 +472,11 @@ class _FrontHandler(socketserver.BaseRequestHandler):
     _no_delay(backend)
     try:
       backend.sendall(b'\r\n'.join(kept) + b'\r\n\r\n' + body)
-      _pump(client, backend)
+      if self.server.first_byte_s or self.server.stream_bytes_per_s:
+        _throttled_pump(client, backend, self.server.first_byte_s,
+                        self.server.stream_bytes_per_s)
+      else:
+        _pump(client, backend)
     finally:
       backend.close()
       if isinstance(client, ssl.SSLSocket):
@@ -460,7 +518,8 @@ def relay(host: str, port: int, target_port: int, parent_pid: int) -> None:
 
 
 def serve(host: str, port: int, cert: str, key: str,
-          parent_pid: int = 0) -> None:
+          parent_pid: int = 0, first_byte_s: float = 0.0,
+          stream_bytes_per_s: float = 0.0) -> None:
   """Runs gcp-storage-emulator (in memory) behind the relaying front.
 
   Stops on SIGTERM / SIGINT, or when `parent_pid` (the test process) is gone:
@@ -524,6 +583,8 @@ def serve(host: str, port: int, cert: str, key: str,
 
   front = _Front((host, port), _FrontHandler)
   front.backend_port = backend_port
+  front.first_byte_s = first_byte_s
+  front.stream_bytes_per_s = stream_bytes_per_s
   front.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
   front.tls.load_cert_chain(cert, key)
   logging.info('GCS emulator on %s:%d (backend port %d)', host, port,
@@ -550,12 +611,15 @@ def main(argv=None) -> None:
   parser.add_argument('--relay-to', type=int, default=0,
                       help='relay to the front on this port instead')
   parser.add_argument('--parent-pid', type=int, default=0)
+  parser.add_argument('--first-byte-s', type=float, default=0.0)
+  parser.add_argument('--stream-bytes-per-s', type=float, default=0.0)
   args = parser.parse_args(argv)
   signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
   if args.relay_to:
     relay(args.host, args.port, args.relay_to, args.parent_pid)
   else:
-    serve(args.host, args.port, args.cert, args.key, args.parent_pid)
+    serve(args.host, args.port, args.cert, args.key, args.parent_pid,
+          args.first_byte_s, args.stream_bytes_per_s)
 
 
 if __name__ == '__main__':
