@@ -25,19 +25,17 @@ from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_executor
 from tfx.dsl.io import fileio
 from tfx.types import artifact_utils
+from tfx.types import standard_component_specs
 
 from components.partitioner import config as config_lib
 from components.partitioner import measure
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from components.partitioner import report
+from components.partitioner import spec_keys
 from components.pipeline_parallel import graph as graph_lib
 from components.records import partition_plan
 
-CONFIG_KEY = 'config'
-EXAMPLES_KEY = 'examples'
-TRANSFORM_GRAPH_KEY = 'transform_graph'
-PARTITION_PLAN_KEY = 'partition_plan'
 BUILD_MODEL_FN = 'build_model'
 
 
@@ -77,7 +75,8 @@ class Executor(base_executor.BaseExecutor):
          output_dict: Dict[str, List[types.Artifact]],
          exec_properties: Dict[str, Any]) -> None:
     self._log_startup(input_dict, output_dict, exec_properties)
-    config = config_lib.PartitionerConfig.from_json(exec_properties[CONFIG_KEY])
+    config = config_lib.PartitionerConfig.from_json(
+        exec_properties[spec_keys.CONFIG_KEY])
     build_model = udf_utils.get_fn(exec_properties, BUILD_MODEL_FN)
     model = build_model(config.hparams)
     num_layers = graph_lib.LayerGraph(model).num_calls
@@ -88,8 +87,9 @@ class Executor(base_executor.BaseExecutor):
     sizes = sorted({config.replica_batch_size // max(counts),
                     config.replica_batch_size // min(counts)})
 
-    examples = input_dict.get(EXAMPLES_KEY) or []
-    transform_graph = input_dict.get(TRANSFORM_GRAPH_KEY) or []
+    examples = input_dict.get(standard_component_specs.EXAMPLES_KEY) or []
+    transform_graph = input_dict.get(
+        standard_component_specs.TRANSFORM_GRAPH_KEY) or []
     measured = [
         profiling.profile_model(
             model, sample_features(
@@ -106,7 +106,7 @@ class Executor(base_executor.BaseExecutor):
       plan['measured'] = measure.run(model, plan)
 
     output = artifact_utils.get_single_instance(
-        output_dict[PARTITION_PLAN_KEY])
+        output_dict[spec_keys.PARTITION_PLAN_KEY])
     write_plan(plan, profile, output.uri)
     predicted = plan['predicted']
     output.set_int_custom_property('num_stages', num_stages)

@@ -37,6 +37,7 @@ from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer import config as config_lib
 from components.trainer import executor
 from components.trainer import resolve
+from components.trainer import spec_keys
 from components import types as hpm_types
 
 
@@ -48,19 +49,19 @@ class HighPerfTrainerSpec(standard_component_specs.TrainerSpec):
   """The stock TrainerSpec plus distribution, fault tolerance and inputs."""
   PARAMETERS = {
       **standard_component_specs.TrainerSpec.PARAMETERS,
-      executor.DISTRIBUTION_KEY:
+      spec_keys.DISTRIBUTION_KEY:
           component_spec.ExecutionParameter(type=str),
-      executor.FAULT_TOLERANCE_KEY:
+      spec_keys.FAULT_TOLERANCE_KEY:
           component_spec.ExecutionParameter(type=str),
       drop_in.COMPONENT_CLASS_KEY:
           component_spec.ExecutionParameter(type=str, optional=True),
   }
   INPUTS = {
       **standard_component_specs.TrainerSpec.INPUTS,
-      executor.TUNED_INPUT_PIPELINE_KEY:
+      spec_keys.TUNED_INPUT_PIPELINE_KEY:
           component_spec.ChannelParameter(
               type=hpm_types.TunedInputPipeline, optional=True),
-      executor.PARTITION_PLAN_KEY:
+      spec_keys.PARTITION_PLAN_KEY:
           component_spec.ChannelParameter(
               type=hpm_types.PartitionPlan, optional=True),
   }

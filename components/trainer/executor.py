@@ -45,13 +45,9 @@ from components.trainer import model_run as model_run_lib
 from components.trainer.process import entry
 from components.trainer.common.task import TrainingTask
 from components.trainer import resolve
+from components.trainer import spec_keys
 from components.trainer.strategies import choice as strategy_lib
 from components.trainer import user_module
-
-DISTRIBUTION_KEY = 'distribution'
-FAULT_TOLERANCE_KEY = 'fault_tolerance'
-TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
-PARTITION_PLAN_KEY = 'partition_plan'
 
 CLUSTER_LOG_DIR = 'cluster_logs'
 # This node's pipeline name and id where the executor's context has none:
@@ -119,9 +115,9 @@ class Executor(base_executor.BaseExecutor):
     # Absent when the executor runs with the stock Trainer's properties: a
     # drop-in then trains with the defaults.
     config = config_lib.DistributionConfig.from_json(
-        exec_properties.get(DISTRIBUTION_KEY))
+        exec_properties.get(spec_keys.DISTRIBUTION_KEY))
     fault_tolerance = FaultToleranceConfig.from_json(
-        exec_properties.get(FAULT_TOLERANCE_KEY))
+        exec_properties.get(spec_keys.FAULT_TOLERANCE_KEY))
     model_run = artifact_utils.get_single_instance(
         output_dict[standard_component_specs.MODEL_RUN_KEY])
     # Before anything costly: an unwritable pipeline root (or checkpoint
@@ -184,7 +180,8 @@ class Executor(base_executor.BaseExecutor):
                            config.launcher, launcher_reason)
       # Launcher 'ray' connects here: an unreachable cluster fails now.
       env = strategy_lib.detect_environment(
-          config, has_partition_plan=bool(input_dict.get(PARTITION_PLAN_KEY)))
+          config, has_partition_plan=bool(
+              input_dict.get(spec_keys.PARTITION_PLAN_KEY)))
       config, reason = strategy_lib.resolve(config, env)
       progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)',
                            config.strategy, reason)
@@ -225,10 +222,10 @@ class Executor(base_executor.BaseExecutor):
                  stock_args) -> TrainingTask:
     run_fn_module = (props.get(standard_component_specs.RUN_FN_KEY) or
                      '').rpartition('.')[0]
-    tuned = input_dict.get(TUNED_INPUT_PIPELINE_KEY)
+    tuned = input_dict.get(spec_keys.TUNED_INPUT_PIPELINE_KEY)
     input_pipeline = (tuned_input_pipeline.read(
         artifact_utils.get_single_uri(tuned)).to_dict() if tuned else None)
-    partition_plan = input_dict.get(PARTITION_PLAN_KEY)
+    partition_plan = input_dict.get(spec_keys.PARTITION_PLAN_KEY)
     hparams = _hparams(stock_args)
     fingerprint = location.training_fingerprint(
         {key: [a.uri for a in artifacts]

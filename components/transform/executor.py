@@ -52,11 +52,10 @@ from components.transform import history
 from components.transform import materialized
 from components.transform import measurement
 from components.transform import report
+from components.transform import spec_keys
 from components.transform import tuner
 from components.transform import tuning_inputs
 
-TUNING_KEY = 'tuning'
-TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
 # Longest wait for the model-preparing thread after Beam finished.
 _PREPARE_JOIN_S = 120.0
 
@@ -152,7 +151,7 @@ class Executor(transform_patches.TransformExecutorHooks):
         input_dict, output_dict)
     start = time.monotonic()
     stock_outputs = {k: v for k, v in output_dict.items()
-                     if k != TUNED_INPUT_PIPELINE_KEY}
+                     if k != spec_keys.TUNED_INPUT_PIPELINE_KEY}
     tuning = plan.tuning
     shards = materialized.shards_by_split(
         input_dict.get(standard_component_specs.EXAMPLES_KEY) or [], tuning)
@@ -162,7 +161,8 @@ class Executor(transform_patches.TransformExecutorHooks):
       try:
         super().Do(
             input_dict, stock_outputs,
-            {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
+            {k: v for k, v in exec_properties.items()
+             if k != spec_keys.TUNING_KEY})
       except Exception as e:  # pylint: disable=broad-except
         materialized.raise_if_a_location_failed(e, stock_outputs)
         raise
@@ -170,7 +170,8 @@ class Executor(transform_patches.TransformExecutorHooks):
         standard_component_specs.TRANSFORMED_EXAMPLES_KEY) or [])
     if plan.tuned_artifact is None:
       logging.info('OptimizedTransform: no %s output to write, so the input '
-                   'pipeline was not tuned.', TUNED_INPUT_PIPELINE_KEY)
+                   'pipeline was not tuned.',
+                   spec_keys.TUNED_INPUT_PIPELINE_KEY)
       return
     self._tune_after_transform(plan, input_dict, output_dict,
                                exec_properties, time.monotonic() - start,
@@ -185,16 +186,16 @@ class Executor(transform_patches.TransformExecutorHooks):
     the state that the stock run fills (its Beam pipelines, the model step
     prepared meanwhile), and resolves the split to tune on.
     """
-    tuning = TuningConfig.from_json(exec_properties.get(TUNING_KEY))
+    tuning = TuningConfig.from_json(exec_properties.get(spec_keys.TUNING_KEY))
     self._pipelines: List[Any] = []
     self._model_step: Optional[consumer_lib.ModelStep] = None
     self._model_prepare: Optional[_Background] = None
     self._model_note = ''
     self._wants_model = False
-    if not output_dict.get(TUNED_INPUT_PIPELINE_KEY):
+    if not output_dict.get(spec_keys.TUNED_INPUT_PIPELINE_KEY):
       return _Plan(tuning, None)
     tuned_artifact = artifact_utils.get_single_instance(
-        output_dict[TUNED_INPUT_PIPELINE_KEY])
+        output_dict[spec_keys.TUNED_INPUT_PIPELINE_KEY])
     storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
     split, not_tuned = tuning_inputs.split_to_tune(
         tuning, input_dict, output_dict, exec_properties)
