@@ -197,6 +197,31 @@ def create_pipeline(
           transform_outputs=dict(transform.outputs),
           extra_inputs=extra_channels)).with_id(TRAINER_ID)
 
+  components = [
+      example_gen, statistics_gen, schema_gen, example_validator, transform,
+      *extra_components, trainer,
+      *_evaluate_and_push(
+          examples, trainer.outputs[standard_component_specs.MODEL_KEY],
+          accuracy_threshold, compare_to_baseline, serving_model_dir)
+  ]
+  return tfx.dsl.Pipeline(
+      pipeline_name=pipeline_name,
+      pipeline_root=pipeline_root,
+      components=components,
+      enable_cache=enable_cache,
+      metadata_connection_config=(
+          tfx.orchestration.metadata.sqlite_metadata_connection_config(
+              metadata_path) if metadata_path else None),
+      beam_pipeline_args=beam_pipeline_args or [
+          '--direct_running_mode=in_memory', '--direct_num_workers=1'
+      ])
+
+
+def _evaluate_and_push(examples: tfx.dsl.Channel, model: tfx.dsl.Channel,
+                       accuracy_threshold: float, compare_to_baseline: bool,
+                       serving_model_dir: str) -> List[base_node.BaseNode]:
+  """The Evaluator that blesses `model` and the Pusher of a blessed model,
+  after the latest blessed model's Resolver when comparing to it."""
   baseline = []
   if compare_to_baseline:
     baseline = [tfx.dsl.Resolver(
@@ -205,7 +230,6 @@ def create_pipeline(
         model_blessing=tfx.dsl.Channel(
             type=tfx.types.standard_artifacts.ModelBlessing)).with_id(
                 'latest_blessed_model_resolver')]
-  model = trainer.outputs[standard_component_specs.MODEL_KEY]
   evaluator = tfx.components.Evaluator(
       examples=examples,
       model=model,
@@ -219,22 +243,7 @@ def create_pipeline(
       push_destination=tfx.proto.PushDestination(
           filesystem=tfx.proto.PushDestination.Filesystem(
               base_directory=serving_model_dir)))
-
-  components = [
-      example_gen, statistics_gen, schema_gen, example_validator, transform,
-      *extra_components, trainer, *baseline, evaluator, pusher
-  ]
-  return tfx.dsl.Pipeline(
-      pipeline_name=pipeline_name,
-      pipeline_root=pipeline_root,
-      components=components,
-      enable_cache=enable_cache,
-      metadata_connection_config=(
-          tfx.orchestration.metadata.sqlite_metadata_connection_config(
-              metadata_path) if metadata_path else None),
-      beam_pipeline_args=beam_pipeline_args or [
-          '--direct_running_mode=in_memory', '--direct_num_workers=1'
-      ])
+  return [*baseline, evaluator, pusher]
 
 
 def trainer_reader_batch(distribution: Optional[Dict] = None) -> int:
