@@ -72,6 +72,23 @@ def _parser() -> argparse.ArgumentParser:
       'accuracy bound alone. Needed on open-source KFP 2.x, whose compiler '
       'refuses resolver tasks ("resolver executors not implemented"); '
       'Vertex AI Pipelines runs them.')
+  _add_resource_arguments(parser)
+  parser.add_argument(
+      '--beam-pipeline-arg', action='append', default=None, metavar='FLAG',
+      help='A Beam pipeline flag for every task, repeated, written with "=": '
+      '--beam-pipeline-arg=--runner=DataflowRunner. Replaces the default '
+      f'({" ".join(compiler.DEFAULT_BEAM_PIPELINE_ARGS)}).')
+  parser.add_argument(
+      '--checkpoint-root', default=None,
+      help='HighPerfTrainer checkpoint root (default: '
+      f'{location.checkpoint_root(None, "<pipeline-root>")}, outside the run '
+      'folders, so a resubmitted run resumes; the trainer keys it by '
+      '<pipeline>/<node>/<fingerprint>).')
+  return parser
+
+
+def _add_resource_arguments(parser: argparse.ArgumentParser) -> None:
+  """The Trainer's and the Beam tasks' CPU, memory and GPU flags."""
   group = parser.add_argument_group('resources (requests = limits)')
   group.add_argument('--trainer-cpu', help='Trainer CPUs, e.g. 4 or 500m.')
   group.add_argument('--trainer-memory',
@@ -86,18 +103,6 @@ def _parser() -> argparse.ArgumentParser:
       'Vertex AI.')
   group.add_argument('--beam-cpu', help='CPUs of each Beam-based task.')
   group.add_argument('--beam-memory', help='Memory of each Beam-based task.')
-  parser.add_argument(
-      '--beam-pipeline-arg', action='append', default=None, metavar='FLAG',
-      help='A Beam pipeline flag for every task, repeated, written with "=": '
-      '--beam-pipeline-arg=--runner=DataflowRunner. Replaces the default '
-      f'({" ".join(compiler.DEFAULT_BEAM_PIPELINE_ARGS)}).')
-  parser.add_argument(
-      '--checkpoint-root', default=None,
-      help='HighPerfTrainer checkpoint root (default: '
-      f'{location.checkpoint_root(None, "<pipeline-root>")}, outside the run '
-      'folders, so a resubmitted run resumes; the trainer keys it by '
-      '<pipeline>/<node>/<fingerprint>).')
-  return parser
 
 
 def resources_from_args(args: argparse.Namespace):

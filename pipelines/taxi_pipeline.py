@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 from tfx.dsl.components.base import base_node
+from tfx.types import standard_component_specs
 
 from pipelines import data
 
@@ -108,9 +109,10 @@ def upstream(data_root: str) -> Tuple[base_node.BaseNode, ...]:
   with."""
   example_gen = tfx.components.CsvExampleGen(input_base=data_root)
   statistics_gen = tfx.components.StatisticsGen(
-      examples=example_gen.outputs['examples'])
+      examples=example_gen.outputs[standard_component_specs.EXAMPLES_KEY])
   schema_gen = tfx.components.SchemaGen(
-      statistics=statistics_gen.outputs['statistics'],
+      statistics=statistics_gen.outputs[
+          standard_component_specs.STATISTICS_KEY],
       infer_feature_shape=True)
   return example_gen, statistics_gen, schema_gen
 
@@ -168,52 +170,39 @@ def create_pipeline(
     metadata_path = os.path.join(pipeline_root, 'metadata.db')
 
   example_gen, statistics_gen, schema_gen = upstream(data_root)
+  examples = example_gen.outputs[standard_component_specs.EXAMPLES_KEY]
+  schema = schema_gen.outputs[standard_component_specs.SCHEMA_KEY]
   example_validator = tfx.components.ExampleValidator(
-      statistics=statistics_gen.outputs['statistics'],
-      schema=schema_gen.outputs['schema'])
-  transform = make_transform(example_gen.outputs['examples'],
-                             schema_gen.outputs['schema'],
+      statistics=statistics_gen.outputs[
+          standard_component_specs.STATISTICS_KEY],
+      schema=schema)
+  transform = make_transform(examples, schema,
                              module_file).with_id(TRANSFORM_ID)
+  transformed_examples = transform.outputs[
+      standard_component_specs.TRANSFORMED_EXAMPLES_KEY]
 
   extra_components, extra_channels = [], {}
   if extra_trainer_inputs is not None:
     extra_components, extra_channels = extra_trainer_inputs(
-        transform.outputs['transformed_examples'], transform.outputs,
-        module_file)
+        transformed_examples, transform.outputs, module_file)
   trainer = make_trainer(
       TrainerInputs(
-          examples=transform.outputs['transformed_examples'],
-          transform_graph=transform.outputs['transform_graph'],
-          schema=schema_gen.outputs['schema'],
+          examples=transformed_examples,
+          transform_graph=transform.outputs[
+              standard_component_specs.TRANSFORM_GRAPH_KEY],
+          schema=schema,
           module_file=module_file,
           train_steps=train_steps,
           eval_steps=eval_steps,
           transform_outputs=dict(transform.outputs),
           extra_inputs=extra_channels)).with_id(TRAINER_ID)
 
-  baseline = []
-  if compare_to_baseline:
-    baseline = [tfx.dsl.Resolver(
-        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
-        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-        model_blessing=tfx.dsl.Channel(
-            type=tfx.types.standard_artifacts.ModelBlessing)).with_id(
-                'latest_blessed_model_resolver')]
-  evaluator = tfx.components.Evaluator(
-      examples=example_gen.outputs['examples'],
-      model=trainer.outputs['model'],
-      baseline_model=baseline[0].outputs['model'] if baseline else None,
-      eval_config=eval_config(accuracy_threshold, compare_to_baseline))
-  pusher = tfx.components.Pusher(
-      model=trainer.outputs['model'],
-      model_blessing=evaluator.outputs['blessing'],
-      push_destination=tfx.proto.PushDestination(
-          filesystem=tfx.proto.PushDestination.Filesystem(
-              base_directory=serving_model_dir)))
-
   components = [
       example_gen, statistics_gen, schema_gen, example_validator, transform,
-      *extra_components, trainer, *baseline, evaluator, pusher
+      *extra_components, trainer,
+      *_evaluate_and_push(
+          examples, trainer.outputs[standard_component_specs.MODEL_KEY],
+          accuracy_threshold, compare_to_baseline, serving_model_dir)
   ]
   return tfx.dsl.Pipeline(
       pipeline_name=pipeline_name,
@@ -226,6 +215,35 @@ def create_pipeline(
       beam_pipeline_args=beam_pipeline_args or [
           '--direct_running_mode=in_memory', '--direct_num_workers=1'
       ])
+
+
+def _evaluate_and_push(examples: tfx.dsl.Channel, model: tfx.dsl.Channel,
+                       accuracy_threshold: float, compare_to_baseline: bool,
+                       serving_model_dir: str) -> List[base_node.BaseNode]:
+  """The Evaluator that blesses `model` and the Pusher of a blessed model,
+  after the latest blessed model's Resolver when comparing to it."""
+  baseline = []
+  if compare_to_baseline:
+    baseline = [tfx.dsl.Resolver(
+        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+        model_blessing=tfx.dsl.Channel(
+            type=tfx.types.standard_artifacts.ModelBlessing)).with_id(
+                'latest_blessed_model_resolver')]
+  evaluator = tfx.components.Evaluator(
+      examples=examples,
+      model=model,
+      baseline_model=(
+          baseline[0].outputs[standard_component_specs.MODEL_KEY]
+          if baseline else None),
+      eval_config=eval_config(accuracy_threshold, compare_to_baseline))
+  pusher = tfx.components.Pusher(
+      model=model,
+      model_blessing=evaluator.outputs[standard_component_specs.BLESSING_KEY],
+      push_destination=tfx.proto.PushDestination(
+          filesystem=tfx.proto.PushDestination.Filesystem(
+              base_directory=serving_model_dir)))
+  return [*baseline, evaluator, pusher]
 
 
 def trainer_reader_batch(distribution: Optional[Dict] = None) -> int:
@@ -269,6 +287,7 @@ def hpm_factories(distribution: Optional[Dict] = None,
   """
   # Imported lazily so a stock-only pipeline never imports our components.
   from components import HighPerfTrainer, OptimizedTransform  # pylint: disable=g-import-not-at-top
+  from components.transform import spec_keys as transform_keys  # pylint: disable=g-import-not-at-top
   tuning = dict(tuning or {})
   tuning.setdefault('trainer_batch_size', trainer_reader_batch(distribution))
   tuning.setdefault('trainer_data_partitions',
@@ -291,7 +310,7 @@ def hpm_factories(distribution: Optional[Dict] = None,
         transform_graph=inputs.transform_graph,
         schema=inputs.schema,
         tuned_input_pipeline=inputs.transform_outputs.get(
-            'tuned_input_pipeline'),
+            transform_keys.TUNED_INPUT_PIPELINE_KEY),
         train_args=tfx.proto.TrainArgs(num_steps=inputs.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=inputs.eval_steps),
         distribution=trainer_distribution,
@@ -308,6 +327,8 @@ def gpipe_partitioner(num_stages: int, batch_size: int) -> Callable:
   `distribution['global_batch_size']`.
   """
   from components import GPipePartitioner  # pylint: disable=g-import-not-at-top
+  from components.partitioner import spec_keys as partitioner_keys  # pylint: disable=g-import-not-at-top
+  from components.trainer import spec_keys as trainer_keys  # pylint: disable=g-import-not-at-top
 
   def add_partitioner(transformed_examples, transform_outputs, module):
     module_arg = ({'module_file': module} if is_module_file(module) else
@@ -315,9 +336,11 @@ def gpipe_partitioner(num_stages: int, batch_size: int) -> Callable:
     partitioner = GPipePartitioner(
         config={'num_stages': num_stages, 'batch_size': batch_size},
         examples=transformed_examples,
-        transform_graph=transform_outputs['transform_graph'],
+        transform_graph=transform_outputs[
+            standard_component_specs.TRANSFORM_GRAPH_KEY],
         **module_arg)
     return [partitioner], {
-        'partition_plan': partitioner.outputs['partition_plan']}
+        trainer_keys.PARTITION_PLAN_KEY:
+            partitioner.outputs[partitioner_keys.PARTITION_PLAN_KEY]}
 
   return add_partitioner

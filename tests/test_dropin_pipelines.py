@@ -22,10 +22,13 @@ from tfx.dsl.io import fileio
 from tfx.orchestration import metadata
 from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 from tfx.types import standard_artifacts
+from tfx.types import standard_component_specs
 
+from components import drop_in
 from components import GPipePartitioner
 from components import HighPerfTrainer
 from components import OptimizedTransform
+from components.partitioner import spec_keys as partitioner_keys
 from components.trainer.cluster import tf_cluster
 from pipelines import data
 from tests.support import dropin_shapes
@@ -103,26 +106,31 @@ def test_components_construct_without_io_or_user_code(
       examples=examples.outputs['result'], schema=schema.outputs['result'],
       module_file=f'{BUCKET}/preprocessing.py',
       tuning={'num_output_shards': 2})
+  transformed_examples = transform.outputs[
+      standard_component_specs.TRANSFORMED_EXAMPLES_KEY]
+  transform_graph = transform.outputs[
+      standard_component_specs.TRANSFORM_GRAPH_KEY]
   partitioner = GPipePartitioner(
       config={'batch_size': 64, 'num_stages': 2},
       module_file=f'{BUCKET}/model.py',
-      examples=transform.outputs['transformed_examples'],
-      transform_graph=transform.outputs['transform_graph'])
+      examples=transformed_examples,
+      transform_graph=transform_graph)
   GPipePartitioner(config={'batch_size': 64, 'num_stages': 2},
                    module_path=f'{USER_PACKAGE}.model')
   trainer = HighPerfTrainer(
-      examples=transform.outputs['transformed_examples'],
-      transform_graph=transform.outputs['transform_graph'],
+      examples=transformed_examples,
+      transform_graph=transform_graph,
       module_file=f'{BUCKET}/trainer.py',
-      partition_plan=partitioner.outputs['partition_plan'],
+      partition_plan=partitioner.outputs[partitioner_keys.PARTITION_PLAN_KEY],
       train_args=tfx.proto.TrainArgs(num_steps=10),
       distribution={'global_batch_size': 64})
-  assert trainer.exec_properties['module_file'] == f'{BUCKET}/trainer.py'
+  assert trainer.exec_properties[standard_component_specs.MODULE_FILE_KEY] == (
+      f'{BUCKET}/trainer.py')
   # A module installed in the image, named, not imported.
   by_name = HighPerfTrainer(
       examples=examples.outputs['result'], schema=schema.outputs['result'],
       module_file=f'{USER_PACKAGE}.trainer_module')
-  assert by_name.exec_properties['module_path'] == (
+  assert by_name.exec_properties[standard_component_specs.MODULE_PATH_KEY] == (
       f'{USER_PACKAGE}.trainer_module')
   HighPerfTrainer(examples=examples.outputs['result'],
                   run_fn=f'{USER_PACKAGE}.trainer_module.run_fn')
@@ -169,10 +177,11 @@ def test_cached_shapes_compile_for_kubeflow_without_storage(
   # The Pusher runs only for a blessed model.
   assert 'blessed' in tasks['Pusher']['triggerPolicy']['condition']
   trainer_inputs = tasks['Trainer']['inputs']['artifacts']
-  assert trainer_inputs['hyperparameters']['taskOutputArtifact'] == {
+  assert trainer_inputs[standard_component_specs.HYPERPARAMETERS_KEY][
+      'taskOutputArtifact'] == {
       'outputArtifactKey': 'best_hyperparameters', 'producerTask': 'Tuner'}
   params = spec['components']['Trainer']['inputDefinitions']['parameters']
-  assert 'module_file' in params
+  assert standard_component_specs.MODULE_FILE_KEY in params
 
 
 def test_span_window_compiles_for_kubeflow_as_far_as_the_stock_pipeline(
@@ -200,8 +209,9 @@ def test_analyzer_cache_resolver_compiles_for_kubeflow_without_storage(
       module_file=f'{BUCKET}/taxi_module.py', span_window=False)
   tasks = _compile(pipeline, tmp_path)['pipelineSpec']['root']['dag'][
       'tasks']
-  assert tasks['Transform']['inputs']['artifacts']['analyzer_cache'][
-      'taskOutputArtifact']['producerTask'] == 'latest_analyzer_cache'
+  assert tasks['Transform']['inputs']['artifacts'][
+      standard_component_specs.ANALYZER_CACHE_KEY]['taskOutputArtifact'][
+          'producerTask'] == 'latest_analyzer_cache'
 
 
 def test_stock_execution_types_in_the_pipeline_ir():
@@ -220,9 +230,10 @@ def test_stock_execution_types_in_the_pipeline_ir():
       'components.partitioner.component.GPipePartitioner')
   params = {node.pipeline_node.node_info.id: node.pipeline_node.parameters
             for node in ir.nodes}
-  assert params['Trainer'].parameters['component_class'].field_value \
+  class_key = drop_in.COMPONENT_CLASS_KEY
+  assert params['Trainer'].parameters[class_key].field_value \
       .string_value == 'components.trainer.component.HighPerfTrainer'
-  assert params['Transform'].parameters['component_class'].field_value \
+  assert params['Transform'].parameters[class_key].field_value \
       .string_value == 'components.transform.component.OptimizedTransform'
 
 
@@ -342,13 +353,16 @@ def test_span_window_and_analyzer_cache_across_two_runs(tmp_path):
   # ExampleGen records the span as a custom property (its type's `span`
   # property stays unset), which is what SpanRangeStrategy reads.
   spans = [sorted(a.custom_properties['span'].int_value for a in
-                  _artifacts(store, t, input_event, 'examples'))
+                  _artifacts(store, t, input_event,
+                             standard_component_specs.EXAMPLES_KEY))
            for t in (first, second)]
   assert spans == [[1], [1, 2]]
-  assert not _artifacts(store, first, input_event, 'analyzer_cache')
-  [cache_in] = _artifacts(store, second, input_event, 'analyzer_cache')
-  [cache_out] = _artifacts(store, first, metadata_store_pb2.Event.OUTPUT,
-                           'updated_analyzer_cache')
+  cache_key = standard_component_specs.ANALYZER_CACHE_KEY
+  assert not _artifacts(store, first, input_event, cache_key)
+  [cache_in] = _artifacts(store, second, input_event, cache_key)
+  [cache_out] = _artifacts(
+      store, first, metadata_store_pb2.Event.OUTPUT,
+      standard_component_specs.UPDATED_ANALYZER_CACHE_KEY)
   assert cache_in.id == cache_out.id
   # The cache was used: the second run wrote its own, for both spans.
   [updated] = _artifacts(store, second, metadata_store_pb2.Event.OUTPUT,

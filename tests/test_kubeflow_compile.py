@@ -10,6 +10,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 import pytest
 
 from components.trainer import executor as trainer_executor
+from components.trainer import spec_keys as trainer_keys
 from kubeflow import compiler
 from kubeflow import resources
 from kubeflow import runner
@@ -53,7 +54,7 @@ def _containers(raw_spec):
 
 def _fault_tolerance(raw_spec):
   parameter = raw_spec['root']['dag']['tasks']['Trainer']['inputs'][
-      'parameters']['fault_tolerance']
+      'parameters'][trainer_keys.FAULT_TOLERANCE_KEY]
   return json.loads(parameter['runtimeValue']['constant'])
 
 
@@ -109,8 +110,8 @@ def test_pipeline_with_gpipe_partitioner_compiles(tmp_path):
   _, spec, _ = _compile(tmp_path, stock=False, gpipe_stages=2)
   assert {'GPipePartitioner', 'Trainer'} <= set(spec.root.dag.tasks)
   trainer_inputs = spec.root.dag.tasks['Trainer'].inputs.artifacts
-  assert trainer_inputs['partition_plan'].task_output_artifact.producer_task \
-      == 'GPipePartitioner'
+  plan = trainer_inputs[trainer_keys.PARTITION_PLAN_KEY]
+  assert plan.task_output_artifact.producer_task == 'GPipePartitioner'
 
 
 def test_flags_set_resources_beam_args_and_checkpoint_root(tmp_path, capsys):
@@ -162,7 +163,7 @@ def test_ray_address_sends_the_trainer_to_a_ray_cluster(tmp_path):
       '"num_workers": 2, "min_workers": 1}']) == 0
   _, _, raw = _parse(str(output))
   parameter = raw['root']['dag']['tasks']['Trainer']['inputs']['parameters'][
-      'distribution']
+      trainer_keys.DISTRIBUTION_KEY]
   distribution = json.loads(parameter['runtimeValue']['constant'])
   assert distribution['launcher'] == 'ray'
   assert distribution['ray']['address'] == 'ray://taxi-ray-head-svc:10001'

@@ -17,6 +17,7 @@ import uuid
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2 as pb
 import pytest
+from tfx.types import standard_component_specs
 
 from kubeflow import entrypoint
 from tests.support import kfp_backend
@@ -491,20 +492,26 @@ def test_compiled_pipeline_runs_through_pusher_on_gcs(
   assert len(resolvers) == 2
   assert all(a == [] for r in resolvers for a in r.outputs.values())
   evaluator_inputs = results['Evaluator'].executor_input.inputs.artifacts
-  assert not evaluator_inputs['baseline_model'].artifacts
+  assert not evaluator_inputs[
+      standard_component_specs.BASELINE_MODEL_KEY].artifacts
 
-  (blessing,) = results['Evaluator'].outputs['blessing']
+  (blessing,) = results['Evaluator'].outputs[
+      standard_component_specs.BLESSING_KEY]
   assert blessing.metadata['blessed'] == 1
-  (pushed,) = results['Pusher'].outputs['pushed_model']
+  (pushed,) = results['Pusher'].outputs[
+      standard_component_specs.PUSHED_MODEL_KEY]
   assert pushed.metadata['pushed'] == 1
   destination = pushed.metadata['pushed_destination']
   assert destination.startswith(f'{prefix}/serving_model/')
 
   seen = _check_in_child(
       os.environ,
-      evaluation=results['Evaluator'].outputs['evaluation'][0].uri,
-      model_run=results['Trainer'].outputs['model_run'][0].uri,
-      examples=results['CsvExampleGen'].outputs['examples'][0].uri,
+      evaluation=results['Evaluator'].outputs[
+          standard_component_specs.EVALUATION_KEY][0].uri,
+      model_run=results['Trainer'].outputs[
+          standard_component_specs.MODEL_RUN_KEY][0].uri,
+      examples=results['CsvExampleGen'].outputs[
+          standard_component_specs.EXAMPLES_KEY][0].uri,
       pushed=destination)
   print('eval metrics:', json.dumps(seen['metrics']))
   assert seen['metrics']['binary_accuracy'] >= ACCURACY_BOUND, seen['metrics']

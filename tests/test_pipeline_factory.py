@@ -5,6 +5,7 @@ import os
 
 import pytest
 from tfx import v1 as tfx
+from tfx.types import standard_component_specs
 
 from pipelines import data
 from pipelines import taxi_pipeline
@@ -42,20 +43,23 @@ def test_stock_pipeline_has_every_component_in_order(tmp_path):
 def test_defaults_point_at_the_data_inside_the_tfx_wheel(tmp_path):
   pipeline = _build(tmp_path)
   example_gen = pipeline.components[0]
-  input_base = example_gen.exec_properties['input_base']
+  input_base = example_gen.exec_properties[
+      standard_component_specs.INPUT_BASE_KEY]
   assert input_base == data.default_data_root()
   assert os.path.isfile(os.path.join(input_base, 'data.csv'))
   transform = next(c for c in pipeline.components if c.id == 'Transform')
-  assert transform.exec_properties['module_file'] == data.default_module_file()
+  assert transform.exec_properties[
+      standard_component_specs.MODULE_FILE_KEY] == data.default_module_file()
 
 
 def test_module_name_instead_of_file_uses_function_paths(tmp_path):
   pipeline = _build(tmp_path, module_file='pipelines.taxi_module')
   by_id = {c.id: c for c in pipeline.components}
-  assert by_id['Transform'].exec_properties['preprocessing_fn'] == (
-      'pipelines.taxi_module.preprocessing_fn')
-  assert by_id['Trainer'].exec_properties['run_fn'] == (
-      'pipelines.taxi_module.run_fn')
+  assert by_id['Transform'].exec_properties[
+      standard_component_specs.PREPROCESSING_FN_KEY] == (
+          'pipelines.taxi_module.preprocessing_fn')
+  assert by_id['Trainer'].exec_properties[
+      standard_component_specs.RUN_FN_KEY] == 'pipelines.taxi_module.run_fn'
 
 
 def test_factories_replace_transform_and_trainer(tmp_path):
@@ -68,8 +72,10 @@ def test_factories_replace_transform_and_trainer(tmp_path):
   _build(tmp_path, make_trainer=make_trainer, train_steps=7, eval_steps=3)
   inputs = seen['inputs']
   assert (inputs.train_steps, inputs.eval_steps) == (7, 3)
-  assert 'transform_graph' in inputs.transform_outputs
-  assert inputs.examples is inputs.transform_outputs['transformed_examples']
+  assert standard_component_specs.TRANSFORM_GRAPH_KEY in (
+      inputs.transform_outputs)
+  assert inputs.examples is inputs.transform_outputs[
+      standard_component_specs.TRANSFORMED_EXAMPLES_KEY]
 
 
 def test_write_sample_keeps_header_and_row_count(tmp_path):
@@ -94,8 +100,9 @@ def test_without_baseline_each_model_is_judged_on_the_bound_alone(tmp_path):
   ids = [c.id for c in pipeline.components]
   assert 'latest_blessed_model_resolver' not in ids
   evaluator = next(c for c in pipeline.components if c.id == 'Evaluator')
-  assert 'baseline_model' not in evaluator.inputs
-  config = json.loads(evaluator.exec_properties['eval_config'])
+  assert standard_component_specs.BASELINE_MODEL_KEY not in evaluator.inputs
+  config = json.loads(
+      evaluator.exec_properties[standard_component_specs.EVAL_CONFIG_KEY])
   threshold = config['metrics_specs'][0]['metrics'][0]['threshold']
   assert 'change_threshold' not in threshold
   assert threshold['value_threshold']['lower_bound'] == 0.6

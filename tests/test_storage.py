@@ -28,11 +28,13 @@ from tensorflow_transform.tf_metadata import schema_utils
 from tfx import v1 as tfx
 from tfx.components.transform import executor_utils
 from tfx.types import standard_artifacts
+from tfx.types import standard_component_specs
 from tfx.utils import import_utils
 
 from components import HighPerfTrainer
 from components import OptimizedTransform
 from components.partitioner import executor as partitioner_executor
+from components.partitioner import spec_keys as partitioner_keys
 from components.records import partition_plan
 from components.records import training_result
 from components.records import tuned_input_pipeline
@@ -41,9 +43,11 @@ from components.trainer.checkpoint import store as store_lib
 from components.trainer.cluster import tf_cluster
 from components.trainer import executor as trainer_executor
 from components.trainer import model_run as trainer_model_run
+from components.trainer import spec_keys as trainer_keys
 from components.trainer.config import DistributionConfig
 from components.transform.config import TuningConfig
 from components.transform import executor as transform_executor
+from components.transform import spec_keys as transform_keys
 from components.transform import tuner
 from components import types as hpm_types
 from tests.support import id_recording_module
@@ -210,7 +214,14 @@ def _trainer_outputs(model_uri: str, model_run_uri: str):
   model.uri = model_uri
   model_run = standard_artifacts.ModelRun()
   model_run.uri = model_run_uri
-  return {'model': [model], 'model_run': [model_run]}
+  return {standard_component_specs.MODEL_KEY: [model],
+          standard_component_specs.MODEL_RUN_KEY: [model_run]}
+
+
+def _input_dict(examples, schema):
+  """A Trainer's or Transform's input dict with these artifacts."""
+  return {standard_component_specs.EXAMPLES_KEY: [examples],
+          standard_component_specs.SCHEMA_KEY: [schema]}
 
 
 def _stock_trainer_properties(**overrides):
@@ -235,9 +246,9 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
   backup_root = _ram('backups')
   outputs = _trainer_outputs(model_uri, model_run_uri)
   properties = _stock_trainer_properties(**{
-      trainer_executor.DISTRIBUTION_KEY: json.dumps({
+      trainer_keys.DISTRIBUTION_KEY: json.dumps({
           'launcher': 'in_process', 'per_replica_batch_size': 4}),
-      trainer_executor.FAULT_TOLERANCE_KEY: json.dumps({
+      trainer_keys.FAULT_TOLERANCE_KEY: json.dumps({
           'backup_root': backup_root, 'save_every_steps': 2,
           'delete_after_export': False}),
   })
@@ -246,7 +257,7 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
   monkeypatch.setattr(DistributionConfig, 'validate', lambda config: (
       validations.append(config.strategy), validate(config))[1])
   trainer_executor.Executor().Do(
-      {'examples': [examples], 'schema': [schema]}, outputs, properties)
+      _input_dict(examples, schema), outputs, properties)
   # The executor and the training in its process share one validation.
   assert validations == ['auto']
 
@@ -270,7 +281,7 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
   newest = store.checkpoint_dirs()[0]
   assert store_lib.step_of(newest) == 4
   assert store.verify(newest)['step'] == 4
-  model_run = outputs['model_run'][0]
+  model_run = outputs[standard_component_specs.MODEL_RUN_KEY][0]
   assert model_run.get_int_custom_property('train_steps') == 4
 
 
@@ -280,10 +291,10 @@ def test_trainer_executor_runs_with_only_the_stock_exec_properties(tmp_path):
   outputs = _trainer_outputs(str(tmp_path / 'Trainer' / 'model' / '1'),
                              str(tmp_path / 'Trainer' / 'model_run' / '1'))
   properties = _stock_trainer_properties()
-  assert trainer_executor.DISTRIBUTION_KEY not in properties
+  assert trainer_keys.DISTRIBUTION_KEY not in properties
   trainer_executor.Executor().Do(
-      {'examples': [examples], 'schema': [schema]}, outputs, properties)
-  model_run = outputs['model_run'][0]
+      _input_dict(examples, schema), outputs, properties)
+  model_run = outputs[standard_component_specs.MODEL_RUN_KEY][0]
   assert model_run.get_string_custom_property('launcher') == 'local'
   assert 'shared storage' in model_run.get_string_custom_property(
       'launcher_reason')
@@ -291,8 +302,8 @@ def test_trainer_executor_runs_with_only_the_stock_exec_properties(tmp_path):
   logs = os.path.join(model_run.uri, trainer_executor.CLUSTER_LOG_DIR,
                       'attempt-0')
   assert os.listdir(logs) == ['trainer.log']
-  assert tf.saved_model.load(os.path.join(outputs['model'][0].uri,
-                                          'Format-Serving'))
+  assert tf.saved_model.load(os.path.join(
+      outputs[standard_component_specs.MODEL_KEY][0].uri, 'Format-Serving'))
 
 
 def test_trainer_fails_before_training_when_outputs_are_unwritable(tmp_path):
@@ -304,7 +315,7 @@ def test_trainer_fails_before_training_when_outputs_are_unwritable(tmp_path):
   with pytest.raises(storage.StorageNotWritableError,
                      match='model_run output at .*not_a_folder/model_run'):
     trainer_executor.Executor().Do(
-        {'examples': [examples], 'schema': [schema]}, outputs,
+        _input_dict(examples, schema), outputs,
         _stock_trainer_properties())
 
 
@@ -323,9 +334,9 @@ def test_partitioner_executor_writes_its_plan_to_ram(tmp_path):
   artifact = hpm_types.PartitionPlan()
   artifact.uri = _ram('plan')
   partitioner_executor.Executor().Do(
-      {}, {partitioner_executor.PARTITION_PLAN_KEY: [artifact]},
-      {'module_file': str(module),
-       partitioner_executor.CONFIG_KEY: json.dumps(
+      {}, {partitioner_keys.PARTITION_PLAN_KEY: [artifact]},
+      {standard_component_specs.MODULE_FILE_KEY: str(module),
+       partitioner_keys.CONFIG_KEY: json.dumps(
            {'batch_size': 16, 'num_stages': 2, 'profile_repeats': 1})})
   plan = partition_plan.read_dict(artifact.uri)
   assert plan['num_stages'] == 2
@@ -353,11 +364,12 @@ def test_local_launcher_rejects_outputs_other_processes_cannot_see(tmp_path):
   outputs = _trainer_outputs(_ram('model'), str(tmp_path / 'model_run'))
   with pytest.raises(ValueError, match=r"launcher='local'.*ram://"):
     trainer_executor.Executor().Do(
-        {'examples': [examples], 'schema': [schema]}, outputs,
+        _input_dict(examples, schema), outputs,
         _stock_trainer_properties(**{
-            trainer_executor.DISTRIBUTION_KEY: json.dumps(
+            trainer_keys.DISTRIBUTION_KEY: json.dumps(
                 {'launcher': 'local'})}))
-  assert outputs['model_run'][0].get_string_custom_property(
+  assert outputs[standard_component_specs.MODEL_RUN_KEY][
+      0].get_string_custom_property(
       'launcher_reason') == 'requested'
 
 
@@ -368,10 +380,10 @@ def test_stock_properties_on_ram_train_in_the_executors_process(tmp_path):
   model_uri = _ram('model')
   outputs = _trainer_outputs(model_uri, str(tmp_path / 'model_run'))
   properties = _stock_trainer_properties()
-  assert trainer_executor.DISTRIBUTION_KEY not in properties
+  assert trainer_keys.DISTRIBUTION_KEY not in properties
   trainer_executor.Executor().Do(
-      {'examples': [examples], 'schema': [schema]}, outputs, properties)
-  model_run = outputs['model_run'][0]
+      _input_dict(examples, schema), outputs, properties)
+  model_run = outputs[standard_component_specs.MODEL_RUN_KEY][0]
   assert model_run.get_string_custom_property('launcher') == 'in_process'
   reason = model_run.get_string_custom_property('launcher_reason')
   assert "['model']" in reason and model_uri in reason
@@ -520,19 +532,21 @@ def test_transform_tuning_runs_with_every_input_and_output_on_ram(
         tuning={'time_budget_s': 3.0, 'batch_size': batch,
                 'materialize': placement, 'num_output_shards': 2})
     outputs = _transform_outputs(root, execution)
-    (graph,) = outputs['transform_graph']
-    (transformed,) = outputs['transformed_examples']
+    (graph,) = outputs[standard_component_specs.TRANSFORM_GRAPH_KEY]
+    (transformed,) = outputs[
+        standard_component_specs.TRANSFORMED_EXAMPLES_KEY]
     storage.upload_tree(graph_dir, graph.uri)
     executor_utils.SetSplitNames(['train', 'eval'], [transformed])
     counts = _write_transformed_examples(graph.uri, examples, transformed)
     executor = transform_executor.Executor()
+    inputs = {standard_component_specs.EXAMPLES_KEY: [examples]}
     plan = executor._plan(  # pylint: disable=protected-access
-        {'examples': [examples]}, outputs, properties)
+        inputs, outputs, properties)
     executor._tune_after_transform(  # pylint: disable=protected-access
-        plan, {'examples': [examples]}, outputs, properties,
+        plan, inputs, outputs, properties,
         transform_seconds=1.0, examples_written=counts)
 
-    (tuned,) = outputs['tuned_input_pipeline']
+    (tuned,) = outputs[transform_keys.TUNED_INPUT_PIPELINE_KEY]
     tuned_uris.append(tuned.uri)
     assert sorted(tf.io.gfile.listdir(tuned.uri)) == [
         'candidates.png', tuned_input_pipeline.CONFIG_FILE, 'fingerprint.json',
@@ -577,27 +591,27 @@ def test_transform_executor_runs_with_only_the_stock_exec_properties(
   examples, schema = _examples_and_schema(str(tmp_path))
   properties = _transform_properties(tfx.components.Transform,
                                      preprocessing_module)
-  assert transform_executor.TUNING_KEY not in properties
+  assert transform_keys.TUNING_KEY not in properties
   outputs = _transform_outputs(str(tmp_path))
   transform_executor.Executor(transform_executor.Executor.Context(
       beam_pipeline_args=['--direct_running_mode=in_memory',
                           '--direct_num_workers=1'],
       tmp_dir=str(tmp_path / 'beam_tmp'), unique_id='1')).Do(
-          {'examples': [examples], 'schema': [schema]}, outputs, properties)
+          _input_dict(examples, schema), outputs, properties)
 
   defaults = TuningConfig()
-  (transformed,) = outputs['transformed_examples']
+  (transformed,) = outputs[standard_component_specs.TRANSFORMED_EXAMPLES_KEY]
   for split in ('train', 'eval'):
     files = glob.glob(os.path.join(transformed.uri, f'Split-{split}', '*'))
     assert len(files) == defaults.num_output_shards, files
-  (tuned,) = outputs['tuned_input_pipeline']
+  (tuned,) = outputs[transform_keys.TUNED_INPUT_PIPELINE_KEY]
   assert tuned.get_int_custom_property('batch_size') == (
       defaults.measure_batch_size)
   assert tuned.get_int_custom_property('num_examples') == 32
   assert tuned.get_string_custom_property('decision') in (
       tuner.SEARCHED, tuner.STOPPED_EARLY)
   tuned_input_pipeline.read(tuned.uri)
-  (graph,) = outputs['transform_graph']
+  (graph,) = outputs[standard_component_specs.TRANSFORM_GRAPH_KEY]
   assert tft.TFTransformOutput(graph.uri).transformed_feature_spec().keys() \
       == {'id', 'x', 'label'}
 

@@ -43,6 +43,7 @@ from components.trainer import executor as trainer_executor
 from components.transform import component as transform_component
 from components.transform.config import TuningConfig
 from components.transform import executor as transform_executor
+from components.transform import spec_keys as transform_keys
 from components.types import TunedInputPipeline
 from tests.support.tfx_conformance import stock_test_module
 from tests.support.tfx_conformance import SwappedModule
@@ -58,7 +59,7 @@ class _CheckedTransformExecutor(transform_executor.Executor):
 
   def Do(self, input_dict, output_dict, exec_properties):
     super().Do(input_dict, output_dict, exec_properties)
-    tuned = output_dict.get(transform_executor.TUNED_INPUT_PIPELINE_KEY)
+    tuned = output_dict.get(transform_keys.TUNED_INPUT_PIPELINE_KEY)
     if tuned:
       tuned_input_pipeline.read(artifact_utils.get_single_uri(tuned)).validate()
 
@@ -210,8 +211,8 @@ class _TransformExecutorSetUp:
     super()._make_base_do_params(source_data_dir, output_data_dir)
     tuned = TunedInputPipeline()
     tuned.uri = os.path.join(output_data_dir + '_tuned_input_pipeline', '0')
-    self._output_dict[transform_executor.TUNED_INPUT_PIPELINE_KEY] = [tuned]
-    self._exec_properties[transform_executor.TUNING_KEY] = (
+    self._output_dict[transform_keys.TUNED_INPUT_PIPELINE_KEY] = [tuned]
+    self._exec_properties[transform_keys.TUNING_KEY] = (
         self.TUNING.to_json())
 
 

@@ -2,7 +2,7 @@
 
 Pure (no TensorFlow, no TFX): `config` (PartitionerConfig), `partition` (exact
 min-max partitioner, heuristics), `plan` (cost and memory model, the plan),
-`report` (markdown and PNG charts).
+`report` (markdown and PNG charts), `spec_keys` (the component's own keys).
 TensorFlow, no TFX: `profiling` (per-layer profile).
 The runtime that executes a plan (`graph`, `schedules`, `simulator`,
 `placement`, `stage`, `runner`) lives in `components.pipeline_parallel`,

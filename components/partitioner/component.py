@@ -18,32 +18,32 @@ from tfx.dsl.components.base import base_component
 from tfx.dsl.components.base import executor_spec
 from tfx.types import component_spec
 from tfx.types import standard_artifacts
+from tfx.types import standard_component_specs
 
 from components.partitioner import config as config_lib
 from components.partitioner import executor
+from components.partitioner import spec_keys
 from components import types as hpm_types
-
-MODULE_FILE_KEY = 'module_file'
-MODULE_PATH_KEY = 'module_path'
 
 
 class GPipePartitionerSpec(types.ComponentSpec):
   """Inputs: sample data; parameters: the module and the config JSON."""
   PARAMETERS = {
-      MODULE_FILE_KEY: component_spec.ExecutionParameter(type=str,
-                                                         optional=True),
-      MODULE_PATH_KEY: component_spec.ExecutionParameter(type=str,
-                                                         optional=True),
-      executor.CONFIG_KEY: component_spec.ExecutionParameter(type=str),
+      standard_component_specs.MODULE_FILE_KEY:
+          component_spec.ExecutionParameter(type=str, optional=True),
+      standard_component_specs.MODULE_PATH_KEY:
+          component_spec.ExecutionParameter(type=str, optional=True),
+      spec_keys.CONFIG_KEY: component_spec.ExecutionParameter(type=str),
   }
   INPUTS = {
-      executor.TRANSFORM_GRAPH_KEY: component_spec.ChannelParameter(
-          type=standard_artifacts.TransformGraph, optional=True),
-      executor.EXAMPLES_KEY: component_spec.ChannelParameter(
+      standard_component_specs.TRANSFORM_GRAPH_KEY:
+          component_spec.ChannelParameter(
+              type=standard_artifacts.TransformGraph, optional=True),
+      standard_component_specs.EXAMPLES_KEY: component_spec.ChannelParameter(
           type=standard_artifacts.Examples, optional=True),
   }
   OUTPUTS = {
-      executor.PARTITION_PLAN_KEY: component_spec.ChannelParameter(
+      spec_keys.PARTITION_PLAN_KEY: component_spec.ChannelParameter(
           type=hpm_types.PartitionPlan),
   }
 
@@ -99,8 +99,9 @@ class GPipePartitioner(base_component.BaseComponent):
     super().__init__(spec=spec)
     self._batch_size = config.batch_size
     if module_file and udf_utils.should_package_user_modules():
-      udf_utils.add_user_module_dependency(self, MODULE_FILE_KEY,
-                                           MODULE_PATH_KEY)
+      udf_utils.add_user_module_dependency(
+          self, standard_component_specs.MODULE_FILE_KEY,
+          standard_component_specs.MODULE_PATH_KEY)
 
   @property
   def planned_batch_size(self) -> int:

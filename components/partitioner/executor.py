@@ -25,19 +25,17 @@ from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_executor
 from tfx.dsl.io import fileio
 from tfx.types import artifact_utils
+from tfx.types import standard_component_specs
 
 from components.partitioner import config as config_lib
 from components.partitioner import measure
 from components.partitioner import plan as plan_lib
 from components.partitioner import profiling
 from components.partitioner import report
+from components.partitioner import spec_keys
 from components.pipeline_parallel import graph as graph_lib
 from components.records import partition_plan
 
-CONFIG_KEY = 'config'
-EXAMPLES_KEY = 'examples'
-TRANSFORM_GRAPH_KEY = 'transform_graph'
-PARTITION_PLAN_KEY = 'partition_plan'
 BUILD_MODEL_FN = 'build_model'
 
 
@@ -77,59 +75,76 @@ class Executor(base_executor.BaseExecutor):
          output_dict: Dict[str, List[types.Artifact]],
          exec_properties: Dict[str, Any]) -> None:
     self._log_startup(input_dict, output_dict, exec_properties)
-    config = config_lib.PartitionerConfig.from_json(exec_properties[CONFIG_KEY])
+    config = config_lib.PartitionerConfig.from_json(
+        exec_properties[spec_keys.CONFIG_KEY])
     build_model = udf_utils.get_fn(exec_properties, BUILD_MODEL_FN)
     model = build_model(config.hparams)
     num_layers = graph_lib.LayerGraph(model).num_calls
     num_stages = config.resolve_num_stages(available_devices(), num_layers)
     counts = config.microbatch_counts()
-    # One measured size for a fixed M; for 'auto' the smallest and the
-    # largest micro-batch, between which times are interpolated.
-    sizes = sorted({config.replica_batch_size // max(counts),
-                    config.replica_batch_size // min(counts)})
-
-    examples = input_dict.get(EXAMPLES_KEY) or []
-    transform_graph = input_dict.get(TRANSFORM_GRAPH_KEY) or []
-    measured = [
-        profiling.profile_model(
-            model, sample_features(
-                model, size, examples, config.sample_split,
-                transform_graph[0].uri if transform_graph else ''),
-            config.profile_repeats) for size in sizes]
     plan, profile = plan_lib.choose_plan(
-        measured, num_stages, config.batch_size, counts,
-        config.schedule_names(), config.remat, config.offload_activations,
-        config.memory_budget_bytes, config.data_parallel_replicas)
-    num_microbatches = plan['num_microbatches']
+        profile_microbatches(model, config, input_dict), num_stages,
+        config.batch_size, counts, config.schedule_names(), config.remat,
+        config.offload_activations, config.memory_budget_bytes,
+        config.data_parallel_replicas)
     plan['config'] = json.loads(config.to_json())
     if config.measure_schedule:
       plan['measured'] = measure.run(model, plan)
 
     output = artifact_utils.get_single_instance(
-        output_dict[PARTITION_PLAN_KEY])
+        output_dict[spec_keys.PARTITION_PLAN_KEY])
     write_plan(plan, profile, output.uri)
-    predicted = plan['predicted']
-    output.set_int_custom_property('num_stages', num_stages)
-    output.set_int_custom_property('num_microbatches', num_microbatches)
-    output.set_string_custom_property('schedule', plan['schedule'])
-    output.set_int_custom_property('data_parallel_replicas',
-                                   config.data_parallel_replicas)
-    output.set_string_custom_property('boundaries',
-                                      json.dumps(plan['boundaries']))
-    output.set_float_custom_property('predicted_step_seconds',
-                                     predicted['step_seconds'])
-    output.set_float_custom_property('slowest_stage_seconds',
-                                     predicted['slowest_stage_seconds'])
-    output.set_float_custom_property('bubble_fraction',
-                                     predicted['bubble_fraction'])
-    output.set_int_custom_property('peak_memory_bytes',
-                                   predicted['peak_memory_bytes'])
-    if 'measured' in plan:
-      output.set_float_custom_property('measured_idle_fraction',
-                                       plan['measured']['idle_fraction'])
+    record_plan(output, plan)
     logging.info('Pipeline plan: %s, boundaries %s, predicted step %.6f s.',
                  plan['schedule'], plan['boundaries'],
-                 predicted['step_seconds'])
+                 plan['predicted']['step_seconds'])
+
+
+def profile_microbatches(model: tf.keras.Model,
+                         config: config_lib.PartitionerConfig,
+                         input_dict: Dict[str, List[types.Artifact]]
+                        ) -> List[plan_lib.ModelProfile]:
+  """The model's layers profiled at each micro-batch size the plan needs.
+
+  One measured size for a fixed M; for 'auto' the smallest and the largest
+  micro-batch, between which times are interpolated.
+  """
+  counts = config.microbatch_counts()
+  sizes = sorted({config.replica_batch_size // max(counts),
+                  config.replica_batch_size // min(counts)})
+  examples = input_dict.get(standard_component_specs.EXAMPLES_KEY) or []
+  transform_graph = input_dict.get(
+      standard_component_specs.TRANSFORM_GRAPH_KEY) or []
+  return [
+      profiling.profile_model(
+          model, sample_features(
+              model, size, examples, config.sample_split,
+              transform_graph[0].uri if transform_graph else ''),
+          config.profile_repeats) for size in sizes]
+
+
+def record_plan(output: types.Artifact, plan: Dict[str, Any]) -> None:
+  """The plan's key numbers as custom properties of its artifact."""
+  predicted = plan['predicted']
+  output.set_int_custom_property('num_stages', plan['num_stages'])
+  output.set_int_custom_property('num_microbatches',
+                                 plan['num_microbatches'])
+  output.set_string_custom_property('schedule', plan['schedule'])
+  output.set_int_custom_property('data_parallel_replicas',
+                                 plan['data_parallel_replicas'])
+  output.set_string_custom_property('boundaries',
+                                    json.dumps(plan['boundaries']))
+  output.set_float_custom_property('predicted_step_seconds',
+                                   predicted['step_seconds'])
+  output.set_float_custom_property('slowest_stage_seconds',
+                                   predicted['slowest_stage_seconds'])
+  output.set_float_custom_property('bubble_fraction',
+                                   predicted['bubble_fraction'])
+  output.set_int_custom_property('peak_memory_bytes',
+                                 predicted['peak_memory_bytes'])
+  if 'measured' in plan:
+    output.set_float_custom_property('measured_idle_fraction',
+                                     plan['measured']['idle_fraction'])
 
 
 def write_plan(plan: Dict[str, Any], profile: plan_lib.ModelProfile,

@@ -167,19 +167,6 @@ def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
       [stage['forward_seconds'] for stage in stages],
       [stage['backward_seconds'] for stage in stages], num_microbatches,
       schedule)
-
-  def baseline(boundaries):
-    other = partition.evaluate(boundaries, costs, layer_memory, cut_memory)
-    return {
-        'boundaries': list(other.boundaries),
-        'slowest_stage_seconds': other.bottleneck,
-        'slowdown_vs_plan': other.bottleneck / best.bottleneck
-                            if best.bottleneck > 0 else 1.0,
-        'peak_memory_bytes': int(other.peak_memory),
-        'fits_budget': bool(memory_budget_bytes is None or
-                            other.peak_memory <= memory_budget_bytes),
-    }
-
   return {
       'format_version': PLAN_FORMAT_VERSION,
       'num_layers': profile.num_layers,
@@ -208,13 +195,34 @@ def make_plan(profile: ModelProfile, num_stages: int, num_microbatches: int,
       'memory_by_schedule': memory_by_schedule(
           profile, best.boundaries, num_microbatches, remat,
           offload_activations),
-      'baselines': {
-          'uniform': baseline(partition.uniform_boundaries(
-              profile.num_layers, num_stages)),
-          # The heuristic balances one cost per layer: the first stage's.
-          'block_partition': baseline(partition.block_boundaries(
-              costs[0], num_stages)),
-      },
+      'baselines': _baselines(profile.num_layers, num_stages, best, costs,
+                              layer_memory, cut_memory, memory_budget_bytes),
+  }
+
+
+def _baselines(num_layers: int, num_stages: int, best: partition.Partition,
+               costs, layer_memory, cut_memory,
+               memory_budget_bytes) -> Dict[str, Dict[str, Any]]:
+  """Simple splits (uniform, a balancing heuristic) against the plan."""
+
+  def baseline(boundaries):
+    other = partition.evaluate(boundaries, costs, layer_memory, cut_memory)
+    return {
+        'boundaries': list(other.boundaries),
+        'slowest_stage_seconds': other.bottleneck,
+        'slowdown_vs_plan': other.bottleneck / best.bottleneck
+                            if best.bottleneck > 0 else 1.0,
+        'peak_memory_bytes': int(other.peak_memory),
+        'fits_budget': bool(memory_budget_bytes is None or
+                            other.peak_memory <= memory_budget_bytes),
+    }
+
+  return {
+      'uniform': baseline(partition.uniform_boundaries(num_layers,
+                                                       num_stages)),
+      # The heuristic balances one cost per layer: the first stage's.
+      'block_partition': baseline(partition.block_boundaries(costs[0],
+                                                             num_stages)),
   }
 
 

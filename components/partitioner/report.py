@@ -6,7 +6,7 @@ micro-batch schedule (GPipe or 1F1B) with its bubble.
 """
 
 import os
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, List, Mapping, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -133,9 +133,17 @@ def _mib(num_bytes) -> str:
 
 def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
   """The human-readable plan: summary, stages, cuts, baselines, layers."""
+  lines = [*_summary_lines(plan), *_measured_lines(plan),
+           *_stage_lines(plan), *_choice_lines(plan['choice']),
+           *_memory_lines(plan), *_cut_lines(plan['cuts']),
+           *_baseline_lines(plan['baselines']), *_layer_lines(profile)]
+  return '\n'.join(lines) + '\n'
+
+
+def _summary_lines(plan: Mapping[str, Any]) -> List[str]:
   predicted = plan['predicted']
   budget = plan['memory_budget_bytes']
-  lines = [
+  return [
       '# Pipeline partition plan', '',
       f"- stages K = {plan['num_stages']}, micro-batches M = "
       f"{plan['num_microbatches']} of {plan['microbatch_size']} examples "
@@ -157,24 +165,29 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
       'simulated idle fraction with the planned stage costs = '
       f"{predicted['simulated_idle_fraction']:.3f}", '',
       f'![stage costs]({STAGE_COSTS_PNG})', '',
-      f'![schedule]({SCHEDULE_PNG})', '', *_measured_lines(plan),
-      '## Stages', '',
-      '| stage | layers | forward ms | backward ms | parameters MiB | '
-      'memory MiB |', '|---|---|---|---|---|---|'
-  ]
+      f'![schedule]({SCHEDULE_PNG})', '']
+
+
+def _stage_lines(plan: Mapping[str, Any]) -> List[str]:
+  lines = ['## Stages', '',
+           '| stage | layers | forward ms | backward ms | parameters MiB | '
+           'memory MiB |', '|---|---|---|---|---|---|']
   for s in plan['stages']:
     lines.append(
         f"| {s['index']} | {s['first_layer']}..{s['end_layer'] - 1} | "
         f"{s['forward_seconds'] * 1e3:.3f} | "
         f"{s['backward_seconds'] * 1e3:.3f} | "
         f"{_mib(s['parameter_bytes'])} | {_mib(s['memory_bytes'])} |")
-  choice = plan['choice']
-  lines += ['', '## Choice of M and schedule', '', choice['reason'], '',
-            'Profile measured at micro-batch sizes '
-            f"{choice['measured_microbatch_sizes']}; other sizes interpolate "
-            'the times (affine in the size) and scale the activation bytes.',
-            '', '| M | schedule | predicted step ms | bubble | peak MiB | '
-            'fits budget |', '|---|---|---|---|---|---|']
+  return lines
+
+
+def _choice_lines(choice: Mapping[str, Any]) -> List[str]:
+  lines = ['', '## Choice of M and schedule', '', choice['reason'], '',
+           'Profile measured at micro-batch sizes '
+           f"{choice['measured_microbatch_sizes']}; other sizes interpolate "
+           'the times (affine in the size) and scale the activation bytes.',
+           '', '| M | schedule | predicted step ms | bubble | peak MiB | '
+           'fits budget |', '|---|---|---|---|---|---|']
   for row in choice['candidates']:
     if row['fits_budget']:
       lines.append(
@@ -185,15 +198,19 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
       lines.append(
           f"| {row['num_microbatches']} | {row['schedule']} | - | - | - | no "
           f"(needs {_mib(row['smallest_budget_bytes'])} MiB) |")
+  return lines
+
+
+def _memory_lines(plan: Mapping[str, Any]) -> List[str]:
   by_schedule = plan['memory_by_schedule']
-  lines += ['', '## Predicted peak memory per stage, by schedule', '',
-            'Training state + activations + received tensors, with these '
-            'boundaries, M and remat; in flight: micro-batches between their '
-            'forward and backward on the stage.', '',
-            '| stage | ' + ' | '.join(
-                f'{SCHEDULE_NAMES[name]} MiB (in flight)'
-                for name in by_schedule) + ' |',
-            '|---|' + '---|' * len(by_schedule)]
+  lines = ['', '## Predicted peak memory per stage, by schedule', '',
+           'Training state + activations + received tensors, with these '
+           'boundaries, M and remat; in flight: micro-batches between their '
+           'forward and backward on the stage.', '',
+           '| stage | ' + ' | '.join(
+               f'{SCHEDULE_NAMES[name]} MiB (in flight)'
+               for name in by_schedule) + ' |',
+           '|---|' + '---|' * len(by_schedule)]
   for s in plan['stages']:
     lines.append(f"| {s['index']} | " + ' | '.join(
         f"{_mib(entry['stage_memory_bytes'][s['index']])} "
@@ -202,28 +219,40 @@ def markdown(plan: Mapping[str, Any], profile: plan_lib.ModelProfile) -> str:
   lines.append('| peak | ' + ' | '.join(
       _mib(entry['peak_memory_bytes']) for entry in by_schedule.values()) +
                ' |')
-  lines += ['', '## Tensors crossing each boundary (per micro-batch)', '',
-            '| before layer | tensors | bytes |', '|---|---|---|']
-  for cut in plan['cuts']:
+  return lines
+
+
+def _cut_lines(cuts: Sequence[Mapping[str, Any]]) -> List[str]:
+  lines = ['', '## Tensors crossing each boundary (per micro-batch)', '',
+           '| before layer | tensors | bytes |', '|---|---|---|']
+  for cut in cuts:
     names = ', '.join(t['name'] for t in cut['tensors'])
     lines.append(f"| {cut['before_layer']} | {names} | "
                  f"{cut['bytes_per_microbatch']} |")
-  lines += ['', '## Against simple splits', '',
-            '| split | boundaries | slowest stage / plan | fits budget |',
-            '|---|---|---|---|']
-  for name, other in plan['baselines'].items():
+  return lines
+
+
+def _baseline_lines(baselines: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  lines = ['', '## Against simple splits', '',
+           '| split | boundaries | slowest stage / plan | fits budget |',
+           '|---|---|---|---|']
+  for name, other in baselines.items():
     lines.append(f"| {name} | {other['boundaries']} | "
                  f"{other['slowdown_vs_plan']:.3f} | {other['fits_budget']} |")
-  lines += ['', '## Layer profile', '',
-            '| # | layer | class | forward us | backward us | parameter bytes '
-            '| activation bytes |', '|---|---|---|---|---|---|---|']
+  return lines
+
+
+def _layer_lines(profile: plan_lib.ModelProfile) -> List[str]:
+  lines = ['', '## Layer profile', '',
+           '| # | layer | class | forward us | backward us | parameter bytes '
+           '| activation bytes |', '|---|---|---|---|---|---|---|']
   for i, layer in enumerate(profile.layers):
     lines.append(
         f'| {i} | {layer.name} | {layer.class_name} | '
         f'{layer.forward_seconds * 1e6:.1f} | '
         f'{layer.backward_seconds * 1e6:.1f} | {layer.parameter_bytes} | '
         f'{layer.activation_bytes} |')
-  return '\n'.join(lines) + '\n'
+  return lines
 
 
 def _measured_lines(plan: Mapping[str, Any]):

@@ -45,7 +45,7 @@ flow on tensors (Keras's built-in layers do).
 """
 
 import dataclasses
-from typing import Any, List, Mapping, Sequence, Union
+from typing import Any, List, Mapping, Sequence, Set, Tuple, Union
 
 import tensorflow as tf
 
@@ -55,6 +55,37 @@ from components.pipeline_parallel import stage as stage_lib
 from components.records.partition_plan import PlanRecord
 
 HOST_DEVICE = '/device:CPU:0'
+
+
+def _kept_activations(orders, remat: str) -> Set[Tuple[int, int]]:
+  """(stage, micro-batch) whose forward keeps its activations for the
+  backward instead of re-materializing them."""
+  return {
+      (s, m) for s, order in enumerate(orders)
+      for (phase, m), follows in zip(order, schedules.backward_follows(order))
+      if phase == schedules.FORWARD and (
+          remat == 'never' or (remat == 'except_last' and follows))}
+
+
+def _gradient_accumulators(replica_stages) -> List[List[List[tf.Variable]]]:
+  """Per replica and stage, a zero variable per stage variable, on the
+  stage's device.
+
+  Gradients are summed across micro-batches in variables: grappler would
+  turn a chain of tensor adds into one AddN that keeps every micro-batch's
+  gradients alive at the same time.
+  """
+  accumulators = []
+  for r, replica in enumerate(replica_stages):
+    accumulators.append([])
+    for stage in replica:
+      with tf.device(stage.device):
+        accumulators[r].append([
+            tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                        name=f'pipeline_replica{r}_stage{stage.index}_'
+                        'gradient_sum')
+            for v in stage.variables])
+  return accumulators
 
 
 class PipelineRunner:
@@ -82,15 +113,7 @@ class PipelineRunner:
     self._remat = plan.remat
     self._orders = schedules.stage_orders(self._schedule, num_stages,
                                           self._num_microbatches)
-    # (stage, micro-batch) whose forward keeps its activations for the
-    # backward instead of re-materializing them.
-    self._kept = {
-        (s, m) for s, order in enumerate(self._orders)
-        for (phase, m), follows in zip(order,
-                                       schedules.backward_follows(order))
-        if phase == schedules.FORWARD and (
-            self._remat == 'never' or
-            (self._remat == 'except_last' and follows))}
+    self._kept = _kept_activations(self._orders, self._remat)
     self._offload = plan.offload_activations
     self._host = host_device
     self._step = stage_lib.StageStep(model, self._graph,
@@ -103,19 +126,7 @@ class PipelineRunner:
               for s, stage in enumerate(stages))
         for r in range(self._replicas))
     self.stages = self.replica_stages[0]
-    # Gradients are summed across micro-batches in variables on each stage's
-    # device: grappler would turn a chain of tensor adds into one AddN that
-    # keeps every micro-batch's gradients alive at the same time.
-    self._accumulators = []
-    for r, replica in enumerate(self.replica_stages):
-      self._accumulators.append([])
-      for stage in replica:
-        with tf.device(stage.device):
-          self._accumulators[r].append([
-              tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                          name=f'pipeline_replica{r}_stage{stage.index}_'
-                          'gradient_sum')
-              for v in stage.variables])
+    self._accumulators = _gradient_accumulators(self.replica_stages)
     # The schedule is plain Python loops over stages and micro-batches;
     # AutoGraph would only add tracing time (16 of 17 s for a small model).
     self._gradients_fn = tf.function(self._loss_and_gradients,

@@ -15,7 +15,8 @@ Layers, each importing only those under it (`.importlinter` enforces it):
   common | user_module       shared facts (task, progress, failures,
                              membership, cpu threads, TF_CONFIG); the module
                              loader
-  strategies.registry        one entry per strategy: its capabilities
+  strategies.registry        one entry per strategy: its capabilities;
+  | spec_keys                the keys our spec adds to the stock Trainer's
 
 `strategies` and `process` each span two layers: a strategy's entry is
 read by everything, the choice needs the config; a process's context is

@@ -37,6 +37,7 @@ from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer import config as config_lib
 from components.trainer import executor
 from components.trainer import resolve
+from components.trainer import spec_keys
 from components import types as hpm_types
 
 
@@ -48,34 +49,38 @@ class HighPerfTrainerSpec(standard_component_specs.TrainerSpec):
   """The stock TrainerSpec plus distribution, fault tolerance and inputs."""
   PARAMETERS = {
       **standard_component_specs.TrainerSpec.PARAMETERS,
-      executor.DISTRIBUTION_KEY:
+      spec_keys.DISTRIBUTION_KEY:
           component_spec.ExecutionParameter(type=str),
-      executor.FAULT_TOLERANCE_KEY:
+      spec_keys.FAULT_TOLERANCE_KEY:
           component_spec.ExecutionParameter(type=str),
       drop_in.COMPONENT_CLASS_KEY:
           component_spec.ExecutionParameter(type=str, optional=True),
   }
   INPUTS = {
       **standard_component_specs.TrainerSpec.INPUTS,
-      executor.TUNED_INPUT_PIPELINE_KEY:
+      spec_keys.TUNED_INPUT_PIPELINE_KEY:
           component_spec.ChannelParameter(
               type=hpm_types.TunedInputPipeline, optional=True),
-      executor.PARTITION_PLAN_KEY:
+      spec_keys.PARTITION_PLAN_KEY:
           component_spec.ChannelParameter(
               type=hpm_types.PartitionPlan, optional=True),
   }
   OUTPUTS = standard_component_specs.TrainerSpec.OUTPUTS
 
 
-def _module_source(module_file: str) -> Tuple[Optional[str], Optional[str]]:
+def _module_source(
+    module_file: Union[None, str, data_types.RuntimeParameter]
+) -> Tuple[Union[None, str, data_types.RuntimeParameter], Optional[str]]:
   """(module_file, module_path) for the `module_file` argument.
 
   Besides a file path, `module_file` may name an importable module (e.g. one
   installed in a Kubeflow image); it is then passed on as the stock
   `module_path` execution property, with nothing to package. Told apart by
   the form alone (no I/O): a dotted name without `.py`, `/` or a URI scheme
-  names a module.
+  names a module. A RuntimeParameter stays a module file.
   """
+  if not isinstance(module_file, str):
+    return module_file, None
   looks_like_path = (module_file.endswith('.py') or '/' in module_file or
                      os.sep in module_file or '://' in module_file)
   if not looks_like_path and _MODULE_NAME.fullmatch(module_file):
@@ -157,33 +162,14 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
       ValueError: A bad config, naming the value and what is allowed (a
         bad module fails when the executor starts, before training).
     """
-    if [bool(module_file), bool(run_fn)].count(True) != 1:
-      raise ValueError("Exactly one of 'module_file' or 'run_fn' must be "
-                       f'supplied; got module_file={module_file!r}, '
-                       f'run_fn={run_fn!r}.')
-    # The stock Trainer's checks and deprecated arguments.
-    if bool(examples) == bool(transformed_examples):
-      raise ValueError("Exactly one of 'examples' or 'transformed_examples' "
-                       'must be supplied.')
-    if transformed_examples and not transform_graph:
-      raise ValueError("If 'transformed_examples' is supplied, "
-                       "'transform_graph' must be supplied too.")
-    for name, value in (('custom_executor_spec', custom_executor_spec),
-                        ('transformed_examples', transformed_examples)):
-      if value:
-        logging.warning('HighPerfTrainer: `%s` is deprecated, as in the '
-                        'stock Trainer.', name)
+    _check_stock_arguments(module_file, run_fn, examples,
+                           transformed_examples, transform_graph,
+                           custom_executor_spec)
     examples = examples or transformed_examples
-    config = config_lib.DistributionConfig.from_dict(distribution)
-    if partition_plan is not None:
-      config_lib.check_partition_plan(
-          config.strategy, 1, config.gradient_accumulation_steps,
-          config.global_batch(1), _planned_batch_size(partition_plan))
+    config = _distribution_config(distribution, partition_plan)
     fault_config = FaultToleranceConfig.from_dict(fault_tolerance)
     train_args = train_args or trainer_pb2.TrainArgs()
-    module_path = None
-    if isinstance(module_file, str):  # Not a RuntimeParameter.
-      module_file, module_path = _module_source(module_file)
+    module_file, module_path = _module_source(module_file)
     # The mode as configured: 'auto' is resolved against the module by the
     # executor, which checks the training length again then.
     resolve.check_train_length(config.mode, _static_num_steps(train_args),
@@ -220,6 +206,40 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
       udf_utils.add_user_module_dependency(
           self, standard_component_specs.MODULE_FILE_KEY,
           standard_component_specs.MODULE_PATH_KEY)
+
+
+def _check_stock_arguments(module_file, run_fn, examples,
+                           transformed_examples, transform_graph,
+                           custom_executor_spec) -> None:
+  """The stock Trainer's argument checks, and its deprecation warnings."""
+  if [bool(module_file), bool(run_fn)].count(True) != 1:
+    raise ValueError("Exactly one of 'module_file' or 'run_fn' must be "
+                     f'supplied; got module_file={module_file!r}, '
+                     f'run_fn={run_fn!r}.')
+  if bool(examples) == bool(transformed_examples):
+    raise ValueError("Exactly one of 'examples' or 'transformed_examples' "
+                     'must be supplied.')
+  if transformed_examples and not transform_graph:
+    raise ValueError("If 'transformed_examples' is supplied, "
+                     "'transform_graph' must be supplied too.")
+  for name, value in (('custom_executor_spec', custom_executor_spec),
+                      ('transformed_examples', transformed_examples)):
+    if value:
+      logging.warning('HighPerfTrainer: `%s` is deprecated, as in the '
+                      'stock Trainer.', name)
+
+
+def _distribution_config(
+    distribution: Union[None, Dict[str, Any], config_lib.DistributionConfig],
+    partition_plan: Optional[types.BaseChannel]
+) -> config_lib.DistributionConfig:
+  """The validated config; with a partition plan, checked against it."""
+  config = config_lib.DistributionConfig.from_dict(distribution)
+  if partition_plan is not None:
+    config_lib.check_partition_plan(
+        config.strategy, 1, config.gradient_accumulation_steps,
+        config.global_batch(1), _planned_batch_size(partition_plan))
+  return config
 
 
 def _static_num_steps(train_args: Any) -> int:

@@ -16,7 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -45,13 +45,9 @@ from components.trainer import model_run as model_run_lib
 from components.trainer.process import entry
 from components.trainer.common.task import TrainingTask
 from components.trainer import resolve
+from components.trainer import spec_keys
 from components.trainer.strategies import choice as strategy_lib
 from components.trainer import user_module
-
-DISTRIBUTION_KEY = 'distribution'
-FAULT_TOLERANCE_KEY = 'fault_tolerance'
-TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
-PARTITION_PLAN_KEY = 'partition_plan'
 
 CLUSTER_LOG_DIR = 'cluster_logs'
 # This node's pipeline name and id where the executor's context has none:
@@ -109,6 +105,29 @@ def check_module_contract(module_file: Optional[str],
       module=user_module.describe_module(module_file, module_path, run_fn))
 
 
+def _check_elastic_mode(config: config_lib.DistributionConfig,
+                        mode: str) -> None:
+  """An elastic cluster needs managed mode."""
+  if config.elastic and mode != 'managed':
+    raise ValueError(
+        f'min_workers={config.min_workers} < num_workers='
+        f'{config.num_workers} needs managed mode: a run_fn reads and '
+        'steps on its own, so its update batch and data order cannot be '
+        'kept with fewer workers; allowed in run_fn mode: min_workers='
+        f'{config.num_workers}.')
+
+
+def _upload_cluster_logs(local_logs: str, logs: str) -> None:
+  """Copies the processes' logs to model_run, warning where it cannot."""
+  try:
+    storage.upload_tree(local_logs, logs)
+  except (OSError, tf.errors.OpError) as upload_error:
+    # E.g. the location is full: the training's own error stays the one
+    # raised.
+    logging.warning('Could not upload the cluster logs to %s: %s', logs,
+                    upload_error)
+
+
 class Executor(base_executor.BaseExecutor):
   """Trains with the configured (or automatically chosen) strategy."""
 
@@ -119,9 +138,9 @@ class Executor(base_executor.BaseExecutor):
     # Absent when the executor runs with the stock Trainer's properties: a
     # drop-in then trains with the defaults.
     config = config_lib.DistributionConfig.from_json(
-        exec_properties.get(DISTRIBUTION_KEY))
+        exec_properties.get(spec_keys.DISTRIBUTION_KEY))
     fault_tolerance = FaultToleranceConfig.from_json(
-        exec_properties.get(FAULT_TOLERANCE_KEY))
+        exec_properties.get(spec_keys.FAULT_TOLERANCE_KEY))
     model_run = artifact_utils.get_single_instance(
         output_dict[standard_component_specs.MODEL_RUN_KEY])
     # Before anything costly: an unwritable pipeline root (or checkpoint
@@ -166,48 +185,73 @@ class Executor(base_executor.BaseExecutor):
       stock_args = patches.stock_fn_args(input_dict, output_dict, props)
       resolve.check_train_length(mode, stock_args.train_steps or 0,
                                     config.train_epochs)
-      if config.elastic and mode != 'managed':
-        raise ValueError(
-            f'min_workers={config.min_workers} < num_workers='
-            f'{config.num_workers} needs managed mode: a run_fn reads and '
-            'steps on its own, so its update batch and data order cannot be '
-            'kept with fewer workers; allowed in run_fn mode: min_workers='
-            f'{config.num_workers}.')
-      config, launcher_reason = resolve.resolve_launcher(config, {
-          role: path for role, path in (
-              ('model', stock_args.serving_model_dir),
-              ('model_run', stock_args.model_run_dir),
-              ('checkpoints', self._checkpoint_root(
-                  fault_tolerance, stock_args.model_run_dir)))
-          if storage.is_process_local(path)})
-      progress.LOGGER.info('HighPerfTrainer launcher: %s (%s)',
-                           config.launcher, launcher_reason)
-      # Launcher 'ray' connects here: an unreachable cluster fails now.
-      env = strategy_lib.detect_environment(
-          config, has_partition_plan=bool(input_dict.get(PARTITION_PLAN_KEY)))
-      config, reason = strategy_lib.resolve(config, env)
-      progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)',
-                           config.strategy, reason)
-      model_run_lib.record_decision(model_run, config, reason, env,
-                                    launcher_reason)
+      _check_elastic_mode(config, mode)
+      config, launcher_reason = self._resolve_launcher(
+          config, fault_tolerance, stock_args)
+      config = self._resolve_strategy(config, input_dict, model_run,
+                                      launcher_reason)
       task = self._make_task(input_dict, output_dict, props, config,
                              fault_tolerance, module_identity, mode,
                              stock_args)
       storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
       task.save(os.path.join(task.model_run_dir, tf_cluster.TASK_FILE_NAME))
-      prepared = time.monotonic()
-      launch = self._train(task, config, fault_tolerance)
-      # The component's fixed cost around the training processes.
-      launch['timing'] = {
-          'executor_before_launch_s': round(prepared - began, 3),
-          'executor_launch_s': round(time.monotonic() - prepared, 3)}
-      training_result.write_launch(task.model_run_dir, launch)
-      result = training_result.read(task.model_run_dir)
-      if result is None:
-        raise RuntimeError(
-            'Training finished but wrote no result to '
-            f'{training_result.path(task.model_run_dir)}.')
+      launch, result = self._launch(task, config, fault_tolerance, began)
+    self._record_outputs(model_run, task, launch, result)
 
+  def _resolve_launcher(self, config: config_lib.DistributionConfig,
+                        fault_tolerance: FaultToleranceConfig, stock_args
+                       ) -> Tuple[config_lib.DistributionConfig, str]:
+    """(config with its launcher, why): `auto` trains in this process where
+    an output lives in this process only."""
+    config, launcher_reason = resolve.resolve_launcher(config, {
+        role: path for role, path in (
+            ('model', stock_args.serving_model_dir),
+            ('model_run', stock_args.model_run_dir),
+            ('checkpoints', self._checkpoint_root(
+                fault_tolerance, stock_args.model_run_dir)))
+        if storage.is_process_local(path)})
+    progress.LOGGER.info('HighPerfTrainer launcher: %s (%s)',
+                         config.launcher, launcher_reason)
+    return config, launcher_reason
+
+  @staticmethod
+  def _resolve_strategy(config: config_lib.DistributionConfig, input_dict,
+                        model_run: types.Artifact,
+                        launcher_reason: str) -> config_lib.DistributionConfig:
+    """The config with its strategy, the decision recorded on model_run."""
+    # Launcher 'ray' connects here: an unreachable cluster fails now.
+    env = strategy_lib.detect_environment(
+        config, has_partition_plan=bool(
+            input_dict.get(spec_keys.PARTITION_PLAN_KEY)))
+    config, reason = strategy_lib.resolve(config, env)
+    progress.LOGGER.info('HighPerfTrainer strategy: %s (%s)',
+                         config.strategy, reason)
+    model_run_lib.record_decision(model_run, config, reason, env,
+                                  launcher_reason)
+    return config
+
+  def _launch(self, task: TrainingTask,
+              config: config_lib.DistributionConfig,
+              fault_tolerance: FaultToleranceConfig, began: float
+             ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Trains; (the launch record, the result the chief wrote)."""
+    prepared = time.monotonic()
+    launch = self._train(task, config, fault_tolerance)
+    # The component's fixed cost around the training processes.
+    launch['timing'] = {
+        'executor_before_launch_s': round(prepared - began, 3),
+        'executor_launch_s': round(time.monotonic() - prepared, 3)}
+    training_result.write_launch(task.model_run_dir, launch)
+    result = training_result.read(task.model_run_dir)
+    if result is None:
+      raise RuntimeError(
+          'Training finished but wrote no result to '
+          f'{training_result.path(task.model_run_dir)}.')
+    return launch, result
+
+  def _record_outputs(self, model_run: types.Artifact, task: TrainingTask,
+                      launch: Dict[str, Any], result: Dict[str, Any]) -> None:
+    """Checks the exported model; records the result on model_run."""
     if not fileio.exists(task.serving_model_dir):
       raise RuntimeError(f'Training finished but wrote no model to '
                          f'{task.serving_model_dir}.')
@@ -225,10 +269,10 @@ class Executor(base_executor.BaseExecutor):
                  stock_args) -> TrainingTask:
     run_fn_module = (props.get(standard_component_specs.RUN_FN_KEY) or
                      '').rpartition('.')[0]
-    tuned = input_dict.get(TUNED_INPUT_PIPELINE_KEY)
+    tuned = input_dict.get(spec_keys.TUNED_INPUT_PIPELINE_KEY)
     input_pipeline = (tuned_input_pipeline.read(
         artifact_utils.get_single_uri(tuned)).to_dict() if tuned else None)
-    partition_plan = input_dict.get(PARTITION_PLAN_KEY)
+    partition_plan = input_dict.get(spec_keys.PARTITION_PLAN_KEY)
     hparams = _hparams(stock_args)
     fingerprint = location.training_fingerprint(
         {key: [a.uri for a in artifacts]
@@ -310,10 +354,6 @@ class Executor(base_executor.BaseExecutor):
     local_logs = os.path.join(local_dir, CLUSTER_LOG_DIR)
     logs = os.path.join(task.model_run_dir, CLUSTER_LOG_DIR)
 
-    def argv_for_role(role):
-      return [sys.executable, '-m', 'components.trainer.process.entry',
-              '--task', task_path, '--role', role]
-
     def read_progress():
       # The chief's progress marker: the launcher logs it every few
       # seconds, so this component's log shows training as it runs.
@@ -324,15 +364,8 @@ class Executor(base_executor.BaseExecutor):
         launch = self._run_on_ray(task, config, fault_tolerance, local_logs,
                                   read_progress)
       else:
-        launch = local_backend.run_supervised(
-            lambda attempt: tf_cluster.cluster_processes(
-                config.strategy, config.num_workers, config.num_ps,
-                argv_for_role),
-            local_logs,
-            timeout_s=fault_tolerance.timeout_s,
-            max_restarts=fault_tolerance.max_restarts,
-            hang_timeout_s=fault_tolerance.hang_timeout_s,
-            read_progress=read_progress)
+        launch = self._run_locally(task_path, config, fault_tolerance,
+                                   local_logs, read_progress)
     except supervisor.ClusterFailedError as e:
       # The same error, naming the uploaded logs instead of the local ones.
       error = type(e)(str(e).replace(local_logs, logs), e.failure,
@@ -340,16 +373,31 @@ class Executor(base_executor.BaseExecutor):
       model_run_lib.record_failure(task.model_run_dir, error)
       raise error from e
     finally:
-      try:
-        storage.upload_tree(local_logs, logs)
-      except (OSError, tf.errors.OpError) as upload_error:
-        # E.g. the location is full: the training's own error stays the
-        # one raised.
-        logging.warning('Could not upload the cluster logs to %s: %s',
-                        logs, upload_error)
+      _upload_cluster_logs(local_logs, logs)
       shutil.rmtree(local_dir, ignore_errors=True)
     return {'launcher': config.launcher,
             **launch.relocated(local_logs, logs).to_dict()}
+
+  @staticmethod
+  def _run_locally(task_path: str, config: config_lib.DistributionConfig,
+                   fault_tolerance: FaultToleranceConfig, local_logs: str,
+                   read_progress: Callable[[], Optional[Dict[str, Any]]]
+                  ) -> supervisor.LaunchResult:
+    """The cluster as child processes of this one, supervised."""
+
+    def argv_for_role(role):
+      return [sys.executable, '-m', 'components.trainer.process.entry',
+              '--task', task_path, '--role', role]
+
+    return local_backend.run_supervised(
+        lambda attempt: tf_cluster.cluster_processes(
+            config.strategy, config.num_workers, config.num_ps,
+            argv_for_role),
+        local_logs,
+        timeout_s=fault_tolerance.timeout_s,
+        max_restarts=fault_tolerance.max_restarts,
+        hang_timeout_s=fault_tolerance.hang_timeout_s,
+        read_progress=read_progress)
 
   @staticmethod
   def _run_on_ray(task: TrainingTask, config: config_lib.DistributionConfig,

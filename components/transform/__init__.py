@@ -1,6 +1,7 @@
 """OptimizedTransform: the stock Transform plus a tuned input pipeline.
 
-No TFX, no TensorFlow: `config` (TuningConfig and its validation).
+No TFX, no TensorFlow: `config` (TuningConfig and its validation),
+`spec_keys` (the keys it adds to the stock Transform's).
 TensorFlow, no TFX: `tuner` (the time-budgeted search) over `results` (what
 it returns), `measurement` (timing, the deadline), `sources` (what it
 measures on) and `decisions` (cache, placement, input-bound, search space,

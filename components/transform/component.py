@@ -19,6 +19,7 @@ from tfx.types import standard_component_specs
 from components import drop_in
 from components.transform.config import TuningConfig
 from components.transform import executor
+from components.transform import spec_keys
 from components.types import TunedInputPipeline
 
 DEFAULT_NODE_ID = 'Transform'
@@ -28,13 +29,13 @@ class OptimizedTransformSpec(standard_component_specs.TransformSpec):
   """TransformSpec plus the tuning config and the tuned pipeline output."""
   PARAMETERS = {
       **standard_component_specs.TransformSpec.PARAMETERS,
-      executor.TUNING_KEY: component_spec.ExecutionParameter(type=str),
+      spec_keys.TUNING_KEY: component_spec.ExecutionParameter(type=str),
       drop_in.COMPONENT_CLASS_KEY: component_spec.ExecutionParameter(
           type=str, optional=True),
   }
   OUTPUTS = {
       **standard_component_specs.TransformSpec.OUTPUTS,
-      executor.TUNED_INPUT_PIPELINE_KEY: component_spec.ChannelParameter(
+      spec_keys.TUNED_INPUT_PIPELINE_KEY: component_spec.ChannelParameter(
           type=TunedInputPipeline),
   }
 
@@ -51,9 +52,9 @@ class _UpgradeTransformSpec(base_beam_component.BaseBeamComponent):
   def __init__(self, spec: types.ComponentSpec, **kwargs):
     upgraded = OptimizedTransformSpec(
         **spec.exec_properties, **spec.inputs, **spec.outputs,
-        **{executor.TUNING_KEY: self._tuning.to_json(),
+        **{spec_keys.TUNING_KEY: self._tuning.to_json(),
            drop_in.COMPONENT_CLASS_KEY: self.component_class(),
-           executor.TUNED_INPUT_PIPELINE_KEY: types.Channel(
+           spec_keys.TUNED_INPUT_PIPELINE_KEY: types.Channel(
                type=TunedInputPipeline)})
     super().__init__(spec=upgraded, **kwargs)
 

@@ -52,11 +52,10 @@ from components.transform import history
 from components.transform import materialized
 from components.transform import measurement
 from components.transform import report
+from components.transform import spec_keys
 from components.transform import tuner
 from components.transform import tuning_inputs
 
-TUNING_KEY = 'tuning'
-TUNED_INPUT_PIPELINE_KEY = 'tuned_input_pipeline'
 # Longest wait for the model-preparing thread after Beam finished.
 _PREPARE_JOIN_S = 120.0
 
@@ -152,7 +151,7 @@ class Executor(transform_patches.TransformExecutorHooks):
         input_dict, output_dict)
     start = time.monotonic()
     stock_outputs = {k: v for k, v in output_dict.items()
-                     if k != TUNED_INPUT_PIPELINE_KEY}
+                     if k != spec_keys.TUNED_INPUT_PIPELINE_KEY}
     tuning = plan.tuning
     shards = materialized.shards_by_split(
         input_dict.get(standard_component_specs.EXAMPLES_KEY) or [], tuning)
@@ -162,7 +161,8 @@ class Executor(transform_patches.TransformExecutorHooks):
       try:
         super().Do(
             input_dict, stock_outputs,
-            {k: v for k, v in exec_properties.items() if k != TUNING_KEY})
+            {k: v for k, v in exec_properties.items()
+             if k != spec_keys.TUNING_KEY})
       except Exception as e:  # pylint: disable=broad-except
         materialized.raise_if_a_location_failed(e, stock_outputs)
         raise
@@ -170,7 +170,8 @@ class Executor(transform_patches.TransformExecutorHooks):
         standard_component_specs.TRANSFORMED_EXAMPLES_KEY) or [])
     if plan.tuned_artifact is None:
       logging.info('OptimizedTransform: no %s output to write, so the input '
-                   'pipeline was not tuned.', TUNED_INPUT_PIPELINE_KEY)
+                   'pipeline was not tuned.',
+                   spec_keys.TUNED_INPUT_PIPELINE_KEY)
       return
     self._tune_after_transform(plan, input_dict, output_dict,
                                exec_properties, time.monotonic() - start,
@@ -185,16 +186,16 @@ class Executor(transform_patches.TransformExecutorHooks):
     the state that the stock run fills (its Beam pipelines, the model step
     prepared meanwhile), and resolves the split to tune on.
     """
-    tuning = TuningConfig.from_json(exec_properties.get(TUNING_KEY))
+    tuning = TuningConfig.from_json(exec_properties.get(spec_keys.TUNING_KEY))
     self._pipelines: List[Any] = []
     self._model_step: Optional[consumer_lib.ModelStep] = None
     self._model_prepare: Optional[_Background] = None
     self._model_note = ''
     self._wants_model = False
-    if not output_dict.get(TUNED_INPUT_PIPELINE_KEY):
+    if not output_dict.get(spec_keys.TUNED_INPUT_PIPELINE_KEY):
       return _Plan(tuning, None)
     tuned_artifact = artifact_utils.get_single_instance(
-        output_dict[TUNED_INPUT_PIPELINE_KEY])
+        output_dict[spec_keys.TUNED_INPUT_PIPELINE_KEY])
     storage.check_writable(tuned_artifact.uri, 'tuned_input_pipeline output')
     split, not_tuned = tuning_inputs.split_to_tune(
         tuning, input_dict, output_dict, exec_properties)
@@ -238,61 +239,27 @@ class Executor(transform_patches.TransformExecutorHooks):
       artifact_lib.write_not_tuned(tuned_artifact, plan.not_tuned,
                                    transform_seconds)
       return
-    batch = tuning.measure_batch_size
     notes = plan.notes
     consumer: Any = plan.consumer
     # The tuning budget counts from here.
     budget_start = time.monotonic()
     if self._wants_model:
-      consumer = self._consumer(batch, tuning.measure_seconds, notes)
+      consumer = self._consumer(tuning.measure_batch_size,
+                                tuning.measure_seconds, notes)
     elif not tuning.early_stop:
       notes.append('early_stop is off: the consumer was not measured.')
     waited_seconds = time.monotonic() - budget_start
 
-    splits_config = executor_utils.ResolveSplitsConfig(
-        exec_properties.get(standard_component_specs.SPLITS_CONFIG_KEY),
-        input_dict[standard_component_specs.EXAMPLES_KEY])
-    examples = input_dict[standard_component_specs.EXAMPLES_KEY]
-    # From TFRecord inputs, Transform materializes tf.Example TFRecords.
-    transformed = (
-        output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
-        if tuning_inputs.are_tfrecords(examples) else None)
-    num_examples = (materialized.split_count(examples_written, transformed,
-                                 tuning.tune_split)
-                    if transformed else None)
-
-    transform_graph_uri = artifact_utils.get_single_uri(
-        output_dict[standard_component_specs.TRANSFORM_GRAPH_KEY])
-    tft_output = tft.TFTransformOutput(transform_graph_uri)
-    feature_spec = tft_output.transformed_feature_spec()
-    materialized_patterns = (
-        tuning_inputs.split_patterns(transformed, tuning.tune_split)
-        if transformed else None)
-    raw_patterns = ({split: tuning_inputs.split_patterns(examples, split)
-                     for split in splits_config.transform}
-                    if tuning_inputs.are_tfrecords(
-                        examples, tuning_inputs.TF_EXAMPLE) else None)
-    references = ({artifact_lib.STOCK_READER: _stock_reader(
-        materialized_patterns, tft_output.transformed_metadata.schema, batch)}
-                  if materialized_patterns else {})
-    key = history.tuning_key(
-        feature_spec, num_examples if num_examples is not None else
-        _estimated_examples(materialized_patterns or (raw_patterns or {}).get(
-            tuning.tune_split)), tuning.tune_split, batch)
-    previous = None
-    if tuning.reuse:
-      found = history.previous_tuning(tuned_artifact.uri, key)
-      if found is not None and found.config is not None:
-        previous = tuner.Previous(found.config, found.reason)
-      elif found is not None:
-        notes.append(f'Previous tuning {found.reason}.')
+    data = _tuning_data(tuning, input_dict, output_dict, exec_properties,
+                        examples_written)
+    previous = _previous_tuning(tuning, tuned_artifact.uri, data.key, notes)
     result = tuner.tune(
-        tuning, feature_spec,
-        materialized_patterns=materialized_patterns,
-        transform_graph_uri=transform_graph_uri,
-        raw_file_patterns=raw_patterns,
-        num_examples=num_examples,
-        references=references,
+        tuning, data.feature_spec,
+        materialized_patterns=data.materialized_patterns,
+        transform_graph_uri=data.transform_graph_uri,
+        raw_file_patterns=data.raw_patterns,
+        num_examples=data.num_examples,
+        references=data.references,
         consumer=consumer,
         previous=previous,
         notes=notes,
@@ -301,17 +268,31 @@ class Executor(transform_patches.TransformExecutorHooks):
     tuned_seconds = time.monotonic() - budget_start
     tuned_artifact.set_float_custom_property('transform_seconds',
                                              transform_seconds)
-    history.write_fingerprint(tuned_artifact.uri, key, {
+    history.write_fingerprint(tuned_artifact.uri, data.key, {
         'examples_per_sec': result.chosen.examples_per_sec,
         'decision': result.decision})
-    artifact_lib.write(tuned_artifact, result, {
+    artifact_lib.write(tuned_artifact, result, self._report_context(
+        tuning, bool(data.transformed), examples_written, transform_seconds,
+        waited_seconds, tuned_seconds))
+    after = time.monotonic() - budget_start
+    tuned_artifact.set_float_custom_property('after_transform_seconds', after)
+    logging.info('OptimizedTransform: Transform %.1f s, then %.1f s (%s); '
+                 'chosen %s', transform_seconds, after, result.decision,
+                 result.config.to_json())
+
+  def _report_context(self, tuning: TuningConfig, has_materialized: bool,
+                      examples_written: Dict[str, int],
+                      transform_seconds: float, waited_seconds: float,
+                      tuned_seconds: float) -> Dict[str, str]:
+    """The report's rows on the Transform and on the time after it."""
+    return {
         'stock Transform seconds (inside this step, sharded Beam write '
         'included)': f'{transform_seconds:.1f}',
         'materialized files per split': (
             (f'{tuning.num_output_shards}, more where a shard would exceed '
              f'{tuning.max_shard_mb:g} MB of raw examples'
              if tuning.num_output_shards else 'as the Beam runner wrote them')
-            if transformed else 'none'),
+            if has_materialized else 'none'),
         'examples per split (Beam counter)': ', '.join(
             f'{os.path.basename(os.path.dirname(path))}: {n:,}'
             for path, n in sorted(examples_written.items())
@@ -326,12 +307,7 @@ class Executor(transform_patches.TransformExecutorHooks):
             f'{tuned_seconds - waited_seconds:.2f} measuring and deciding, '
             'then the report (total: the custom property '
             'after_transform_seconds)'),
-    })
-    after = time.monotonic() - budget_start
-    tuned_artifact.set_float_custom_property('after_transform_seconds', after)
-    logging.info('OptimizedTransform: Transform %.1f s, then %.1f s (%s); '
-                 'chosen %s', transform_seconds, after, result.decision,
-                 result.config.to_json())
+    }
 
   def _consumer(self, batch: int, seconds: float,
                 notes: List[str]) -> Optional[tuner.ConsumerFn]:
@@ -354,6 +330,79 @@ class Executor(transform_patches.TransformExecutorHooks):
           'one device)', batch)
     return measure
 
+
+
+@dataclasses.dataclass
+class _TuningData:
+  """What the tuner reads: the tuned split's files, size and features."""
+  feature_spec: Dict[str, Any]
+  transform_graph_uri: str
+  # The materialized tf.Example TFRecords, or None (not TFRecord inputs).
+  transformed: Optional[List[types.Artifact]]
+  # The tuned split's examples by the sharded write's counter, or None.
+  num_examples: Optional[int]
+  materialized_patterns: Optional[List[str]]
+  raw_patterns: Optional[Dict[str, List[str]]]
+  references: Dict[str, tuner.DatasetFn]
+  # What the tuning is valid for (`history.tuning_key`).
+  key: Dict[str, Any]
+
+
+def _tuning_data(tuning: TuningConfig,
+                 input_dict: Dict[str, List[types.Artifact]],
+                 output_dict: Dict[str, List[types.Artifact]],
+                 exec_properties: Dict[str, Any],
+                 examples_written: Dict[str, int]) -> _TuningData:
+  """The Transform's inputs and outputs, as the tuner reads them."""
+  batch = tuning.measure_batch_size
+  splits_config = executor_utils.ResolveSplitsConfig(
+      exec_properties.get(standard_component_specs.SPLITS_CONFIG_KEY),
+      input_dict[standard_component_specs.EXAMPLES_KEY])
+  examples = input_dict[standard_component_specs.EXAMPLES_KEY]
+  # From TFRecord inputs, Transform materializes tf.Example TFRecords.
+  transformed = (
+      output_dict.get(standard_component_specs.TRANSFORMED_EXAMPLES_KEY)
+      if tuning_inputs.are_tfrecords(examples) else None)
+  num_examples = (materialized.split_count(examples_written, transformed,
+                                           tuning.tune_split)
+                  if transformed else None)
+
+  transform_graph_uri = artifact_utils.get_single_uri(
+      output_dict[standard_component_specs.TRANSFORM_GRAPH_KEY])
+  tft_output = tft.TFTransformOutput(transform_graph_uri)
+  feature_spec = tft_output.transformed_feature_spec()
+  materialized_patterns = (
+      tuning_inputs.split_patterns(transformed, tuning.tune_split)
+      if transformed else None)
+  raw_patterns = ({split: tuning_inputs.split_patterns(examples, split)
+                   for split in splits_config.transform}
+                  if tuning_inputs.are_tfrecords(
+                      examples, tuning_inputs.TF_EXAMPLE) else None)
+  references = ({artifact_lib.STOCK_READER: _stock_reader(
+      materialized_patterns, tft_output.transformed_metadata.schema, batch)}
+                if materialized_patterns else {})
+  key = history.tuning_key(
+      feature_spec, num_examples if num_examples is not None else
+      _estimated_examples(materialized_patterns or (raw_patterns or {}).get(
+          tuning.tune_split)), tuning.tune_split, batch)
+  return _TuningData(feature_spec, transform_graph_uri, transformed,
+                     num_examples, materialized_patterns, raw_patterns,
+                     references, key)
+
+
+def _previous_tuning(tuning: TuningConfig, tuned_uri: str,
+                     key: Dict[str, Any],
+                     notes: List[str]) -> Optional[tuner.Previous]:
+  """This node's previous tuning where `reuse` is on and it still holds;
+  why it does not, in `notes`."""
+  if not tuning.reuse:
+    return None
+  found = history.previous_tuning(tuned_uri, key)
+  if found is not None and found.config is not None:
+    return tuner.Previous(found.config, found.reason)
+  if found is not None:
+    notes.append(f'Previous tuning {found.reason}.')
+  return None
 
 
 def _estimated_examples(patterns: Optional[List[str]]) -> Optional[int]:

@@ -10,7 +10,7 @@ trainer's is flagged at the top. No TFX import.
 import io
 import math
 import os
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
@@ -26,6 +26,17 @@ def _mib(num_bytes: float) -> str:
 
 def render_markdown(result: TuningResult, extra: Dict[str, str]) -> str:
   """The report text; `extra` adds context rows (e.g. Transform timings)."""
+  lines = [*_summary_lines(result, extra), *_stage_lines(result),
+           *_candidate_lines(result),
+           '', '## Chosen config', '', '```json', result.config.to_json(),
+           '```']
+  if result.notes:
+    lines += ['', '## Notes', ''] + [f'- {n}' for n in result.notes]
+  return '\n'.join(lines) + '\n'
+
+
+def _summary_lines(result: TuningResult, extra: Dict[str, str]) -> List[str]:
+  """What was chosen, whether training is input-bound, and why."""
   chosen = result.chosen
   lines = [
       '# Tuned input pipeline',
@@ -65,12 +76,16 @@ def render_markdown(result: TuningResult, extra: Dict[str, str]) -> str:
       f'candidates; load average {result.load_average:.1f} on '
       f'{result.cores} cores while measuring',
   ]
-  lines += [f'- {key}: {value}' for key, value in extra.items()]
-  lines += ['', '## Stages', '',
-            'Cumulative rate of the pipeline up to each stage, and the rate '
-            'of the stage alone (from the per-example cost it adds).', '',
-            '| path | stage | cumulative examples/s | stage examples/s | '
-            'read MB/s |', '|---|---|---:|---:|---:|']
+  return lines + [f'- {key}: {value}' for key, value in extra.items()]
+
+
+def _stage_lines(result: TuningResult) -> List[str]:
+  """Which stage limits the throughput."""
+  lines = ['', '## Stages', '',
+           'Cumulative rate of the pipeline up to each stage, and the rate '
+           'of the stage alone (from the per-example cost it adds).', '',
+           '| path | stage | cumulative examples/s | stage examples/s | '
+           'read MB/s |', '|---|---|---:|---:|---:|']
   for s in result.stages:
     mbps = f'{s.bytes_per_sec / 1e6:,.1f}' if s.bytes_per_sec else ''
     alone = (f'{s.stage_examples_per_sec:,.0f}'
@@ -78,18 +93,19 @@ def render_markdown(result: TuningResult, extra: Dict[str, str]) -> str:
              '~0 cost (within noise)')
     lines.append(f'| {s.path} | {s.stage} | '
                  f'{s.cumulative_examples_per_sec:,.0f} | {alone} | {mbps} |')
-  lines += ['', '## Candidates', '',
-            '| # | placement | knobs | examples/s | note |',
-            '|---:|---|---|---:|---|']
+  return lines
+
+
+def _candidate_lines(result: TuningResult) -> List[str]:
+  """Every pipeline measured, the chosen one marked."""
+  lines = ['', '## Candidates', '',
+           '| # | placement | knobs | examples/s | note |',
+           '|---:|---|---|---:|---|']
   for i, c in enumerate(result.candidates + result.references, 1):
-    mark = ' **(chosen)**' if c is chosen else ''
+    mark = ' **(chosen)**' if c is result.chosen else ''
     lines.append(f'| {i} | {c.placement} | {c.name}{mark} | '
                  f'{c.examples_per_sec:,.0f} | {c.note} |')
-  lines += ['', '## Chosen config', '', '```json',
-            result.config.to_json(), '```']
-  if result.notes:
-    lines += ['', '## Notes', ''] + [f'- {n}' for n in result.notes]
-  return '\n'.join(lines) + '\n'
+  return lines
 
 
 def warm_up() -> None:

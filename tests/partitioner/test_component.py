@@ -11,6 +11,7 @@ import textwrap
 import pytest
 from tfx import types
 from tfx.types import standard_artifacts
+from tfx.types import standard_component_specs
 
 from components.partitioner.component import GPipePartitioner
 from components.partitioner import config as config_lib
@@ -18,6 +19,7 @@ from components.partitioner import executor
 from components.partitioner import partition
 from components.partitioner import plan as plan_lib
 from components.partitioner import report
+from components.partitioner import spec_keys
 from components.records import partition_plan
 from components import types as hpm_types
 
@@ -126,17 +128,25 @@ def test_examples_need_the_transform_graph():
         examples=types.Channel(type=standard_artifacts.Examples))
 
 
+def test_spec_keys_keep_their_names():
+  # Pipelines, MLMD records and the Kubeflow IR name them.
+  spec = GPipePartitioner.SPEC_CLASS
+  assert set(spec.PARAMETERS) == {'module_file', 'module_path', 'config'}
+  assert set(spec.INPUTS) == {'examples', 'transform_graph'}
+  assert set(spec.OUTPUTS) == {'partition_plan'}
+
+
 def test_valid_construction_records_the_config():
   config = config_lib.PartitionerConfig(batch_size=64, num_stages=4,
                                         remat='always')
   component = GPipePartitioner(config=config, module_path=TAXI_MODULE)
   stored = config_lib.PartitionerConfig.from_json(
-      component.exec_properties[executor.CONFIG_KEY])
+      component.exec_properties[spec_keys.CONFIG_KEY])
   assert stored == config
   # Auto: every divisor of the batch, both schedules, are candidates.
   assert stored.microbatch_counts() == [1, 2, 4, 8, 16, 32, 64]
   assert stored.schedule_names() == ['gpipe', '1f1b']
-  assert component.outputs[executor.PARTITION_PLAN_KEY].type is (
+  assert component.outputs[spec_keys.PARTITION_PLAN_KEY].type is (
       hpm_types.PartitionPlan)
 
 
@@ -147,10 +157,10 @@ def _run_executor(module_file, output_dir, **config):
   artifact = hpm_types.PartitionPlan()
   artifact.uri = str(output_dir)
   exec_properties = {
-      'module_file': module_file,
-      executor.CONFIG_KEY: config_lib.PartitionerConfig(**config).to_json(),
+      standard_component_specs.MODULE_FILE_KEY: module_file,
+      spec_keys.CONFIG_KEY: config_lib.PartitionerConfig(**config).to_json(),
   }
-  executor.Executor().Do({}, {executor.PARTITION_PLAN_KEY: [artifact]},
+  executor.Executor().Do({}, {spec_keys.PARTITION_PLAN_KEY: [artifact]},
                          exec_properties)
   return artifact
 
@@ -164,9 +174,9 @@ def test_too_many_stages_fail_when_the_executor_starts(tmp_path):
   artifact.uri = str(tmp_path / 'plan')
   with pytest.raises(ValueError, match=rf'exceeds the {TAXI_LAYER_CALLS} '
                      'partitionable layers'):
-    executor.Executor().Do({}, {executor.PARTITION_PLAN_KEY: [artifact]}, {
-        'module_path': TAXI_MODULE,
-        executor.CONFIG_KEY: config_lib.PartitionerConfig(**config).to_json()})
+    executor.Executor().Do({}, {spec_keys.PARTITION_PLAN_KEY: [artifact]}, {
+        standard_component_specs.MODULE_PATH_KEY: TAXI_MODULE,
+        spec_keys.CONFIG_KEY: config_lib.PartitionerConfig(**config).to_json()})
   assert not os.path.exists(artifact.uri)
 
 

@@ -12,6 +12,7 @@ import os
 from typing import Optional
 
 from tfx import v1 as tfx
+from tfx.types import standard_component_specs
 
 from components import HighPerfTrainer
 from components import OptimizedTransform
@@ -39,8 +40,10 @@ def _trainer(ours, transform, hyperparameters=None,
   _, trainer_class = _classes(ours)
   return trainer_class(
       module_file=module_file or data.default_module_file(),
-      examples=transform.outputs['transformed_examples'],
-      transform_graph=transform.outputs['transform_graph'],
+      examples=transform.outputs[
+          standard_component_specs.TRANSFORMED_EXAMPLES_KEY],
+      transform_graph=transform.outputs[
+          standard_component_specs.TRANSFORM_GRAPH_KEY],
       hyperparameters=hyperparameters,
       train_args=tfx.proto.TrainArgs(num_steps=TRAIN_STEPS),
       eval_args=tfx.proto.EvalArgs(num_steps=EVAL_STEPS),
@@ -65,25 +68,32 @@ def cached_pipeline(ours: bool, data_root: str, root: str,
   module_file = module_file or data.default_module_file()
   example_gen = tfx.components.CsvExampleGen(input_base=data_root)
   schema_gen = tfx.components.ImportSchemaGen(schema_file=TAXI_SCHEMA)
+  examples = example_gen.outputs[standard_component_specs.EXAMPLES_KEY]
   transform = transform_class(
-      examples=example_gen.outputs['examples'],
-      schema=schema_gen.outputs['schema'], module_file=module_file)
+      examples=examples,
+      schema=schema_gen.outputs[standard_component_specs.SCHEMA_KEY],
+      module_file=module_file)
   tuner = tfx.components.Tuner(
       module_file=tuner_module or TUNER_MODULE,
-      examples=transform.outputs['transformed_examples'],
-      transform_graph=transform.outputs['transform_graph'],
+      examples=transform.outputs[
+          standard_component_specs.TRANSFORMED_EXAMPLES_KEY],
+      transform_graph=transform.outputs[
+          standard_component_specs.TRANSFORM_GRAPH_KEY],
       train_args=tfx.proto.TrainArgs(num_steps=5),
       eval_args=tfx.proto.EvalArgs(num_steps=EVAL_STEPS))
-  trainer = _trainer(ours, transform, tuner.outputs['best_hyperparameters'],
-                     module_file)
+  trainer = _trainer(
+      ours, transform,
+      tuner.outputs[standard_component_specs.BEST_HYPERPARAMETERS_KEY],
+      module_file)
+  model = trainer.outputs[standard_component_specs.MODEL_KEY]
   evaluator = tfx.components.Evaluator(
-      examples=example_gen.outputs['examples'],
-      model=trainer.outputs['model'],
+      examples=examples,
+      model=model,
       eval_config=taxi_pipeline.eval_config(0.0, compare_to_baseline=False))
-  with tfx.dsl.Cond(evaluator.outputs['blessing'].future()[0]
-                    .custom_property('blessed') == 1):
+  blessing = evaluator.outputs[standard_component_specs.BLESSING_KEY]
+  with tfx.dsl.Cond(blessing.future()[0].custom_property('blessed') == 1):
     pusher = tfx.components.Pusher(
-        model=trainer.outputs['model'],
+        model=model,
         push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(
                 base_directory=serving_dir)))
@@ -121,7 +131,8 @@ def span_pipeline(ours: bool, data_root: str, root: str,
       examples=tfx.dsl.Channel(
           type=tfx.types.standard_artifacts.Examples,
           producer_component_id=example_gen.id,
-          output_key='examples')).with_id('span_window')
+          output_key=standard_component_specs.EXAMPLES_KEY)).with_id(
+              'span_window')
   window.add_upstream_node(example_gen)
   latest_cache = tfx.dsl.Resolver(
       strategy_class=tfx.dsl.experimental.LatestArtifactStrategy,
@@ -130,8 +141,9 @@ def span_pipeline(ours: bool, data_root: str, root: str,
               'latest_analyzer_cache')
   transform = transform_class(
       examples=(window.outputs['examples'] if span_window else
-                example_gen.outputs['examples']),
-      schema=schema_gen.outputs['schema'], module_file=module_file,
+                example_gen.outputs[standard_component_specs.EXAMPLES_KEY]),
+      schema=schema_gen.outputs[standard_component_specs.SCHEMA_KEY],
+      module_file=module_file,
       analyzer_cache=latest_cache.outputs['cache'])
   trainer = _trainer(ours, transform, module_file=module_file)
   return _pipeline('dropin-spans', root, [

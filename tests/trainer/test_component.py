@@ -9,12 +9,15 @@ import pytest
 import tensorflow as tf
 from tfx import v1 as tfx
 from tfx.types import standard_artifacts
+from tfx.types import standard_component_specs
 
 from components import HighPerfTrainer
+from components.partitioner import spec_keys as partitioner_keys
 from components.trainer.config import DistributionConfig
 from components.trainer import executor
 from components.trainer import fn_args as fn_args_lib
 from components.trainer import model_run as model_run_lib
+from components.trainer import spec_keys
 from components.trainer.strategies import choice as strategy_lib
 from components import types as hpm_types
 from pipelines import data
@@ -62,9 +65,11 @@ def _start_executor(trainer, tmp_path):
       key: (json_format.MessageToJson(value, preserving_proto_field_name=True)
             if hasattr(value, 'DESCRIPTOR') else value)
       for key, value in trainer.exec_properties.items() if value is not None}
-  executor.Executor().Do({'examples': [examples]},
-                         {'model': [model], 'model_run': [model_run]},
-                         properties)
+  executor.Executor().Do(
+      {standard_component_specs.EXAMPLES_KEY: [examples]},
+      {standard_component_specs.MODEL_KEY: [model],
+       standard_component_specs.MODEL_RUN_KEY: [model_run]},
+      properties)
 
 
 def test_drop_in_spec_and_exec_properties():
@@ -78,17 +83,30 @@ def test_drop_in_spec_and_exec_properties():
       module_file=data.default_module_file())
   assert set(stock.spec.PARAMETERS) < set(trainer.spec.PARAMETERS)
   assert set(stock.spec.INPUTS) < set(trainer.spec.INPUTS)
-  assert set(trainer.outputs) == {'model', 'model_run'}
-  assert trainer.outputs['model'].type is standard_artifacts.Model
-  assert trainer.inputs['tuned_input_pipeline'] is tuned
-  distribution = json.loads(trainer.exec_properties['distribution'])
+  assert set(trainer.outputs) == {standard_component_specs.MODEL_KEY,
+                                  standard_component_specs.MODEL_RUN_KEY}
+  assert trainer.outputs[standard_component_specs.MODEL_KEY].type is (
+      standard_artifacts.Model)
+  assert trainer.inputs[spec_keys.TUNED_INPUT_PIPELINE_KEY] is tuned
+  distribution = json.loads(
+      trainer.exec_properties[spec_keys.DISTRIBUTION_KEY])
   assert distribution['strategy'] == 'mirrored'
   assert distribution['logical_cpu_devices'] == 2
-  fault = json.loads(trainer.exec_properties['fault_tolerance'])
+  fault = json.loads(trainer.exec_properties[spec_keys.FAULT_TOLERANCE_KEY])
   assert fault['save_every_steps'] == 5
-  assert json.loads(trainer.exec_properties['custom_config']) == {
-      'batch_size': 8}
+  assert json.loads(trainer.exec_properties[
+      standard_component_specs.CUSTOM_CONFIG_KEY]) == {'batch_size': 8}
   assert trainer.executor_spec.executor_class is executor.Executor
+
+
+def test_spec_keys_keep_their_names():
+  # Pipelines, MLMD records and the Kubeflow IR name them.
+  spec, stock = HighPerfTrainer.SPEC_CLASS, standard_component_specs.TrainerSpec
+  assert set(spec.PARAMETERS) - set(stock.PARAMETERS) == {
+      'distribution', 'fault_tolerance', 'component_class'}
+  assert set(spec.INPUTS) - set(stock.INPUTS) == {
+      'tuned_input_pipeline', 'partition_plan'}
+  assert spec.OUTPUTS == stock.OUTPUTS
 
 
 def test_mode_follows_the_module():
@@ -101,12 +119,14 @@ def test_mode_follows_the_module():
   # A stock module needs no training length (its run_fn decides).
   trainer = _trainer(module_file=STOCK_TAXI_MODULE,
                      train_args=tfx.proto.TrainArgs())
-  assert trainer.exec_properties['module_file'] == STOCK_TAXI_MODULE
+  assert trainer.exec_properties[
+      standard_component_specs.MODULE_FILE_KEY] == STOCK_TAXI_MODULE
 
 
 def test_run_fn_path_parameter(tmp_path):
   trainer = _trainer(module_file=None, run_fn='pipelines.taxi_module.run_fn')
-  assert trainer.exec_properties['run_fn'] == 'pipelines.taxi_module.run_fn'
+  assert trainer.exec_properties[standard_component_specs.RUN_FN_KEY] == (
+      'pipelines.taxi_module.run_fn')
   with pytest.raises(ValueError, match=r"run_fn 'pipelines.taxi_module.nope'"):
     _start_executor(
         _trainer(module_file=None, run_fn='pipelines.taxi_module.nope'),
@@ -146,7 +166,7 @@ def _partitioner(batch_size):
 
 
 def test_plan_with_another_batch_fails_at_construction():
-  plan = _partitioner(64).outputs['partition_plan']
+  plan = _partitioner(64).outputs[partitioner_keys.PARTITION_PLAN_KEY]
   with pytest.raises(ValueError, match=r'partition plan is made for '
                      r"batch_size 64, but the trainer's global batch is 32"):
     _trainer(partition_plan=plan, distribution={'global_batch_size': 32})
@@ -164,7 +184,7 @@ def test_plan_with_another_batch_fails_at_construction():
      'gradient_accumulation_steps=2 with a partition plan'),
 ])
 def test_plan_needs_one_pipeline_at_construction(distribution, expected):
-  plan = _partitioner(64).outputs['partition_plan']
+  plan = _partitioner(64).outputs[partitioner_keys.PARTITION_PLAN_KEY]
   with pytest.raises(ValueError) as error:
     _trainer(partition_plan=plan, distribution=distribution)
   assert expected in str(error.value)
@@ -225,7 +245,8 @@ def test_an_elastic_run_fn_fails_when_the_executor_starts(tmp_path):
 def test_missing_module_fails_when_the_executor_starts(tmp_path):
   missing = str(tmp_path / 'nowhere.py')
   trainer = _trainer(module_file=missing)
-  assert trainer.exec_properties['module_file'] == missing
+  assert trainer.exec_properties[
+      standard_component_specs.MODULE_FILE_KEY] == missing
   with pytest.raises(ValueError, match=f"module_file '{missing}' does not "
                      'exist'):
     _start_executor(trainer, tmp_path)
@@ -238,8 +259,10 @@ def test_missing_module_fails_when_the_executor_starts(tmp_path):
 def test_importable_module_name_becomes_module_path():
   """As the Kubeflow runner passes it: the module installed in the image."""
   trainer = _trainer(module_file='pipelines.taxi_module')
-  assert trainer.exec_properties['module_path'] == 'pipelines.taxi_module'
-  assert trainer.exec_properties['module_file'] is None
+  properties = trainer.exec_properties
+  assert properties[standard_component_specs.MODULE_PATH_KEY] == (
+      'pipelines.taxi_module')
+  assert properties[standard_component_specs.MODULE_FILE_KEY] is None
 
 
 def test_module_file_and_run_fn_are_exclusive():

@@ -21,6 +21,7 @@ import os
 import pytest
 import tensorflow as tf
 from tfx import v1 as tfx
+from tfx.types import standard_component_specs
 
 from components import HighPerfTrainer
 from pipelines import taxi_pipeline
@@ -48,13 +49,17 @@ MANAGED_NODE = taxi_pipeline.TRAINER_ID
 
 def _pipeline(root: str, data_root: str) -> tfx.dsl.Pipeline:
   example_gen, statistics, schema = taxi_pipeline.upstream(data_root)
+  schema_channel = schema.outputs[standard_component_specs.SCHEMA_KEY]
   transform = taxi_pipeline.stock_transform(
-      example_gen.outputs['examples'], schema.outputs['schema'],
-      taxi_runs.MODULE).with_id(taxi_pipeline.TRANSFORM_ID)
-  inputs = dict(examples=transform.outputs['transformed_examples'],
-                transform_graph=transform.outputs['transform_graph'],
-                schema=schema.outputs['schema'],
-                eval_args=tfx.proto.EvalArgs(num_steps=EVAL_STEPS))
+      example_gen.outputs[standard_component_specs.EXAMPLES_KEY],
+      schema_channel, taxi_runs.MODULE).with_id(taxi_pipeline.TRANSFORM_ID)
+  inputs = dict(
+      examples=transform.outputs[
+          standard_component_specs.TRANSFORMED_EXAMPLES_KEY],
+      transform_graph=transform.outputs[
+          standard_component_specs.TRANSFORM_GRAPH_KEY],
+      schema=schema_channel,
+      eval_args=tfx.proto.EvalArgs(num_steps=EVAL_STEPS))
   stock = tfx.components.Trainer(
       module_file=STOCK_TAXI_MODULE,
       train_args=tfx.proto.TrainArgs(num_steps=STOCK_STEPS),
@@ -65,10 +70,11 @@ def _pipeline(root: str, data_root: str) -> tfx.dsl.Pipeline:
       **inputs).with_id(RUN_FN_NODE)
   latest_model = tfx.dsl.Resolver(
       strategy_class=tfx.dsl.experimental.LatestArtifactStrategy,
-      model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model,
-                            producer_component_id=MANAGED_NODE,
-                            output_key='model')).with_id(
-                                'latest_model_resolver')
+      model=tfx.dsl.Channel(
+          type=tfx.types.standard_artifacts.Model,
+          producer_component_id=MANAGED_NODE,
+          output_key=standard_component_specs.MODEL_KEY)).with_id(
+              'latest_model_resolver')
   managed = HighPerfTrainer(
       module_file=taxi_runs.MODULE,
       base_model=latest_model.outputs['model'],
@@ -107,7 +113,8 @@ def _differences(metadata_path: str, node: str):
                                           STOCK_NODE)
   ours = output_conformance.node_outputs(metadata_path, taxi_runs.NAME, node)
   return output_conformance.compare_outputs(
-      stock, ours, saved_models={'model': 'Format-Serving'})
+      stock, ours,
+      saved_models={standard_component_specs.MODEL_KEY: 'Format-Serving'})
 
 
 def test_run_fn_mode_leaves_what_the_stock_trainer_leaves_and_more(runs):

@@ -5,9 +5,12 @@ import json
 import pytest
 from tfx import v1 as tfx
 from tfx.proto import transform_pb2
+from tfx.types import standard_component_specs
 
+from components import drop_in
 from components import OptimizedTransform
 from components.transform.config import TuningConfig
+from components.transform import spec_keys
 from components.types import TunedInputPipeline
 
 
@@ -120,18 +123,23 @@ def test_same_spec_as_stock_transform_plus_tuning():
   stock = tfx.components.Transform(**_channels(), **kwargs)
   ours = OptimizedTransform(**_channels(), **kwargs,
                             tuning={'time_budget_s': 4.0})
+  # The names that pipelines, MLMD records and the Kubeflow IR use.
   assert set(ours.outputs) == set(stock.outputs) | {'tuned_input_pipeline'}
-  assert ours.outputs['tuned_input_pipeline'].type is TunedInputPipeline
+  assert set(ours.exec_properties) == set(stock.exec_properties) | {
+      'tuning', 'component_class'}
+  assert ours.outputs[spec_keys.TUNED_INPUT_PIPELINE_KEY].type is (
+      TunedInputPipeline)
   assert set(ours.inputs) == set(stock.inputs)
-  tuning = json.loads(ours.exec_properties.pop('tuning'))
+  tuning = json.loads(ours.exec_properties.pop(spec_keys.TUNING_KEY))
   # Recorded under the stock execution type; this says which class ran.
-  assert ours.exec_properties.pop('component_class') == (
+  assert ours.exec_properties.pop(drop_in.COMPONENT_CLASS_KEY) == (
       'components.transform.component.OptimizedTransform')
   assert ours.exec_properties == stock.exec_properties
   assert tuning['time_budget_s'] == 4.0
   assert TuningConfig.from_dict(tuning).cache == 'auto'
   # The output channels belong to our component.
-  assert ours.outputs['transformed_examples'].producer_component_id == ours.id
+  assert ours.outputs[standard_component_specs.TRANSFORMED_EXAMPLES_KEY
+                     ].producer_component_id == ours.id
 
 
 def test_help_shows_the_docstring():
@@ -166,7 +174,8 @@ def test_hpm_factories_pass_the_trainer_batch_into_tuning(distribution,
   make = taxi_pipeline.hpm_factories(distribution=distribution)[
       'make_transform']
   transform = make(_channels()['examples'], _channels()['schema'], 'm.py')
-  tuning = TuningConfig.from_json(transform.exec_properties['tuning'])
+  tuning = TuningConfig.from_json(
+      transform.exec_properties[spec_keys.TUNING_KEY])
   assert tuning.trainer_batch_size == batch
   assert tuning.measure_batch_size == batch and tuning.batch_mismatch() is None
   # A measurement batch of the user's that differs is kept, and flagged.
@@ -175,7 +184,7 @@ def test_hpm_factories_pass_the_trainer_batch_into_tuning(distribution,
                                          'make_transform']
   tuning = TuningConfig.from_json(make(
       _channels()['examples'], _channels()['schema'],
-      'm.py').exec_properties['tuning'])
+      'm.py').exec_properties[spec_keys.TUNING_KEY])
   assert tuning.measure_batch_size == 512
   assert tuning.batch_mismatch() == (
       f'measured at batch 512 but the trainer reads {batch} examples per step')

@@ -153,8 +153,9 @@ def test_a_full_output_location_fails_the_write_naming_it(tmp_path):
     graph.uri = str(tmp_path / 'graph')
     with pytest.raises(storage.ExplainedOSError) as error:
       materialized.raise_if_a_location_failed(
-          beam_error.value, {'transform_graph': [graph],
-                             'transformed_examples': [examples]})
+          beam_error.value,
+          {standard_component_specs.TRANSFORM_GRAPH_KEY: [graph],
+           standard_component_specs.TRANSFORMED_EXAMPLES_KEY: [examples]})
   message = str(error.value)
   assert message.startswith(
       f'The transformed_examples output location {examples.uri} is full ('), (

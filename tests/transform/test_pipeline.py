@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_transform as tft
 from tfx import v1 as tfx
+from tfx.types import standard_component_specs
 from tfx_bsl.public import tfxio
 
 from components.data import input_pipeline
@@ -27,6 +28,7 @@ from components import OptimizedTransform
 from components.records import tuned_input_pipeline
 from components.transform.config import TuningConfig
 from components.transform import decisions
+from components.transform import spec_keys
 from components.transform import tuner
 from components.types import TunedInputPipeline
 from pipelines import data
@@ -57,9 +59,10 @@ def run(tmp_path_factory, taxi_upstream, taxi_sample_dir):
 
   def components(first_run: bool):
     example_gen, statistics, schema = taxi_pipeline.upstream(taxi_sample_dir)
-    common = dict(examples=example_gen.outputs['examples'],
-                  schema=schema.outputs['schema'],
-                  module_file=data.default_module_file())
+    common = dict(
+        examples=example_gen.outputs[standard_component_specs.EXAMPLES_KEY],
+        schema=schema.outputs[standard_component_specs.SCHEMA_KEY],
+        module_file=data.default_module_file())
     # Without early stop it always tunes, so its second run reuses.
     on_the_fly = OptimizedTransform(
         **common, materialize=False,
@@ -223,11 +226,13 @@ def test_outputs_differ_from_stock_only_where_the_readme_says(run):
   ours = output_conformance.node_outputs(run.metadata_path, taxi_runs.NAME,
                                          'OptimizedTransform')
   differences, _ = output_conformance.compare_outputs(
-      stock, ours, saved_models={'transform_graph': 'transform_fn'})
+      stock, ours, saved_models={
+          standard_component_specs.TRANSFORM_GRAPH_KEY: 'transform_fn'})
   output_conformance.assert_documented(differences, README,
                                        'OptimizedTransform')
   # What only ours has: the tuned input pipeline.
-  assert 'tuned_input_pipeline' in ours and 'tuned_input_pipeline' not in stock
+  tuned = spec_keys.TUNED_INPUT_PIPELINE_KEY
+  assert tuned in ours and tuned not in stock
 
 
 def test_tuned_pipeline_yields_stock_readers_multiset(run):

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from tfx.types import artifact_utils
 from tfx.types import standard_artifacts
+from tfx.types import standard_component_specs
 from tfx.utils import path_utils
 
 from components.trainer import fn_args as fn_args_lib
@@ -127,20 +128,25 @@ def test_run_fn_gets_the_base_model_as_from_the_stock_trainer(tmp_path,
   base_model.uri = str(tmp_path / 'base_model')
   os.makedirs(path_utils.serving_model_path(base_model.uri))
   outputs = {}
-  for key, artifact in (('model', standard_artifacts.Model()),
-                        ('model_run', standard_artifacts.ModelRun())):
+  for key, artifact in (
+      (standard_component_specs.MODEL_KEY, standard_artifacts.Model()),
+      (standard_component_specs.MODEL_RUN_KEY, standard_artifacts.ModelRun())):
     artifact.uri = str(tmp_path / key)
     outputs[key] = [artifact]
   task = tt.make_task(str(tmp_path), data)
   task.mode = 'run_fn'
   task.executor_io = {
       'input_dict': artifact_utils.jsonify_artifact_dict(
-          {'examples': [examples], 'base_model': [base_model]}),
+          {standard_component_specs.EXAMPLES_KEY: [examples],
+           standard_component_specs.BASE_MODEL_KEY: [base_model]}),
       'output_dict': artifact_utils.jsonify_artifact_dict(outputs),
       'exec_properties': {
-          'train_args': json.dumps({'num_steps': 3}),
-          'eval_args': json.dumps({'num_steps': 1}),
-          'custom_config': 'null', 'run_fn': 'x.run_fn'}}
+          standard_component_specs.TRAIN_ARGS_KEY: json.dumps(
+              {'num_steps': 3}),
+          standard_component_specs.EVAL_ARGS_KEY: json.dumps(
+              {'num_steps': 1}),
+          standard_component_specs.CUSTOM_CONFIG_KEY: 'null',
+          standard_component_specs.RUN_FN_KEY: 'x.run_fn'}}
 
   fn_args = fn_args_lib.build_fn_args(ProcessContext.of_strategy(
       task, tf.distribute.OneDeviceStrategy('/cpu:0')))
