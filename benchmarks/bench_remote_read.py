@@ -177,7 +177,8 @@ def _body(results: dict) -> str:
       f'most the per-stream cap below (1/{STREAM_SHARE} of the reader\'s '
       f'local byte rate at K = 1) on each connection; K the shards read '
       f'ahead (`read_ahead_shards`), the tuned K chosen by '
-      f'OptimizedTransform\'s tuner on the store ({TUNING_BUDGET_S:.0f} s budget, early stop off). '
+      f'OptimizedTransform\'s tuner on the store ({TUNING_BUDGET_S:.0f} s '
+      'budget, early stop off). '
       f'Rows/s, median of {ROUNDS} interleaved rounds of {MEASURE_S:.0f} s.',
       report.table(['record', 'shards x records', 'batch', 'stream cap',
                     'local K=1', 'local K=tuned', 'remote K=1',
