@@ -64,7 +64,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, Optional, Set
 
 HOST = '127.0.0.1'
 PROJECT = 'tfx-hpm-test'
@@ -248,7 +248,10 @@ class GcsEmulator:
 
   def __init__(self, port: int, log_dir: Optional[str] = None,
                first_byte_s: float = 0.0,
-               stream_bytes_per_s: Optional[float] = None):
+               stream_bytes_per_s: Optional[float] = None,
+               cpus: Optional[Set[int]] = None):
+    """`cpus`: the cores the server runs on (all by default), so that a
+    benchmark can keep it off the cores it measures on."""
     self.port = port
     self.url = endpoint(port)
     self._log_dir = log_dir or tempfile.mkdtemp(prefix='gcs_emulator_')
@@ -263,7 +266,8 @@ class GcsEmulator:
     start = time.monotonic()
     self.process = subprocess.Popen(  # pylint: disable=consider-using-with
         argv, stdin=subprocess.DEVNULL, stdout=self._log,
-        stderr=subprocess.STDOUT, start_new_session=True)
+        stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     try:
       self._wait_until_answering()
     except BaseException:
