@@ -4,7 +4,7 @@ The user module only builds a compiled model (`build_model(hparams)`,
 `LABEL_KEY`, optional `RAW_LABEL_KEY` and `serving_signatures`); this module
 builds it in the strategy (or on the GPipe stage devices), picks the step
 runner and preemption watcher the strategy's registry entry calls for, and
-assembles the result from the process's `ProcessContext`.
+reports the loop's `training_result.LoopReport` to the process's entry.
 
 Exact resume is built in: the optimizer-step counter is a variable inside the
 checkpoint, and the data position is derived from it, so synchronous
@@ -19,7 +19,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
@@ -28,6 +28,7 @@ from components.data import data_order
 from components.pipeline_parallel import placement
 from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
+from components.records import training_result
 from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.config import AUTO
@@ -62,26 +63,12 @@ _EVENTS_FLUSH_MILLIS = 600_000
 XLA_SNAPSHOT_ROOT = 'ram://hpm_xla_probe'
 
 
-def _json_value(value):
-  """Numpy / tensor scalars to plain Python for JSON."""
-  if isinstance(value, dict):
-    return {k: _json_value(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_json_value(v) for v in value]
-  if hasattr(value, 'numpy'):
-    value = value.numpy()
-  if hasattr(value, 'item'):
-    return value.item()
-  return value
-
-
 class ManagedTraining:
   """One managed training: the model, its checkpointer, and the loop."""
 
   def __init__(self, context: ProcessContext):
     self.started = time.monotonic()
-    # Seconds of each part outside the steps (training_result.json
-    # `timing`), so that the component's fixed cost can be told apart.
+    # Seconds of each part outside the steps (the report's `timing`).
     self.timing: Dict[str, float] = {}
     self.task = task = context.task
     self.strategy = strategy = context.strategy
@@ -404,7 +391,7 @@ class ManagedTraining:
           record_progress=self.record_progress, any_worker=self.any_worker,
           read_step=lambda: int(self.step.numpy()))
 
-  # --- evaluation, export, result
+  # --- evaluation, export, report
 
   def local_copy(self) -> tf.keras.Model:
     """The trained model outside the strategy (parameter-server variables
@@ -442,59 +429,52 @@ class ManagedTraining:
     finally:
       self.timing[name] = round(time.monotonic() - began, 3)
 
-  def result(self, summary: Dict[str, Any], eval_metrics: Dict[str, float],
-             exported: bool) -> Dict[str, Any]:
+  def report(self, summary: Dict[str, Any], eval_metrics: Dict[str, float],
+             exported: bool) -> training_result.LoopReport:
+    """The loop's `summary` with what the parts chose, checked and saved
+    (the resume events after this attempt's own)."""
     if summary['preempted']:
       self.checkpointer.record_preempted(summary['steps'])
     self.checkpointer.record_storage_retries()
-    result = dict(summary)
-    result['examples_per_sec'] = round(
-        result.pop('steps_per_sec') * self.examples_per_step, 2)
-    result.update(self.sizer.describe())
-    result.update({
-        'train_steps': self.train_steps,
-        'eval': eval_metrics,
-        'exported': exported,
-        'serving_model_dir': self.task.serving_model_dir if exported else None,
-        'strategy': type(self.strategy).__name__,
-        'num_replicas': self.replicas,
-        'global_batch_size': self.global_batch,
-        'gradient_accumulation_steps': self.accumulation,
-        'examples_per_step': self.examples_per_step,
-        'precision': self.precision.to_dict(),
-        'xla': None if self.xla is None else self.xla.to_dict(),
-        'checkpoint_dir': self.task.checkpoint_dir,
-        'checkpoints_saved': self.checkpointer.saves,
-        'checkpoint_s': round(self.checkpointer.save_seconds, 4),
-        'resume_events': self.checkpointer.events,
-        'warm_start': self.warm_started,
-        'shard_index': self.data_check.indexes,
-        'data_order': None if self.order is None else self.order.state(),
-        'cache_fallback': self.cache_fallback,
-        'unreadable_records': self.data_check.unreadable,
-        'wall_s': round(time.monotonic() - self.started, 3),
-        'timing': {**self.timing,
-                   'first_call_s': summary.get('first_step_s')},
-        'pipeline_parallel': None if self.plan is None else {
-            'num_stages': self.plan.num_stages,
-            'num_microbatches': self.pipeline_runner.num_microbatches,
-            'schedule': self.pipeline_runner.schedule,
-            'data_parallel_replicas':
-                self.pipeline_runner.data_parallel_replicas,
-            'boundaries': list(self.plan.boundaries),
-            'remat': self.plan.remat,
-        },
-    })
-    return _json_value(result)
+    return training_result.LoopReport.of_steps(
+        summary, self.sizer.describe(),
+        examples_per_step=self.examples_per_step, timing=self.timing,
+        eval=eval_metrics, exported=exported,
+        serving_model_dir=self.task.serving_model_dir if exported else None,
+        gradient_accumulation_steps=self.accumulation,
+        precision=self.precision.to_dict(), xla=self.xla.to_dict(),
+        checkpoint_dir=self.task.checkpoint_dir,
+        checkpoints_saved=self.checkpointer.saves,
+        checkpoint_s=round(self.checkpointer.save_seconds, 4),
+        resume_events=self.checkpointer.events,
+        warm_start=self.warm_started,
+        shard_index=self.data_check.indexes,
+        data_order=None if self.order is None else self.order.state(),
+        cache_fallback=self.cache_fallback,
+        unreadable_records=self.data_check.unreadable,
+        pipeline_parallel=self._pipeline_parallel(),
+        wall_s=round(time.monotonic() - self.started, 3))
+
+  def _pipeline_parallel(self) -> Optional[Dict[str, Any]]:
+    if self.plan is None:
+      return None
+    return {
+        'num_stages': self.plan.num_stages,
+        'num_microbatches': self.pipeline_runner.num_microbatches,
+        'schedule': self.pipeline_runner.schedule,
+        'data_parallel_replicas': self.pipeline_runner.data_parallel_replicas,
+        'boundaries': list(self.plan.boundaries),
+        'remat': self.plan.remat,
+    }
 
 
-def run(context: ProcessContext) -> Dict[str, Any]:
+def run(context: ProcessContext) -> training_result.LoopReport:
   """Trains (resuming if a checkpoint exists), evaluates and exports.
 
-  Returns the JSON-serializable result (the process's entry adds its part and
-  the chief writes it to `<model_run_dir>/training_result.json`);
-  `preempted: true` means training stopped at a checkpoint after SIGTERM:
-  exit with `preemption.PREEMPTED_EXIT_CODE` and run again to resume.
+  Returns the loop's report, which the process's entry makes part of the
+  training result that the chief writes; `preempted` means training stopped
+  at a checkpoint after SIGTERM: exit with `preemption.PREEMPTED_EXIT_CODE`
+  and run again to resume.
   """
   with patches.installed(patches.AUTOGRAPH_SKIPS_TF_KERAS):
     return _train_evaluate_export(context)
@@ -502,11 +482,13 @@ def run(context: ProcessContext) -> Dict[str, Any]:
 
 def run_managed_training(task: TrainingTask,
                          strategy: tf.distribute.Strategy) -> Dict[str, Any]:
-  """`run` in a process that built `strategy` for `task` itself."""
-  return run(ProcessContext.of_strategy(task, strategy))
+  """`run` in a process that built `strategy` for `task` itself; the report
+  as JSON values."""
+  return run(ProcessContext.of_strategy(task, strategy)).to_dict()
 
 
-def _train_evaluate_export(context: ProcessContext) -> Dict[str, Any]:
+def _train_evaluate_export(context: ProcessContext
+                          ) -> training_result.LoopReport:
   began = time.monotonic()
   training = ManagedTraining(context)
   training.timing['setup_s'] = round(time.monotonic() - began, 3)
@@ -521,12 +503,12 @@ def _train_evaluate_export(context: ProcessContext) -> Dict[str, Any]:
     finally:
       training.checkpointer.close()
     if summary['preempted']:
-      return training.result(summary, {}, exported=False)
+      return training.report(summary, {}, exported=False)
     eval_metrics = training.evaluate_and_export()
-    result = training.result(summary, eval_metrics,
-                             exported=training.is_chief)
+    report = training.report(summary, eval_metrics,
+                             exported=context.is_chief)
     if training.fault_tolerance.delete_after_export:
       training.checkpointer.delete_all()
-    return result
+    return report
   finally:
     training.checkpointer.release()
