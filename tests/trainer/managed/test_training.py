@@ -395,7 +395,7 @@ def test_progress_is_written_at_most_once_a_second(tmp_path, data,
       task, tf.distribute.OneDeviceStrategy('/cpu:0')))
   run.build_model()
   writes, flushes = [], []
-  store, writer = run.checkpointer.records, run.writer
+  store, writer = run.checkpointer.records, run.progress_writer.writer
   write_progress, flush = store.write_progress, writer.flush
   monkeypatch.setattr(store, 'write_progress', lambda *args: (
       writes.append(args[0]), write_progress(*args)))
