@@ -1,7 +1,8 @@
 """What a HighPerfTrainer training left in model_run, one writer per file.
 
-`training_result.json`: the training's numbers (steps, rate, batch,
-replicas, resume events, timing), written once by the chief training process
+`training_result.json`: a `TrainingResult`, what the chief training process
+reports of itself and of the task as it resolved it, with the managed loop's
+`LoopReport` (steps, rate, resume events, timing), written once by the chief
 (`write`). `launch.json`: how the executor ran the processes (launcher,
 attempts, relaunches and their causes, membership changes, the executor's
 own timing), written once by the executor (`write_launch`). `read` and
@@ -13,7 +14,7 @@ publishes under the pipeline root (`publish_steady_rate`,
 
 import dataclasses
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import tensorflow as tf
 
@@ -37,10 +38,154 @@ def path(model_run_dir: str) -> str:
   return os.path.join(model_run_dir, FILE_NAME)
 
 
-def write(model_run_dir: str, result: Dict[str, Any]) -> None:
-  """Writes `result` (JSON values) with the format version."""
+@dataclasses.dataclass(frozen=True)
+class LoopReport:
+  """What the managed loop reports of its attempt: the steps and their rate,
+  and what it chose, checked and saved on the way (the file's keys)."""
+  # The step reached (a preempted attempt's: where it saved), where this
+  # attempt started, and how many it ran.
+  steps: int
+  start_step: int
+  steps_this_attempt: int
+  # The last call's mean loss; NaN where the attempt ran no step.
+  train_loss: float
+  preempted: bool
+  # The steady rate: after the first call (which traces), unless that call
+  # was all there was (`rate_includes_first_step`).
+  examples_per_sec: float
+  rate_includes_first_step: bool
+  # Seconds from the loop's start to the first call's end, and the wall
+  # clock (time.time) then.
+  first_step_s: Optional[float]
+  first_step_time: Optional[float]
+  # Steps per call: the length chosen (None while 'auto' still measures),
+  # and the steps run at each length ('length': steps).
+  steps_per_execution: Optional[int]
+  steps_by_call_length: Dict[str, int]
+  # This attempt's accumulation, and the examples of one optimizer update.
+  gradient_accumulation_steps: int
+  examples_per_step: int
+  # The dtype policy and the XLA setting, who chose them and why.
+  precision: Dict[str, Any]
+  xla: Dict[str, Any]
+  eval: Dict[str, float]
+  exported: bool
+  serving_model_dir: Optional[str]
+  checkpoint_dir: str
+  checkpoints_saved: int
+  checkpoint_s: float
+  resume_events: List[Dict[str, Any]]
+  warm_start: Optional[Dict[str, Any]]
+  # Each split's shard index, the data order trained in (None: no index,
+  # or parameter servers), why the memory cache fell back, and the damaged
+  # files' skipped records.
+  shard_index: Dict[str, Any]
+  data_order: Optional[Dict[str, Any]]
+  cache_fallback: Optional[str]
+  unreadable_records: List[Dict[str, Any]]
+  # The GPipe stages' shape; None without a partition plan.
+  pipeline_parallel: Optional[Dict[str, Any]]
+  wall_s: float
+  # Seconds of each part outside the steps, so that the component's fixed
+  # cost can be told apart.
+  timing: Dict[str, Optional[float]]
+  # 'auto' only (left out of the file otherwise): each length it chose, and
+  # the comparison training ended in.
+  steps_per_execution_auto: Optional[List[Dict[str, Any]]] = None
+  steps_per_execution_auto_pending: Optional[Dict[str, Any]] = None
+
+  @classmethod
+  def of_steps(cls, summary: Mapping[str, Any],
+               call_lengths: Mapping[str, Any], *, examples_per_step: int,
+               timing: Mapping[str, float], **facts) -> 'LoopReport':
+    """The report of the loop's step summary (`driver.StepStats.summary`:
+    its steps a second become examples a second), its call lengths
+    (`CallSizer.describe`) and the other `facts`; `timing` gains the first
+    call's seconds."""
+    steps = dict(summary)
+    steps_per_sec = steps.pop('steps_per_sec')
+    return cls(**steps, **call_lengths,
+               examples_per_sec=round(steps_per_sec * examples_per_step, 2),
+               examples_per_step=examples_per_step,
+               timing={**timing, 'first_call_s': summary['first_step_s']},
+               **facts)
+
+  def to_dict(self) -> Dict[str, Any]:
+    """The report's keys as JSON values."""
+    report = _json_fields(self)
+    for key in ('steps_per_execution_auto', 'steps_per_execution_auto_pending'):
+      if report[key] is None:
+        del report[key]
+    return report
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingResult:
+  """training_result.json: what the chief training process reports of
+  itself and of the task as it resolved it, and in managed mode the loop's
+  report, whose keys the file holds beside these."""
+  mode: str  # 'managed' or 'run_fn'.
+  # The strategy's registry name ('one_device', 'multi_worker_mirrored').
+  strategy: str
+  # The step reached; run_fn mode: the train steps it was asked for.
+  steps: Optional[int]
+  num_replicas: int
+  num_workers: int
+  per_replica_batch_size: int
+  global_batch_size: int
+  train_steps: int
+  eval_steps: int
+  seed: Optional[int]
+  deterministic: bool
+  # The op pool the process got, and why (`cpu_threads.configure`).
+  intra_op_threads: Dict[str, Any]
+  # Seconds from the end of the set-up to the end of training (managed:
+  # with eval and export).
+  train_wall_s: float
+  # The process's fixed cost before training (in the file's `timing`, with
+  # the loop's parts): imports (TensorFlow), and the strategy's set-up.
+  worker_imports_s: float
+  worker_setup_s: float
+  loop: Optional[LoopReport] = None
+
+  @property
+  def preempted(self) -> bool:
+    """Training stopped at a checkpoint after a preemption notice."""
+    return bool(self.loop and self.loop.preempted)
+
+  def to_dict(self) -> Dict[str, Any]:
+    """The file's keys (the loop's report's among them) as JSON values."""
+    loop = self.loop.to_dict() if self.loop else {}
+    own = _json_fields(self, leave_out='loop')
+    timing = {'worker_imports_s': own.pop('worker_imports_s'),
+              'worker_setup_s': own.pop('worker_setup_s'),
+              **loop.get('timing', {})}
+    return {**loop, **own, 'timing': timing}
+
+
+def _json_fields(record, leave_out: str = '') -> Dict[str, Any]:
+  """A record's fields (but `leave_out`) as JSON values."""
+  return {f.name: _json_value(getattr(record, f.name))
+          for f in dataclasses.fields(record) if f.name != leave_out}
+
+
+def _json_value(value):
+  """Numpy and tensor scalars as plain Python, for JSON."""
+  if isinstance(value, dict):
+    return {k: _json_value(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_json_value(v) for v in value]
+  if hasattr(value, 'numpy'):
+    value = value.numpy()
+  if hasattr(value, 'item'):
+    return value.item()
+  return value
+
+
+def write(model_run_dir: str, result: TrainingResult) -> None:
+  """Writes `result` with the format version: the file's one writer."""
   storage.write_json(path(model_run_dir),
-                     {**result, VERSION_KEY: FORMAT_VERSION})
+                     {**result.to_dict(), VERSION_KEY: FORMAT_VERSION})
 
 
 def write_launch(model_run_dir: str, launch: Dict[str, Any]) -> None:

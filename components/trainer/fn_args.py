@@ -136,11 +136,12 @@ def build_fn_args(context: ProcessContext):
   return fn_args
 
 
-def run_user_fn(context: ProcessContext) -> Dict[str, Any]:
-  """Calls the module's run_fn with the extended fn_args."""
+def run_user_fn(context: ProcessContext) -> Optional[int]:
+  """Calls the module's run_fn with the extended fn_args; returns the train
+  steps it was asked for (the result's `steps`)."""
   from tfx.components.util import udf_utils  # pylint: disable=g-import-not-at-top
   run_fn = udf_utils.get_fn(context.task.executor_io['exec_properties'],
                             'run_fn')
   fn_args = build_fn_args(context)
   run_fn(fn_args)
-  return {'steps': fn_args.train_steps}
+  return fn_args.train_steps

@@ -24,12 +24,15 @@ from components.data import unreadable
 from components.trainer.common import task as task_lib
 from components.trainer.common.split_source import split_source
 from components.trainer.common.task import TrainingTask
+from components.trainer.config import DistributionConfig
 
 # Seed of the data order without distribution.seed; fixed so that every
 # attempt replays the same order.
 DATA_SEED = 20240611
 # `seed` value for a new seed per dataset (parameter-server workers).
 PER_WORKER_SEED = object()
+# Batches each parameter-server worker shuffles over (its own order).
+PS_SHUFFLE_BATCHES = 16
 # Rows parsed to measure what a cached row takes.
 _SIZE_SAMPLE_ROWS = 256
 
@@ -145,6 +148,67 @@ def train_dataset_fn(task: TrainingTask, data: TrainingData,
         skip_batches=start_step * batches_per_step,
         readable_records=readable_records)
   return dataset_fn
+
+
+def attempt_order(task: TrainingTask, data: TrainingData, check: 'DataCheck',
+                  distribution: DistributionConfig, *, asynchronous: bool,
+                  examples_per_step: int, partitions: int, replicas: int,
+                  start: int, recorded: Optional[Dict[str, Any]]
+                 ) -> Optional[data_order.DataOrder]:
+  """The data order this attempt trains in: None for parameter servers
+  (`asynchronous`) and for train files that are not one folder to index;
+  else `partitions` partitions of the update's `examples_per_step`, shared
+  evenly by the `replicas`. A resume (`start` > 0) checks it against
+  `recorded`, the order its checkpoint was trained in; an elastic cluster
+  cannot train without one."""
+  if asynchronous:
+    return None
+  if examples_per_step % partitions or partitions % replicas:
+    raise ValueError(
+        f'The data order has {partitions} partitions (distribution.'
+        f'data_partitions={distribution.data_partitions}): they must '
+        f'divide the {examples_per_step} examples of an update and '
+        f'be shared evenly by the {replicas} replicas.')
+  order = train_order(data, check, data_seed(distribution.seed),
+                      examples_per_step // partitions, partitions)
+  if order is None:
+    if distribution.elastic:
+      raise ValueError(
+          'An elastic cluster (min_workers < num_workers) trains in the '
+          'data order over a shard index, and the train files '
+          f'{task.train_files} are not one folder to index: pass the '
+          "patterns of one split folder (TFX's 'Split-<name>/*').")
+    return None
+  if start and recorded:
+    data_order.check_resumable(recorded, order.state(), task.checkpoint_dir)
+  return order
+
+
+def attempt_train_dataset_fn(task: TrainingTask, data: TrainingData,
+                             check: 'DataCheck',
+                             order: Optional[data_order.DataOrder], *,
+                             asynchronous: bool, examples_per_step: int,
+                             start: int, train_steps: int,
+                             seed: Optional[int]
+                            ) -> Callable[[tf.distribute.InputContext],
+                                          tf.data.Dataset]:
+  """The `dataset_fn` of an attempt that starts at update `start`.
+
+  Parameter-server workers (`asynchronous`) each stream their own shuffle
+  over at least PS_SHUFFLE_BATCHES batches from the beginning (there is no
+  global order to resume); the synchronous strategies train `order` from
+  `start`, else (no order) the shuffle of `seed`, skipped to `start`.
+  """
+  if asynchronous:
+    config = dataclasses.replace(data.config, shuffle_buffer_batches=max(
+        PS_SHUFFLE_BATCHES, data.config.shuffle_buffer_batches))
+    return train_dataset_fn(task, data, examples_per_step, 0,
+                            PER_WORKER_SEED, config)
+  if order is not None:
+    return ordered_train_dataset_fn(check, data, order, start, train_steps)
+  return train_dataset_fn(task, data, examples_per_step, start,
+                          data_seed(seed), data.config,
+                          check.readable_records)
 
 
 def sample_features(task: TrainingTask, data: TrainingData):

@@ -16,7 +16,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from typing import Any, Callable, Dict
+from typing import Any, Callable
 
 from absl import logging
 import tensorflow as tf
@@ -28,9 +28,9 @@ class Preempted(Exception):
   """Raised at a step boundary after the preemption checkpoint was saved."""
 
 
-def exit_code(result: Dict[str, Any]) -> int:
-  """Process exit status for a `run_managed_training` result."""
-  return PREEMPTED_EXIT_CODE if result.get('preempted') else 0
+def exit_code(preempted: bool) -> int:
+  """Process exit status of a training that was `preempted` or not."""
+  return PREEMPTED_EXIT_CODE if preempted else 0
 
 
 class SigtermWatcher:

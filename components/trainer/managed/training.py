@@ -1,10 +1,13 @@
-"""One managed training: builds the model and the parts, runs them, reports.
+"""One managed training: builds its parts and wires them.
 
 The user module only builds a compiled model (`build_model(hparams)`,
 `LABEL_KEY`, optional `RAW_LABEL_KEY` and `serving_signatures`); this module
-builds it in the strategy (or on the GPipe stage devices), picks the step
-runner and preemption watcher the strategy's registry entry calls for, and
-assembles the result from the process's `ProcessContext`.
+builds it in the strategy (or on the GPipe stage devices) with its
+checkpointer, resumes it in the data order `datasets` gives the attempt,
+picks the step runner and preemption watcher the strategy's registry entry
+calls for and the XLA setting (`xla`), drives the loop (`driver`, with
+`progress_writer`), evaluates, exports, and reports the loop's
+`training_result.LoopReport` to the process's entry.
 
 Exact resume is built in: the optimizer-step counter is a variable inside the
 checkpoint, and the data position is derived from it, so synchronous
@@ -16,18 +19,16 @@ data (no global data order exists to resume).
 
 import contextlib
 import dataclasses
-import math
-import os
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
 from components import patches
-from components.data import data_order
 from components.pipeline_parallel import placement
 from components.pipeline_parallel import runner as pipeline_runner
 from components.records import partition_plan
+from components.records import training_result
 from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.config import AUTO
@@ -40,6 +41,7 @@ from components.trainer.managed import export
 from components.trainer.managed import precision
 from components.trainer.managed import preemption
 from components.trainer.common import progress
+from components.trainer.managed import progress_writer
 from components.trainer.managed import step_runners
 from components.trainer.managed import votes
 from components.trainer.managed import warm_start
@@ -49,117 +51,84 @@ from components.trainer.common.task import TrainingTask
 from components.trainer import config as config_lib
 from components.trainer import user_module
 
-# Batches each parameter-server worker shuffles over (its own order).
-PS_SHUFFLE_BATCHES = 16
-# The TensorBoard event file is flushed at most this often.
-EVENTS_FLUSH_SECONDS = 1.0
-# So that the writer never flushes by itself: record_progress adds at most
-# ~100 points in all, and training flushes within 10 minutes (TF keeps
-# flush_millis in a 32-bit int).
-_EVENTS_MAX_QUEUE = 1000
-_EVENTS_FLUSH_MILLIS = 600_000
-# Where the XLA probe keeps the variables while it measures (in memory).
-XLA_SNAPSHOT_ROOT = 'ram://hpm_xla_probe'
-
-
-def _json_value(value):
-  """Numpy / tensor scalars to plain Python for JSON."""
-  if isinstance(value, dict):
-    return {k: _json_value(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_json_value(v) for v in value]
-  if hasattr(value, 'numpy'):
-    value = value.numpy()
-  if hasattr(value, 'item'):
-    return value.item()
-  return value
-
 
 class ManagedTraining:
-  """One managed training: the model, its checkpointer, and the loop."""
+  """One managed training's parts, each built from those before it: the
+  model and its checkpointer (`build_model`), the data check, order and
+  resume (`restore`), the step runner and the loop (`train`), evaluation
+  and export, and the report."""
 
   def __init__(self, context: ProcessContext):
     self.started = time.monotonic()
-    # Seconds of each part outside the steps (training_result.json
-    # `timing`), so that the component's fixed cost can be told apart.
+    # Seconds of each part outside the steps (the report's `timing`).
     self.timing: Dict[str, float] = {}
+    self.context = context
     self.task = task = context.task
-    self.strategy = strategy = context.strategy
-    self.spec = context.spec
-    self.is_chief = context.is_chief
     self.module = user_module.load(task.module_file, task.module_path)
     self.data = datasets.training_data(task, self.module)
-    self.distribution = context.config
     fault_tolerance = FaultToleranceConfig.from_dict(task.fault_tolerance)
     self.fault_tolerance = fault_tolerance.checkpoint()
     self.skip_unreadable = fault_tolerance.skip_unreadable_records
-    self.accumulation = context.accumulation
-    self.replicas = context.replicas
-    self.workers = context.workers
-    self.data_partitions = context.data_partitions
-    self.global_batch = context.global_batch
     self.plan = (partition_plan.read(task.partition_plan_uri)
                  if task.partition_plan_uri else None)
     if self.plan is not None:
       config_lib.check_partition_plan(
-          self.spec.name, self.replicas, self.accumulation, self.global_batch,
-          self.plan.batch_size)
-    self.examples_per_step = self.global_batch * self.accumulation
+          context.spec.name, context.replicas, context.accumulation,
+          context.global_batch, self.plan.batch_size)
+    self.examples_per_step = context.global_batch * context.accumulation
     self.train_steps = int(task.train_steps)
     self.any_worker, self.all_workers = votes.votes(
-        strategy, self.spec.lockstep_workers)
-    # Flushed by record_progress at most once a second (a flush to an object
-    # store uploads the file again), so the writer itself never flushes
-    # during training.
-    self.writer = (tf.summary.create_file_writer(
-        os.path.join(task.model_run_dir, 'train'),
-        max_queue=_EVENTS_MAX_QUEUE, flush_millis=_EVENTS_FLUSH_MILLIS)
-                   if self.is_chief else None)
-    self._events_due = progress.Every(EVENTS_FLUSH_SECONDS)
-    self._line_due = progress.Every(progress.LINE_EVERY_SECONDS)
-    self.sizer = None
+        context.strategy, context.spec.lockstep_workers)
+    self.progress_writer = progress_writer.ProgressWriter(
+        task.model_run_dir if context.is_chief else None, self.train_steps,
+        self.examples_per_step)
     # Set by restore: the data checked against its shard indexes (chief),
-    # and the warm start, if any.
+    # its order, the memory cache's fallback and the warm start, if any.
     self.data_check = datasets.DataCheck()
     self.order = None
     self.cache_fallback = None
     self.warm_started = None
-    # Set by build_model and train: the dtype policy and XLA choices.
+    # Set by build_model and train: the dtype policy, the XLA choice and
+    # the steps per call.
     self.precision = None
     self.xla = None
+    self.sizer = None
 
   # --- model and checkpoint
 
-  def _build_pipelined_model(self) -> tf.keras.Model:
-    """The model with each stage's variables on its own device."""
+  def _build_pipelined_model(self):
+    """The model with each stage's variables on its own device, and the
+    runner of its stages."""
     devices = placement.stage_devices(self.plan.num_devices)
     model = placement.build_model_on_devices(
         lambda: self.module.build_model(self.task.hparams), self.plan, devices)
-    self.pipeline_runner = pipeline_runner.PipelineRunner(model, self.plan,
-                                                          devices)
-    return model
+    return model, pipeline_runner.PipelineRunner(model, self.plan, devices)
 
   def build_model(self) -> None:
     """Model, optimizer slots and the step counter, in the strategy scope,
-    under the dtype policy the module or the config chooses."""
+    under the dtype policy the module or the config chooses; and their
+    checkpointer."""
+    context = self.context
     self.pipeline_runner = None
     requested = precision.decide(
-        self.distribution.precision,
-        lambda: precision.detect_hardware(self.strategy),
-        self.spec.loss_scaling, self.all_workers, self.task.model_weights)
+        context.config.precision,
+        lambda: precision.detect_hardware(context.strategy),
+        context.spec.loss_scaling, self.all_workers, self.task.model_weights)
     # GPipe places every stage itself, so it builds outside the strategy.
-    scope = (self.strategy.scope() if self.plan is None else
+    scope = (context.strategy.scope() if self.plan is None else
              tf.distribute.get_strategy().scope())
     with scope:
       with precision.building(requested.policy) as module_policy:
-        self.model = (self.module.build_model(self.task.hparams)
-                      if self.plan is None else self._build_pipelined_model())
+        if self.plan is None:
+          self.model = self.module.build_model(self.task.hparams)
+        else:
+          self.model, self.pipeline_runner = self._build_pipelined_model()
         if not self.model.built:
           self.model(datasets.sample_features(self.task, self.data),
                      training=False)
       self.precision = precision.resolve(
           self.model, requested, module_policy.get('module'),
-          self.spec.loss_scaling, self.spec.name)
+          context.spec.loss_scaling, context.spec.name)
       self.step = tf.Variable(
           0, dtype=tf.int64, trainable=False, name='global_step',
           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -175,28 +144,40 @@ class ManagedTraining:
                                           step=self.step)
     self.checkpointer = Checkpointer(
         self.task.checkpoint_dir, self.checkpoint, self.fault_tolerance,
-        self.is_chief, manifest_extra={
+        context.is_chief, manifest_extra={
             'examples_per_step': self.examples_per_step,
-            'strategy': self.spec.name},
+            'strategy': context.spec.name},
         # Every attempt of this execution (launcher restarts, executor
         # retries) has this model_run; another execution has another.
         run_id=self.task.model_run_dir,
-        collective_saves=self.spec.lockstep_workers)
+        collective_saves=context.spec.lockstep_workers)
 
   def restore(self) -> int:
-    """Takes the checkpoint folder's lease (chief), then restores; a
-    training with nothing to resume starts from the base model, if any."""
+    """Takes the checkpoint folder's lease (chief), then restores and fixes
+    the data order; a training with nothing to resume starts from the base
+    model, if any."""
+    context = self.context
     self.checkpointer.acquire_lease()
     # No worker reads checkpoints before the chief holds the lease: until
     # then another run may still be pruning them.
     self.all_workers(True)
     self.data_check = datasets.check_data(
-        self.task, self.data, self.is_chief, self.all_workers,
+        self.task, self.data, context.is_chief, self.all_workers,
         self.skip_unreadable)
     start = self.checkpointer.restore()
     self.data, self.cache_fallback = datasets.fit_cache(
-        self.data, self.data_check, 1 / self.workers)
-    self._fix_data_order(start)
+        self.data, self.data_check, 1 / context.workers)
+    self.order = datasets.attempt_order(
+        self.task, self.data, self.data_check, context.config,
+        asynchronous=context.spec.asynchronous,
+        examples_per_step=self.examples_per_step,
+        partitions=context.data_partitions, replicas=context.replicas,
+        start=start,
+        recorded=self.checkpointer.restored_extra.get('data_order'))
+    if self.order is not None:
+      # What a resume from any of these checkpoints checks its order with.
+      self.checkpointer.save_with_checkpoints('data_order',
+                                              self.order.state())
     if start == 0 and self.task.base_model:
       # Every worker reads the same base model: their copies stay equal.
       self.warm_started = warm_start.warm_start(self.model,
@@ -205,136 +186,66 @@ class ManagedTraining:
                            self.warm_started['weights'], self.task.base_model)
     return start
 
-  def _fix_data_order(self, start: int) -> None:
-    """The synchronous data order, checked against the one the restored
-    checkpoint was trained in and saved with every checkpoint."""
-    self.order = None
-    if self.spec.asynchronous:
-      return
-    partitions = self.data_partitions
-    if self.examples_per_step % partitions or partitions % self.replicas:
-      raise ValueError(
-          f'The data order has {partitions} partitions (distribution.'
-          f'data_partitions={self.distribution.data_partitions}): they must '
-          f'divide the {self.examples_per_step} examples of an update and '
-          f'be shared evenly by the {self.replicas} replicas.')
-    self.order = datasets.train_order(
-        self.data, self.data_check, datasets.data_seed(self.distribution.seed),
-        self.examples_per_step // partitions, partitions)
-    if self.order is None:
-      if self.distribution.elastic:
-        raise ValueError(
-            'An elastic cluster (min_workers < num_workers) trains in the '
-            'data order over a shard index, and the train files '
-            f'{self.task.train_files} are not one folder to index: pass the '
-            "patterns of one split folder (TFX's 'Split-<name>/*').")
-      return
-    recorded = self.checkpointer.restored_extra.get('data_order')
-    if start and recorded:
-      data_order.check_resumable(recorded, self.order.state(),
-                                 self.task.checkpoint_dir)
-    self.checkpointer.save_with_checkpoints('data_order', self.order.state())
-
   def _save_now(self) -> None:
     self.checkpointer.save(int(self.step.numpy()))
 
   # --- training
 
-  def record_progress(self, previous: int, current: int, loss: float,
-                      stats: driver.StepStats) -> None:
-    """Progress marker (at most once a second), TensorBoard loss (~100
-    points, written at most once a second), a progress line every few
-    seconds."""
-    steps_per_sec, whole_attempt = stats.rate()
-    details = progress.details(
-        step=current, train_steps=self.train_steps, loss=loss,
-        steps_per_sec=steps_per_sec, steady=not whole_attempt,
-        examples_per_step=self.examples_per_step, elapsed_s=stats.elapsed(),
-        checkpoints=self.checkpointer.saves,
-        last_checkpoint_step=self.checkpointer.last_save_step)
-    self.checkpointer.progress.update(current, details)
-    log_every = max(1, self.train_steps // 100)
-    if self.writer and current // log_every > previous // log_every and (
-        not math.isnan(loss)):
-      tf.summary.scalar('loss', loss, step=current)  # Default: self.writer.
-    if self.writer and self._events_due():
-      self.writer.flush()
-    if self._line_due() or current == self.train_steps:
-      progress.LOGGER.info('%s', progress.format_line(
-          {**details, 'step': current}))
-
   def _replica_step(self, jit_compile: bool):
+    context = self.context
     # A lone replica has no cross-replica update: XLA takes the whole step.
-    lone_replica = self.replicas == 1 and not self.spec.multi_worker
+    lone_replica = context.replicas == 1 and not context.spec.multi_worker
     return accumulation.replica_step_fn(
-        self.model, self.accumulation, self.examples_per_step,
-        self.distribution.per_replica_batch(self.replicas), jit_compile,
+        self.model, context.accumulation, self.examples_per_step,
+        context.config.per_replica_batch(context.replicas), jit_compile,
         lone_replica)
 
   def _runner_and_watcher(self, start: int):
-    """The step runner for this kind of training, and its preemption
-    watcher."""
-    if self.spec.asynchronous:
+    """The step runner for this kind of training, as the XLA choice runs
+    it, and its preemption watcher."""
+    strategy, spec = self.context.strategy, self.context.spec
+    dataset_fn = datasets.attempt_train_dataset_fn(
+        self.task, self.data, self.data_check, self.order,
+        asynchronous=spec.asynchronous,
+        examples_per_step=self.examples_per_step, start=start,
+        train_steps=self.train_steps, seed=self.context.config.seed)
+    if spec.asynchronous:
       self.xla = self._choose_xla(start, None)
-      config = dataclasses.replace(
-          self.data.config, shuffle_buffer_batches=max(
-              PS_SHUFFLE_BATCHES, self.data.config.shuffle_buffer_batches))
-      dataset_fn = datasets.train_dataset_fn(
-          self.task, self.data, self.examples_per_step, 0,
-          datasets.PER_WORKER_SEED, config)
       runner = step_runners.ParameterServerSteps(
-          self.strategy, dataset_fn, self._replica_step(self.xla.enabled),
+          strategy, dataset_fn, self._replica_step(self.xla.enabled),
           self.step, self.train_steps)
       # Only the coordinator checkpoints: our own SIGTERM flag suffices.
-      return self._with_xla(runner), preemption.SigtermWatcher(
+      return xla.with_choice(runner, self.xla), preemption.SigtermWatcher(
           self._save_now)
-    if self.order is not None:
-      dataset_fn = datasets.ordered_train_dataset_fn(
-          self.data_check, self.data, self.order, start, self.train_steps)
-    else:
-      dataset_fn = datasets.train_dataset_fn(
-          self.task, self.data, self.examples_per_step, start,
-          datasets.data_seed(self.distribution.seed), self.data.config,
-          self.data_check.readable_records)
     if self.pipeline_runner is None:
-      self.xla = self._choose_xla(
-          start, lambda jit: self._probe_runner(dataset_fn, jit))
+      self.xla = self._choose_xla(start, lambda jit: xla.probe_runner(
+          strategy, dataset_fn, self._replica_step, jit,
+          spec.host_iterator_input))
       runner = step_runners.SynchronousSteps(
-          self.strategy, dataset_fn, self._replica_step(self.xla.enabled),
-          self.step, self.spec.host_iterator_input)
+          strategy, dataset_fn, self._replica_step(self.xla.enabled),
+          self.step, spec.host_iterator_input)
     else:
       self.xla = self._choose_xla(start, None, 'pipeline stages')
       self.pipeline_runner.jit_compile_stages(self.xla.enabled)
       runner = step_runners.PipelineSteps(
           self.pipeline_runner, dataset_fn(tf.distribute.InputContext()),
           self.step)
-    runner = self._with_xla(runner)
-    if self.spec.lockstep_workers:
+    runner = xla.with_choice(runner, self.xla)
+    if spec.lockstep_workers:
       return runner, preemption.MultiWorkerPreemptionWatcher(
-          self.strategy, self.checkpoint, self._save_now)
+          strategy, self.checkpoint, self._save_now)
     return runner, preemption.SigtermWatcher(self._save_now)
-
-  # --- XLA
-
-  def _with_xla(self, runner):
-    """`runner` as the XLA choice runs it: logged where it is not the
-    default, its compile errors named where XLA is on."""
-    if self.xla.enabled or self.xla.source != 'config':
-      progress.LOGGER.info('XLA %s (%s: %s).',
-                           'on' if self.xla.enabled else 'off',
-                           self.xla.source, self.xla.reason)
-    return xla.CompileErrorsNamed(runner, self.xla) if self.xla.enabled else (
-        runner)
 
   def _choose_xla(self, start: int, probe, not_measured: str = ''
                   ) -> xla.XlaChoice:
     """The module's or the config's XLA setting; `auto`: the choice saved
     with the resumed checkpoint, else measured with `probe(jit)` (a step
     runner on probe batches), else off for `not_measured`."""
-    setting, source = xla.requested(self.model, self.distribution.xla)
-    if setting != xla.OFF and not self.spec.xla:
+    spec = self.context.spec
+    setting, source = xla.requested(self.model, self.context.config.xla)
+    if setting != xla.OFF and not spec.xla:
       return xla.XlaChoice(False, source, (
-          f'strategy {self.spec.name!r} keeps variables on other devices '
+          f'strategy {spec.name!r} keeps variables on other devices '
           'than its replicas, which XLA cannot read: trained without XLA'))
     if setting != xla.AUTO:
       return xla.fixed(setting, source)
@@ -346,65 +257,30 @@ class ManagedTraining:
       choice = xla.XlaChoice(False, xla.AUTO, f'not measured: {not_measured}')
     else:
       with self.timed('xla_probe_s'):
-        choice = self._measure_xla(probe)
+        choice = xla.measure_restoring(self.checkpoint, probe,
+                                       self.all_workers)
     self.checkpointer.save_with_checkpoints(
         'xla', recorded or choice.to_dict())
     return choice
 
-  def _probe_runner(self, dataset_fn, jit_compile: bool):
-    """A step runner over the training's first batches, each probe call on
-    new ones (a model XLA compiles again for a new batch shows it), with a
-    counter of its own."""
-    batches = (1 + xla.PROBE_CALLS) * xla.PROBE_STEPS * self.replicas
-    with self.strategy.scope():
-      counter = tf.Variable(
-          0, dtype=tf.int64, trainable=False,
-          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    return step_runners.SynchronousSteps(
-        self.strategy,
-        lambda context: dataset_fn(context).take(batches).repeat(),
-        self._replica_step(jit_compile), counter,
-        self.spec.host_iterator_input)
-
-  def _measure_xla(self, probe) -> xla.XlaChoice:
-    """`xla.measure` with every checkpointed variable written to memory
-    before and read back after, so the probe steps train nothing."""
-    snapshot = self.checkpoint.write(
-        f'{XLA_SNAPSHOT_ROOT}/{os.getpid()}_{id(self)}/state')
-    runners = {}
-
-    def run_call(jit_compile: bool) -> None:
-      if jit_compile not in runners:
-        runners[jit_compile] = probe(jit_compile)
-      _, loss = runners[jit_compile](0, xla.PROBE_STEPS)
-      float(loss)  # Waits for the steps.
-
-    try:
-      return xla.measure(run_call, self.all_workers)
-    finally:
-      self.checkpoint.read(snapshot).assert_existing_objects_matched()
-      tf.io.gfile.rmtree(os.path.dirname(snapshot))
-
   def train(self, start: int) -> Dict[str, Any]:
-    setting = self.distribution.steps_per_execution
-    if setting == AUTO and self.spec.auto_steps_per_call:
+    """Trains from step `start`; returns the loop's step summary."""
+    setting = self.context.config.steps_per_execution
+    if setting == AUTO and self.context.spec.auto_steps_per_call:
       # Workers of a cluster never size calls by their own clocks: they run
       # the same calls.
-      setting = self.spec.auto_steps_per_call
+      setting = self.context.spec.auto_steps_per_call
     self.sizer = call_size.CallSizer(
         setting, max_call=self.fault_tolerance.save_every_steps)
     runner, watcher = self._runner_and_watcher(start)
-    # The writer is the default for all of training: leaving `as_default`
-    # flushes it, once (`record_progress` flushes at most once a second).
-    with (self.writer.as_default() if self.writer else
-          contextlib.nullcontext()):
+    with self.progress_writer.recording(self.checkpointer) as record_progress:
       return driver.drive(
           runner, self.checkpointer, watcher, start=start,
           train_steps=self.train_steps, sizer=self.sizer,
-          record_progress=self.record_progress, any_worker=self.any_worker,
+          record_progress=record_progress, any_worker=self.any_worker,
           read_step=lambda: int(self.step.numpy()))
 
-  # --- evaluation, export, result
+  # --- evaluation, export, report
 
   def local_copy(self) -> tf.keras.Model:
     """The trained model outside the strategy (parameter-server variables
@@ -415,23 +291,24 @@ class ManagedTraining:
     return model
 
   def evaluate_and_export(self) -> Dict[str, float]:
-    if self.spec.asynchronous:
+    context = self.context
+    if context.spec.asynchronous:
       model, strategy = self.local_copy(), tf.distribute.get_strategy()
     else:
-      model, strategy = self.model, self.strategy
+      model, strategy = self.model, context.strategy
     with self.timed('eval_s'):
       metrics = evaluation.evaluate(
-          model, strategy, self.spec.lockstep_workers,
-          datasets.eval_dataset_fn(self.task, self.data, self.global_batch,
+          model, strategy, context.spec.lockstep_workers,
+          datasets.eval_dataset_fn(self.task, self.data, context.global_batch,
                                    self.data_check.readable_records),
           self.task.eval_steps,
-          self.task.model_run_dir if self.is_chief else None,
+          self.task.model_run_dir if context.is_chief else None,
           self.train_steps)
     with self.timed('export_s'):
       export.export_trained_model(
           model, self.module, self.data.tf_transform_output,
           self.data.raw_label_key, self.task.serving_model_dir,
-          self.is_chief)
+          context.is_chief)
     return metrics
 
   @contextlib.contextmanager
@@ -442,59 +319,52 @@ class ManagedTraining:
     finally:
       self.timing[name] = round(time.monotonic() - began, 3)
 
-  def result(self, summary: Dict[str, Any], eval_metrics: Dict[str, float],
-             exported: bool) -> Dict[str, Any]:
+  def report(self, summary: Dict[str, Any], eval_metrics: Dict[str, float],
+             exported: bool) -> training_result.LoopReport:
+    """The loop's `summary` with what the parts chose, checked and saved
+    (the resume events after this attempt's own)."""
     if summary['preempted']:
       self.checkpointer.record_preempted(summary['steps'])
     self.checkpointer.record_storage_retries()
-    result = dict(summary)
-    result['examples_per_sec'] = round(
-        result.pop('steps_per_sec') * self.examples_per_step, 2)
-    result.update(self.sizer.describe())
-    result.update({
-        'train_steps': self.train_steps,
-        'eval': eval_metrics,
-        'exported': exported,
-        'serving_model_dir': self.task.serving_model_dir if exported else None,
-        'strategy': type(self.strategy).__name__,
-        'num_replicas': self.replicas,
-        'global_batch_size': self.global_batch,
-        'gradient_accumulation_steps': self.accumulation,
-        'examples_per_step': self.examples_per_step,
-        'precision': self.precision.to_dict(),
-        'xla': None if self.xla is None else self.xla.to_dict(),
-        'checkpoint_dir': self.task.checkpoint_dir,
-        'checkpoints_saved': self.checkpointer.saves,
-        'checkpoint_s': round(self.checkpointer.save_seconds, 4),
-        'resume_events': self.checkpointer.events,
-        'warm_start': self.warm_started,
-        'shard_index': self.data_check.indexes,
-        'data_order': None if self.order is None else self.order.state(),
-        'cache_fallback': self.cache_fallback,
-        'unreadable_records': self.data_check.unreadable,
-        'wall_s': round(time.monotonic() - self.started, 3),
-        'timing': {**self.timing,
-                   'first_call_s': summary.get('first_step_s')},
-        'pipeline_parallel': None if self.plan is None else {
-            'num_stages': self.plan.num_stages,
-            'num_microbatches': self.pipeline_runner.num_microbatches,
-            'schedule': self.pipeline_runner.schedule,
-            'data_parallel_replicas':
-                self.pipeline_runner.data_parallel_replicas,
-            'boundaries': list(self.plan.boundaries),
-            'remat': self.plan.remat,
-        },
-    })
-    return _json_value(result)
+    return training_result.LoopReport.of_steps(
+        summary, self.sizer.describe(),
+        examples_per_step=self.examples_per_step, timing=self.timing,
+        eval=eval_metrics, exported=exported,
+        serving_model_dir=self.task.serving_model_dir if exported else None,
+        gradient_accumulation_steps=self.context.accumulation,
+        precision=self.precision.to_dict(), xla=self.xla.to_dict(),
+        checkpoint_dir=self.task.checkpoint_dir,
+        checkpoints_saved=self.checkpointer.saves,
+        checkpoint_s=round(self.checkpointer.save_seconds, 4),
+        resume_events=self.checkpointer.events,
+        warm_start=self.warm_started,
+        shard_index=self.data_check.indexes,
+        data_order=None if self.order is None else self.order.state(),
+        cache_fallback=self.cache_fallback,
+        unreadable_records=self.data_check.unreadable,
+        pipeline_parallel=self._pipeline_parallel(),
+        wall_s=round(time.monotonic() - self.started, 3))
+
+  def _pipeline_parallel(self) -> Optional[Dict[str, Any]]:
+    if self.plan is None:
+      return None
+    return {
+        'num_stages': self.plan.num_stages,
+        'num_microbatches': self.pipeline_runner.num_microbatches,
+        'schedule': self.pipeline_runner.schedule,
+        'data_parallel_replicas': self.pipeline_runner.data_parallel_replicas,
+        'boundaries': list(self.plan.boundaries),
+        'remat': self.plan.remat,
+    }
 
 
-def run(context: ProcessContext) -> Dict[str, Any]:
+def run(context: ProcessContext) -> training_result.LoopReport:
   """Trains (resuming if a checkpoint exists), evaluates and exports.
 
-  Returns the JSON-serializable result (the process's entry adds its part and
-  the chief writes it to `<model_run_dir>/training_result.json`);
-  `preempted: true` means training stopped at a checkpoint after SIGTERM:
-  exit with `preemption.PREEMPTED_EXIT_CODE` and run again to resume.
+  Returns the loop's report, which the process's entry makes part of the
+  training result that the chief writes; `preempted` means training stopped
+  at a checkpoint after SIGTERM: exit with `preemption.PREEMPTED_EXIT_CODE`
+  and run again to resume.
   """
   with patches.installed(patches.AUTOGRAPH_SKIPS_TF_KERAS):
     return _train_evaluate_export(context)
@@ -502,11 +372,13 @@ def run(context: ProcessContext) -> Dict[str, Any]:
 
 def run_managed_training(task: TrainingTask,
                          strategy: tf.distribute.Strategy) -> Dict[str, Any]:
-  """`run` in a process that built `strategy` for `task` itself."""
-  return run(ProcessContext.of_strategy(task, strategy))
+  """`run` in a process that built `strategy` for `task` itself; the report
+  as JSON values."""
+  return run(ProcessContext.of_strategy(task, strategy)).to_dict()
 
 
-def _train_evaluate_export(context: ProcessContext) -> Dict[str, Any]:
+def _train_evaluate_export(context: ProcessContext
+                          ) -> training_result.LoopReport:
   began = time.monotonic()
   training = ManagedTraining(context)
   training.timing['setup_s'] = round(time.monotonic() - began, 3)
@@ -521,12 +393,12 @@ def _train_evaluate_export(context: ProcessContext) -> Dict[str, Any]:
     finally:
       training.checkpointer.close()
     if summary['preempted']:
-      return training.result(summary, {}, exported=False)
+      return training.report(summary, {}, exported=False)
     eval_metrics = training.evaluate_and_export()
-    result = training.result(summary, eval_metrics,
-                             exported=training.is_chief)
+    report = training.report(summary, eval_metrics,
+                             exported=context.is_chief)
     if training.fault_tolerance.delete_after_export:
       training.checkpointer.delete_all()
-    return result
+    return report
   finally:
     training.checkpointer.release()

@@ -11,12 +11,15 @@ back to the plain step with XLA's reason. The choice is saved with the
 checkpoints, so a resume keeps it instead of measuring again (a different
 choice would change the bits of the trajectory).
 
-`measure` is the timing logic over a `run_call(jit)` the loop supplies;
+`measure` is the timing logic over a `run_call(jit)`; `measure_restoring`
+runs it on `probe_runner`s, with the variables kept in memory meanwhile;
+`with_choice` runs a step runner as the choice says, where
 `CompileErrorsNamed` turns XLA's refusal of a step it was told to compile
 into a config error that names the fix (no relaunch can cure it).
 """
 
 import dataclasses
+import os
 import statistics
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -24,7 +27,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import tensorflow as tf
 
 from components.trainer.common import failures
+from components.trainer.common import progress
 from components.trainer.common.failures import TrainingConfigError
+from components.trainer.managed import step_runners
 
 OFF, ON, AUTO = 'off', 'on', 'auto'
 # Steps in one timed call, and timed calls per setting (interleaved, after
@@ -33,6 +38,8 @@ PROBE_STEPS = 4
 PROBE_CALLS = 3
 # XLA's reason for a fallback is kept up to this length.
 REASON_CHARS = 300
+# Where the probe keeps the variables while it measures (in memory).
+SNAPSHOT_ROOT = 'ram://hpm_xla_probe'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +117,54 @@ def measure(run_call: Callable[[bool], None],
   if faster and not unanimous:
     reason += ' (XLA was not faster on every worker)'
   return XlaChoice(enabled, AUTO, reason, per_step)
+
+
+def probe_runner(strategy: tf.distribute.Strategy, dataset_fn: Callable,
+                 replica_step: Callable[[bool], Callable], jit_compile: bool,
+                 host_iterator_input: bool) -> step_runners.SynchronousSteps:
+  """A step runner of `replica_step(jit_compile)` over the training's first
+  batches (`dataset_fn`'s), each probe call on new ones (a model XLA
+  compiles again for a new batch shows it), with a counter of its own."""
+  batches = (1 + PROBE_CALLS) * PROBE_STEPS * strategy.num_replicas_in_sync
+  with strategy.scope():
+    counter = tf.Variable(
+        0, dtype=tf.int64, trainable=False,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  return step_runners.SynchronousSteps(
+      strategy, lambda context: dataset_fn(context).take(batches).repeat(),
+      replica_step(jit_compile), counter, host_iterator_input)
+
+
+def measure_restoring(checkpoint: tf.train.Checkpoint,
+                      probe: Callable[[bool], Callable],
+                      agree: Callable[[bool], bool]) -> XlaChoice:
+  """`measure` on the step runners `probe(jit)` (one per setting), with
+  every variable of `checkpoint` written to memory before and read back
+  after, so the probe steps train nothing."""
+  snapshot = checkpoint.write(
+      f'{SNAPSHOT_ROOT}/{os.getpid()}_{id(checkpoint)}/state')
+  runners = {}
+
+  def run_call(jit_compile: bool) -> None:
+    if jit_compile not in runners:
+      runners[jit_compile] = probe(jit_compile)
+    _, loss = runners[jit_compile](0, PROBE_STEPS)
+    float(loss)  # Waits for the steps.
+
+  try:
+    return measure(run_call, agree)
+  finally:
+    checkpoint.read(snapshot).assert_existing_objects_matched()
+    tf.io.gfile.rmtree(os.path.dirname(snapshot))
+
+
+def with_choice(runner, choice: XlaChoice):
+  """`runner` as `choice` runs it: logged where it is not the default, its
+  compile errors named where XLA is on."""
+  if choice.enabled or choice.source != 'config':
+    progress.LOGGER.info('XLA %s (%s: %s).', 'on' if choice.enabled else 'off',
+                         choice.source, choice.reason)
+  return CompileErrorsNamed(runner, choice) if choice.enabled else runner
 
 
 def _is_compile_error(error: Exception) -> bool:

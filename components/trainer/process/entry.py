@@ -20,7 +20,7 @@ import logging as std_logging
 import os
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Optional
 
 # The suite uses tf-keras; set before anything imports TensorFlow.
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
@@ -74,10 +74,11 @@ def seed_process(config: DistributionConfig) -> None:
 
 
 def train(task: TrainingTask, shared_process: bool = False,
-          config: Optional[DistributionConfig] = None) -> Dict[str, Any]:
-  """Trains as this process's part of the task; returns the result dict.
-  `shared_process`: this is the executor's process (launcher in_process),
-  which passes the `config` it validated."""
+          config: Optional[DistributionConfig] = None
+         ) -> training_result.TrainingResult:
+  """Trains as this process's part of the task; returns its result, which
+  the chief writes. `shared_process`: this is the executor's process
+  (launcher in_process), which passes the `config` it validated."""
   began = time.monotonic()
   config = config or DistributionConfig.from_dict(task.distribution)
   logical_cpus = config.logical_cpu_devices
@@ -97,37 +98,29 @@ def train(task: TrainingTask, shared_process: bool = False,
   start = time.time()
   if task.mode == 'managed':
     from components.trainer.managed import training  # pylint: disable=g-import-not-at-top
-    result = training.run(context)
+    loop = training.run(context)
+    steps = loop.steps
   else:
     from components.trainer import fn_args  # pylint: disable=g-import-not-at-top
-    result = fn_args.run_user_fn(context)
-  result = {
-      **result,
-      'strategy': config.strategy,
-      'mode': task.mode,
-      'num_replicas': context.replicas,
-      'num_workers': context.workers,
-      'per_replica_batch_size': context.config.per_replica_batch_size,
-      'global_batch_size': context.global_batch,
-      'train_steps': context.task.train_steps,
-      'eval_steps': context.task.eval_steps,
-      'seed': config.seed,
-      'deterministic': config.deterministic,
-      'intra_op_threads': threads,
-      'train_wall_s': time.time() - start,
-  }
-  # The process's own part of the fixed cost: imports (TensorFlow) and
-  # strategy set-up, before the managed loop's parts.
-  result['timing'] = {'worker_imports_s': round(_IMPORT_SECONDS, 3),
-                      'worker_setup_s': round(setup_s, 3),
-                      **result.get('timing', {})}
+    loop, steps = None, fn_args.run_user_fn(context)
+  result = training_result.TrainingResult(
+      mode=task.mode, strategy=config.strategy, steps=steps,
+      num_replicas=context.replicas, num_workers=context.workers,
+      per_replica_batch_size=context.config.per_replica_batch_size,
+      global_batch_size=context.global_batch,
+      train_steps=context.task.train_steps,
+      eval_steps=context.task.eval_steps, seed=config.seed,
+      deterministic=config.deterministic, intra_op_threads=threads,
+      train_wall_s=time.time() - start,
+      worker_imports_s=round(_IMPORT_SECONDS, 3),
+      worker_setup_s=round(setup_s, 3), loop=loop)
   if context.is_chief:
     training_result.write(task.model_run_dir, result)
   return result
 
 
-def run_in_process(task: TrainingTask,
-                   config: DistributionConfig) -> Dict[str, Any]:
+def run_in_process(task: TrainingTask, config: DistributionConfig
+                  ) -> training_result.TrainingResult:
   """launcher='in_process': this process's role comes from TF_CONFIG;
   `config`: the executor's validated and resolved distribution config."""
   task_type = tf_config_lib.from_env().get('task', {}).get('type')
@@ -178,7 +171,7 @@ def main(argv=None) -> int:
     return NOT_RETRYABLE_EXIT_CODE
   # A preempted run stopped at a checkpoint: tell the launcher that a rerun
   # resumes.
-  return preemption.exit_code(result)
+  return preemption.exit_code(result.preempted)
 
 
 def describe_failure(task: TrainingTask,

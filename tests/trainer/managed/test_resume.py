@@ -296,5 +296,5 @@ def test_sigterm_watcher_saves_at_the_boundary_then_stops():
 
 
 def test_exit_code():
-  assert preemption.exit_code({'preempted': True}) == 75
-  assert preemption.exit_code({'preempted': False}) == 0
+  assert preemption.exit_code(True) == 75
+  assert preemption.exit_code(False) == 0

@@ -63,8 +63,8 @@ def test_one_device_same_seed_same_weights(tmp_path, data, unseed_afterwards):
   for name, seed in (('a', 7), ('b', 7), ('other', 8)):
     task = _task(tmp_path / name, data, seed)
     result = entry.train(task)
-    assert result['seed'] == seed and result['deterministic'] is False
-    assert result['steps'] == 8
+    assert result.seed == seed and result.deterministic is False
+    assert result.steps == 8
     runs[name] = _trained(task)
   assert KERNEL in runs['a'][0]
   _assert_same(runs['a'], runs['b'])

@@ -277,7 +277,7 @@ def test_a_new_strategy_is_one_registry_entry(tmp_path, data, monkeypatch):
         validations.append(config.strategy), validate(config))[1])
     result = entry.train(tt.make_task(str(tmp_path), data, strategy='toy_cpu',
                                       train_steps=3))
-  assert (result['strategy'], result['steps'], result['num_replicas']) == (
+  assert (result.strategy, result.steps, result.num_replicas) == (
       'toy_cpu', 3, 1)
   assert validations == ['toy_cpu']
   with pytest.raises(ValueError, match="strategy='toy_cpu' is not one of"):
