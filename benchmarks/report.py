@@ -22,12 +22,25 @@ def table(headers: Sequence[str], rows: List[Sequence[object]]) -> str:
   return '\n'.join(lines)
 
 
+# A results file's hand-kept part: from this heading on, a rerun keeps it.
+HISTORY_HEADING = '## History and method'
+
+
 def write(results_dir: str, name: str, title: str, body: str) -> str:
-  """Writes `<results_dir>/<name>.md` and returns its path."""
+  """Writes `<results_dir>/<name>.md` and returns its path, keeping the
+  previous file's HISTORY_HEADING section (earlier runs, methods) after the
+  new results."""
   os.makedirs(results_dir, exist_ok=True)
   path = os.path.join(results_dir, f'{name}.md')
+  history = ''
+  if os.path.exists(path):
+    with open(path) as f:
+      previous = f.read()
+    if f'\n{HISTORY_HEADING}' in previous:
+      history = '\n' + previous[previous.index(f'\n{HISTORY_HEADING}') + 1:]
   with open(path, 'w') as f:
-    f.write(f'# {title}\n\nMeasured on {machine_line()}.\n\n{body}\n')
+    f.write(f'# {title}\n\nMeasured on {machine_line()}.\n\n{body}\n'
+            f'{history}')
   return path
 
 

@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from components.partitioner import report
 from components.records import partition_plan
+from components.records import tuned_input_pipeline
 from components.trainer.checkpoint import store as checkpoint_store
 from components.trainer.common import tf_config as tf_config_lib
 from pipelines import data
@@ -304,6 +305,13 @@ def test_hpm_pipeline_with_gpipe_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
       'schedule': plan['schedule'], 'data_parallel_replicas': 1,
       'boundaries': plan['boundaries'], 'remat': plan['remat']}
   assert result['steps'] == TRAIN_STEPS
+  # The trainer's reader ran the config the tuner chose and measured.
+  tuned_config = tuned_input_pipeline.read(tuned.uri).to_dict()
+  if result['cache_fallback'] is None:
+    assert result['input_pipeline'] == tuned_config
+  else:
+    assert {**result['input_pipeline'], 'cache': tuned_config['cache']} == (
+        tuned_config)
 
 
 class _KillWorkerWhenCheckpointed:

@@ -77,10 +77,12 @@ class LoopReport:
   resume_events: List[Dict[str, Any]]
   warm_start: Optional[Dict[str, Any]]
   # Each split's shard index, the data order trained in (None: no index,
-  # or parameter servers), why the memory cache fell back, and the damaged
-  # files' skipped records.
+  # or parameter servers), the input pipeline config the reader ran (the
+  # tuned one, its cache as it fit), why the memory cache fell back, and the
+  # damaged files' skipped records.
   shard_index: Dict[str, Any]
   data_order: Optional[Dict[str, Any]]
+  input_pipeline: Dict[str, Any]
   cache_fallback: Optional[str]
   unreadable_records: List[Dict[str, Any]]
   # The GPipe stages' shape; None without a partition plan.

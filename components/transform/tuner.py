@@ -58,9 +58,9 @@ def tune(tuning: TuningConfig,
   once and kept unless slower than the defaults. Else the search: the
   on-the-fly pipeline (always when it is the only or the requested
   placement, in 'auto' only if the budget leaves room for loading the
-  transform graph); the references; the chosen path's stage rates; a greedy
-  search over the knobs at the best config so far; then, with time left, the
-  other path's stage rates and the later-epoch rate from the cache.
+  transform graph); the references; a greedy search over the knobs at the
+  best config so far; then, with time left, the chosen path's stage rates,
+  the other path's and the later-epoch rate from the cache.
 
   Args:
     tuning: The tuning config.
@@ -167,20 +167,19 @@ def tune(tuning: TuningConfig,
         name, 'reference', clock.measure(make), {}, allowed=False,
         note='reference only'))
 
-  # 7. Stage rates of the chosen path.
-  stages = sources_lib.stage_rates(source, defaults[placement], search.batch,
-                                   clock, notes)
-
-  # 8. Greedy search over the knobs, each trial at the best config so far.
+  # 7. Greedy search over the knobs, each trial at the best config so far.
   best = search.greedy(source, defaults[placement])
 
-  # 9. With time left: the other path's stages.
-  for other in sources.values():
-    if other is not source and other.placement in defaults:
-      stages += sources_lib.stage_rates(other, defaults[other.placement],
+  # 8. With time left: the stage rates of the chosen path, then the other's
+  # (they explain the choice; the search makes it, so it goes first).
+  stages = []
+  for path in [source] + [other for other in sources.values()
+                          if other is not source]:
+    if path.placement in defaults:
+      stages += sources_lib.stage_rates(path, defaults[path.placement],
                                         search.batch, clock, notes)
 
-  # 10. Later epochs from the memory cache, when filling it fits the budget.
+  # 9. Later epochs from the memory cache, when filling it fits the budget.
   later = search.later_epochs_rate(source, best)
   return search.result(source, best, SEARCHED, placement_reason,
                        reference_results, stages, later)

@@ -7,11 +7,13 @@
       ...                          # hosts' bridge), for processes with `env`
     emulator.stop()                # kills it by pid
 
-`GcsEmulator(port, first_byte_s=0.05, stream_bytes_per_s=4e6)` answers as
-object storage does off this machine: each request's first byte that long
-after it, then at most that rate on its connection, many connections served
-in parallel (the benchmark of the trainer's read-ahead,
-benchmarks/bench_remote_read.py).
+`GcsEmulator(port, object_store=True)` answers object reads as a store's
+front end does, many connections in parallel (the emulator serves one request
+at a time): an object read whole once is answered by the front from then on.
+`emulator.throttle(first_byte_s=0.05, stream_bytes_per_s=4e6)` then holds
+each answer back as object storage off this machine does: its first byte that
+long after the request, then at most that rate on its connection (the
+benchmark of the trainer's read-ahead, benchmarks/bench_remote_read.py).
 
 Every process that touches gs:// needs `environment(port)` in its environment
 before it imports TensorFlow. Clients reach the server like this:
@@ -52,6 +54,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -69,6 +72,8 @@ from typing import Dict, Iterator, Optional, Set
 HOST = '127.0.0.1'
 PROJECT = 'tfx-hpm-test'
 START_TIMEOUT_S = 30.0
+# Where an object-store front takes its throttle (`GcsEmulator.throttle`).
+THROTTLE_PATH = b'/_front/throttle'
 # Hosts TensorFlow's GCS filesystem sends requests to.
 GOOGLE_API_SUFFIX = '.googleapis.com'
 # Nothing listens on the discard port: a metadata-server probe that gets
@@ -247,9 +252,7 @@ class GcsEmulator:
   """The emulator as a child process, on `port` of 127.0.0.1."""
 
   def __init__(self, port: int, log_dir: Optional[str] = None,
-               first_byte_s: float = 0.0,
-               stream_bytes_per_s: Optional[float] = None,
-               cpus: Optional[Set[int]] = None):
+               cpus: Optional[Set[int]] = None, object_store: bool = False):
     """`cpus`: the cores the server runs on (all by default), so that a
     benchmark can keep it off the cores it measures on."""
     self.port = port
@@ -261,8 +264,7 @@ class GcsEmulator:
     argv = [sys.executable, os.path.abspath(__file__), '--host', HOST,
             '--port', str(port), '--cert', tls['cert'], '--key', tls['key'],
             '--parent-pid', str(os.getpid()),
-            '--first-byte-s', str(first_byte_s),
-            '--stream-bytes-per-s', str(stream_bytes_per_s or 0)]
+            *(['--object-store'] if object_store else [])]
     start = time.monotonic()
     self.process = subprocess.Popen(  # pylint: disable=consider-using-with
         argv, stdin=subprocess.DEVNULL, stdout=self._log,
@@ -288,6 +290,19 @@ class GcsEmulator:
     raise RuntimeError(
         f'gcp-storage-emulator did not answer on {self.url} within '
         f'{START_TIMEOUT_S:.0f} s:\n{self.log_tail()}')
+
+  def throttle(self, first_byte_s: float, stream_bytes_per_s: float) -> None:
+    """Holds back every answer of an `object_store` front from now on: its
+    first byte `first_byte_s` after the request, then at most
+    `stream_bytes_per_s` on its connection (0: no cap)."""
+    body = json.dumps({'first_byte_s': first_byte_s,
+                       'stream_bytes_per_s': stream_bytes_per_s}).encode()
+    with socket.create_connection((HOST, self.port), timeout=10) as sock:
+      sock.sendall(b'PUT %s HTTP/1.0\r\nContent-Length: %d\r\n\r\n' % (
+          THROTTLE_PATH, len(body)) + body)
+      answer = sock.recv(1024)
+    if not answer.startswith(b'HTTP/1.0 200'):
+      raise RuntimeError(f'The front refused the throttle: {answer!r}')
 
   def client(self):
     """A google-cloud-storage client of the emulator (anonymous)."""
@@ -388,22 +403,28 @@ def _throttled_pump(client, backend, first_byte_s: float,
   be read and written by two)."""
   answer = bytearray()
   start = time.monotonic() + first_byte_s
+  # Sent in pieces of at least this many bytes (or 20 ms of the cap): fewer
+  # wake-ups of this thread, the same rate.
+  piece = max(64 * 1024, int(bytes_per_s * 0.02))
   sent, backend_open = 0, True
   while True:
     now = time.monotonic()
-    allowed = 0
-    if answer and now >= start:
-      allowed = len(answer) if not bytes_per_s else min(
+    wait = 600.0
+    if answer:
+      due = len(answer) if not bytes_per_s else min(
           len(answer), int((now - start) * bytes_per_s) - sent)
-    if allowed > 0:
-      client.sendall(answer[:allowed])
-      del answer[:allowed]
-      sent += allowed
-    elif not backend_open and not answer:
+      if now >= start and (due >= min(piece, len(answer)) or (
+          due > 0 and not backend_open)):
+        client.sendall(answer[:due])
+        del answer[:due]
+        sent += due
+      if answer:
+        wait = max(start - now, (min(piece, len(answer)) - max(due, 0)) /
+                   bytes_per_s if bytes_per_s else 0.0, 0.001)
+    elif not backend_open:
       return
     sockets = [client] + ([backend] if backend_open else [])
     pending = isinstance(client, ssl.SSLSocket) and client.pending()
-    wait = 0.002 if answer else 600
     readable = [client] if pending else select.select(sockets, [], [],
                                                       wait)[0]
     for source in readable:
@@ -420,6 +441,91 @@ def _throttled_pump(client, backend, first_byte_s: float,
         return
       else:
         backend.sendall(data)
+
+
+def _send_throttled(client, answer: bytes, start: float,
+                    bytes_per_s: float) -> None:
+  """Sends `answer` from time `start` on, at most `bytes_per_s` (0: no
+  cap), in pieces of at least 64 KB or 20 ms of the cap."""
+  piece = max(64 * 1024, int(bytes_per_s * 0.02))
+  sent = 0
+  while sent < len(answer):
+    now = time.monotonic()
+    due = len(answer) - sent
+    if bytes_per_s:
+      due = min(due, int((now - start) * bytes_per_s) - sent)
+    if now < start or due < min(piece, len(answer) - sent):
+      time.sleep(max(start - now, (min(piece, len(answer) - sent) -
+                                   max(due, 0)) / (bytes_per_s or 1e12),
+                     0.001))
+      continue
+    client.sendall(answer[sent:sent + due])
+    sent += due
+
+
+class _ObjectCache:
+  """Objects a throttled front has read whole from the emulator, by path.
+
+  Later reads of them are answered by the front itself (the emulator serves
+  one request at a time, slower than the streams a benchmark asks for in
+  parallel); any write clears it.
+  """
+
+  def __init__(self):
+    self._objects: Dict[bytes, bytes] = {}
+    self._lock = threading.Lock()
+
+  def clear(self) -> None:
+    with self._lock:
+      self._objects.clear()
+
+  def answer(self, path: bytes, head: bytes) -> Optional[bytes]:
+    """The HTTP answer to a media GET of `path` from the cache, or None."""
+    with self._lock:
+      data = self._objects.get(path)
+    if data is None:
+      return None
+    first, last = 0, len(data) - 1
+    match = re.search(rb'\r\nrange:\s*bytes=(\d+)-(\d*)', head.lower())
+    if match:
+      first = int(match.group(1))
+      last = min(last, int(match.group(2))) if match.group(2) else last
+    if first >= len(data):
+      return (b'HTTP/1.0 416 Requested Range Not Satisfiable\r\n'
+              b'Content-Range: bytes */%d\r\nContent-Length: 0\r\n\r\n'
+              % len(data))
+    body = data[first:last + 1]
+    return (b'HTTP/1.0 206 Partial Content\r\n'
+            b'Content-Type: application/octet-stream\r\n'
+            b'Content-Range: bytes %d-%d/%d\r\nContent-Length: %d\r\n\r\n'
+            % (first, first + len(body) - 1, len(data), len(body)) + body)
+
+  def keep(self, path: bytes, answer: bytes) -> None:
+    """Keeps the object if `answer` holds all of it."""
+    head, _, body = answer.partition(b'\r\n\r\n')
+    match = re.search(rb'\r\ncontent-range:\s*bytes 0-(\d+)/(\d+)',
+                      head.lower())
+    if (head.startswith((b'HTTP/1.0 206', b'HTTP/1.1 206')) and match and
+        int(match.group(1)) + 1 == int(match.group(2)) == len(body)):
+      with self._lock:
+        self._objects[path] = bytes(body)
+
+
+def _is_media_read(method: str, target: str) -> bool:
+  """A read of an object's bytes (`GET /<bucket>/<object>`, TF's GCS
+  filesystem's download), not a JSON API or upload request."""
+  return method == 'GET' and not target.startswith(
+      ('/storage/', '/upload/', '/download/', 'http')) and target.count(
+          '/') >= 2
+
+
+def _read_all(sock) -> bytes:
+  data = bytearray()
+  while True:
+    chunk = sock.recv(1 << 20)
+    if not chunk:
+      return bytes(data)
+    data += chunk
 
 
 def _read_head(sock) -> Optional[bytes]:
@@ -454,6 +560,13 @@ class _FrontHandler(socketserver.BaseRequestHandler):
       return
     request_line = data.split(b'\r\n', 1)[0].decode('latin-1')
     method, target = (request_line.split(' ') + ['', ''])[:2]
+    if (method == 'PUT' and target.encode() == THROTTLE_PATH and
+        self.server.object_store):
+      settings = json.loads(data.split(b'\r\n\r\n', 1)[1] or b'{}')
+      self.server.first_byte_s = float(settings['first_byte_s'])
+      self.server.stream_bytes_per_s = float(settings['stream_bytes_per_s'])
+      client.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n')
+      return
     if method == 'CONNECT':
       host = target.rsplit(':', 1)[0]
       if not host.endswith(GOOGLE_API_SUFFIX):
@@ -464,6 +577,8 @@ class _FrontHandler(socketserver.BaseRequestHandler):
       data = _read_head(client)
       if data is None:
         return
+      method, target = (data.split(b'\r\n', 1)[0].decode('latin-1').split(
+          ' ') + ['', ''])[:2]
     head, body = data.split(b'\r\n\r\n', 1)
     lines = head.split(b'\r\n')
     kept = [line for line in lines
@@ -472,11 +587,28 @@ class _FrontHandler(socketserver.BaseRequestHandler):
       # curl waits a second for "100 Continue" before it sends a body; the
       # HTTP/1.0 emulator never says it.
       client.sendall(b'HTTP/1.1 100 Continue\r\n\r\n')
+    throttled = self.server.object_store
+    if throttled:
+      if method not in ('GET', 'HEAD'):
+        self.server.objects.clear()
+      cached = _is_media_read(method, target) and self.server.objects.answer(
+          target.encode(), head)
+      if cached:
+        _send_throttled(client, cached,
+                        time.monotonic() + self.server.first_byte_s,
+                        self.server.stream_bytes_per_s)
+        return
     backend = socket.create_connection((HOST, self.server.backend_port))
     _no_delay(backend)
     try:
       backend.sendall(b'\r\n'.join(kept) + b'\r\n\r\n' + body)
-      if self.server.first_byte_s or self.server.stream_bytes_per_s:
+      if throttled and _is_media_read(method, target):
+        start = time.monotonic() + self.server.first_byte_s
+        answer = _read_all(backend)
+        self.server.objects.keep(target.encode(), answer)
+        _send_throttled(client, answer, start,
+                        self.server.stream_bytes_per_s)
+      elif throttled:
         _throttled_pump(client, backend, self.server.first_byte_s,
                         self.server.stream_bytes_per_s)
       else:
@@ -522,8 +654,7 @@ def relay(host: str, port: int, target_port: int, parent_pid: int) -> None:
 
 
 def serve(host: str, port: int, cert: str, key: str,
-          parent_pid: int = 0, first_byte_s: float = 0.0,
-          stream_bytes_per_s: float = 0.0) -> None:
+          parent_pid: int = 0, object_store: bool = False) -> None:
   """Runs gcp-storage-emulator (in memory) behind the relaying front.
 
   Stops on SIGTERM / SIGINT, or when `parent_pid` (the test process) is gone:
@@ -587,8 +718,10 @@ def serve(host: str, port: int, cert: str, key: str,
 
   front = _Front((host, port), _FrontHandler)
   front.backend_port = backend_port
-  front.first_byte_s = first_byte_s
-  front.stream_bytes_per_s = stream_bytes_per_s
+  front.object_store = object_store
+  front.objects = _ObjectCache()
+  front.first_byte_s = 0.0
+  front.stream_bytes_per_s = 0.0
   front.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
   front.tls.load_cert_chain(cert, key)
   logging.info('GCS emulator on %s:%d (backend port %d)', host, port,
@@ -615,15 +748,15 @@ def main(argv=None) -> None:
   parser.add_argument('--relay-to', type=int, default=0,
                       help='relay to the front on this port instead')
   parser.add_argument('--parent-pid', type=int, default=0)
-  parser.add_argument('--first-byte-s', type=float, default=0.0)
-  parser.add_argument('--stream-bytes-per-s', type=float, default=0.0)
+  parser.add_argument('--object-store', action='store_true',
+                      help='answer object reads from the front, throttled')
   args = parser.parse_args(argv)
   signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
   if args.relay_to:
     relay(args.host, args.port, args.relay_to, args.parent_pid)
   else:
     serve(args.host, args.port, args.cert, args.key, args.parent_pid,
-          args.first_byte_s, args.stream_bytes_per_s)
+          args.object_store)
 
 
 if __name__ == '__main__':

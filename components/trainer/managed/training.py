@@ -340,6 +340,7 @@ class ManagedTraining:
         warm_start=self.warm_started,
         shard_index=self.data_check.indexes,
         data_order=None if self.order is None else self.order.state(),
+        input_pipeline=self.data.config.to_dict(),
         cache_fallback=self.cache_fallback,
         unreadable_records=self.data_check.unreadable,
         pipeline_parallel=self._pipeline_parallel(),
