@@ -27,11 +27,12 @@ import sys
 import tempfile
 import uuid
 
-import numpy as np
 import portpicker
 
 from benchmarks import report
 from tests.support import gcs_emulator
+from tests.support import text_records
+from tests.support.text_records import copy_split, write_split
 
 FIRST_BYTE_S = 0.05
 # The per-stream cap is the local byte rate over this: K = 1 reads at about
@@ -43,53 +44,6 @@ MEASURE_S = 3.0
 TUNING_BUDGET_S = 90.0
 # Record size -> (shards, records per shard, rows per batch).
 SPLITS = {1_000: (16, 4_000, 256), 100_000: (16, 64, 32)}
-FEATURE_SPEC_KEYS = ('id', 'payload')
-
-
-def _feature_spec():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return {'id': tf.io.FixedLenFeature([], tf.int64),
-          'payload': tf.io.FixedLenFeature([], tf.string)}
-
-
-def _text(rng, words, size: int) -> bytes:
-  return b' '.join(words[i] for i in rng.integers(
-      0, len(words), size=size // 5))[:size]
-
-
-def write_split(folder: str, record_bytes: int, shards: int,
-                per_shard: int) -> str:
-  """`shards` gzipped files of tf.Examples with text payloads (random words
-  of a 2,000-word vocabulary), in a TFX `Split-train` folder; returns the
-  file pattern."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  split = os.path.join(folder, 'Split-train')
-  tf.io.gfile.makedirs(split)
-  rng = np.random.default_rng(0)
-  words = [bytes(rng.integers(97, 123, size=rng.integers(2, 9)).astype(
-      np.uint8)) for _ in range(2000)]
-  row = 0
-  for shard in range(shards):
-    path = os.path.join(split, f'data_tfrecord-{shard:05d}-of-{shards:05d}.gz')
-    with tf.io.TFRecordWriter(path, 'GZIP') as writer:
-      for _ in range(per_shard):
-        example = tf.train.Example(features=tf.train.Features(feature={
-            'id': tf.train.Feature(int64_list=tf.train.Int64List(value=[row])),
-            'payload': tf.train.Feature(bytes_list=tf.train.BytesList(
-                value=[_text(rng, words, record_bytes)])),
-        }))
-        writer.write(example.SerializeToString())
-        row += 1
-  return os.path.join(split, '*')
-
-
-def copy_split(pattern: str, folder: str) -> str:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  split = f'{folder}/Split-train'
-  tf.io.gfile.makedirs(split)
-  for path in tf.io.gfile.glob(pattern):
-    tf.io.gfile.copy(path, f'{split}/{os.path.basename(path)}')
-  return f'{split}/*'
 
 
 def _source(pattern: str):
@@ -98,7 +52,8 @@ def _source(pattern: str):
   from components.transform import sources
   # pylint: enable=g-import-not-at-top
   return sources.Source('materialized', [pattern], 'GZIP',
-                        InputPipelineConfig(), _feature_spec(), 'train')
+                        InputPipelineConfig(), text_records.feature_spec(),
+                        'train')
 
 
 def rate(pattern: str, batch: int, read_ahead: int) -> float:
@@ -122,7 +77,7 @@ def tuned_read_ahead(pattern: str, batch: int) -> dict:
       TuningConfig(time_budget_s=TUNING_BUDGET_S, trainer_batch_size=batch,
                    early_stop=False, cache='none', reuse=False,
                    measure_seconds=1.0),
-      _feature_spec(), materialized_patterns=[pattern])
+      text_records.feature_spec(), materialized_patterns=[pattern])
   return {'read_ahead_shards': result.config.read_ahead_shards,
           'candidates': [(m.name, m.examples_per_sec)
                          for m in result.candidates]}
@@ -222,18 +177,24 @@ def _body(results: dict) -> str:
 
 def main(results_dir: str = 'benchmarks/results') -> str:
   port = portpicker.pick_unused_port()
-  # gs:// in this process (before TensorFlow loads its GCS filesystem).
+  environ, cpus = dict(os.environ), sorted(os.sched_getaffinity(0))
+  # gs:// in this process (before TensorFlow first opens a gs:// path).
   os.environ.update(gcs_emulator.environment(port))
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
-  cpus = sorted(os.sched_getaffinity(0))
   server_cpus = None
   if len(cpus) > 1:
-    # The reader on the last core (set before TensorFlow starts its
-    # threads), the server on the others.
+    # The reader on the last core (its threads inherit it), the server on
+    # the others.
     server_cpus = set(cpus[:-1])
     os.sched_setaffinity(0, {cpus[-1]})
-  with tempfile.TemporaryDirectory(prefix='bench-remote-read-') as work:
-    results = measure(work, port, server_cpus)
+  try:
+    with tempfile.TemporaryDirectory(prefix='bench-remote-read-') as work:
+      results = measure(work, port, server_cpus)
+  finally:
+    # The next benchmark of `make bench` gets this process as it was.
+    os.sched_setaffinity(0, set(cpus))
+    os.environ.clear()
+    os.environ.update(environ)
   return report.write(results_dir, 'remote_read',
                       'The trainer\'s reader from object storage',
                       _body(results))

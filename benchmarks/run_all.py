@@ -15,7 +15,7 @@ from benchmarks import report
 
 BENCHMARKS = ['transform', 'trainer', 'throughput', 'ceiling', 'resume',
               'resume_position', 'scale', 'partitioner', 'pipeline',
-              'ray', 'elastic', 'precision']
+              'ray', 'elastic', 'precision', 'remote_read']
 
 
 def main() -> None:

@@ -26,10 +26,11 @@ pipeline serves the tuner's measurements, evaluation, parameter-server
 workers and train files with no index.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -302,6 +303,56 @@ def disk_cache_prefix(config: InputPipelineConfig, what: List[Any]) -> str:
   return prefix
 
 
+@dataclasses.dataclass(frozen=True)
+class _Share:
+  """What one input pipeline of `num_pipelines` reads: its files (`names`),
+  or with fewer files than pipelines every file and a share of the read
+  batches (`shard_batches`); its batch and read batch."""
+  names: tf.data.Dataset
+  num_pipelines: int
+  pipeline_id: int
+  batch_size: int
+  shard_batches: bool
+  reading_batch: int
+
+  @classmethod
+  def of(cls, files: List[str], batch_size: int,
+         input_context: Optional[tf.distribute.InputContext],
+         config: InputPipelineConfig) -> '_Share':
+    num_pipelines, pipeline_id = 1, 0
+    if input_context is not None:
+      batch_size = input_context.get_per_replica_batch_size(batch_size)
+      num_pipelines = input_context.num_input_pipelines
+      pipeline_id = input_context.input_pipeline_id
+    names = tf.data.Dataset.from_tensor_slices(files)
+    shard_batches = num_pipelines > 1 and len(files) < num_pipelines
+    if num_pipelines > 1 and not shard_batches:
+      names = names.shard(num_pipelines, pipeline_id)
+    # Sharded read batches are of the pipeline's batch: at the default read
+    # batch, a file of fewer than that many rows x pipelines left a pipeline
+    # none, looping over empty epochs (a cluster's first step hung).
+    reading_batch = (batch_size if shard_batches else
+                     read_batch_size(config, batch_size))
+    return cls(names, num_pipelines, pipeline_id, batch_size, shard_batches,
+               reading_batch)
+
+
+def _resume_position(serialized: tf.data.Dataset, rows: int,
+                     what: str) -> Tuple[int, int]:
+  """(epoch, row in it) of the position `rows` rows in: every epoch has the
+  rows `serialized` (one epoch's read batches) holds, so the resumed run
+  builds that epoch and drops the rows before the position, at a cost of at
+  most one epoch however long the training ran."""
+  if not rows:
+    return 0, 0
+  rows_per_epoch = int(serialized.reduce(
+      tf.constant(0, tf.int64),
+      lambda count, batch: count + tf.shape(batch, out_type=tf.int64)[0]))
+  if not rows_per_epoch:
+    raise ValueError(f'No examples in {what}.')
+  return divmod(rows, rows_per_epoch)
+
+
 def build_dataset(file_patterns: List[str],
                   feature_spec: Dict[str, Any],
                   label_key: Optional[str],
@@ -354,22 +405,11 @@ def build_dataset(file_patterns: List[str],
   compression_type = config.read_compression()
   file_patterns = patterns_read(config, file_patterns, split)
   files = list_files(file_patterns)
-  num_pipelines, pipeline_id = 1, 0
-  if input_context is not None:
-    batch_size = input_context.get_per_replica_batch_size(batch_size)
-    num_pipelines = input_context.num_input_pipelines
-    pipeline_id = input_context.input_pipeline_id
-
-  names = tf.data.Dataset.from_tensor_slices(files)
-  # With fewer files than pipelines, the read batches are sharded instead.
-  shard_batches = num_pipelines > 1 and len(files) < num_pipelines
-  if num_pipelines > 1 and not shard_batches:
-    names = names.shard(num_pipelines, pipeline_id)
-  # Sharded read batches are of the pipeline's batch: at the default read
-  # batch, a file of fewer than that many rows x pipelines left a pipeline
-  # none, looping over empty epochs (a cluster's first step hung).
-  reading_batch = (batch_size if shard_batches else
-                   read_batch_size(config, batch_size))
+  share = _Share.of(files, batch_size, input_context, config)
+  names, num_pipelines, pipeline_id = (share.names, share.num_pipelines,
+                                       share.pipeline_id)
+  batch_size, shard_batches, reading_batch = (
+      share.batch_size, share.shard_batches, share.reading_batch)
   parser = make_parser(feature_spec, label_key, config)
 
   def serialized(file_names):
@@ -414,20 +454,9 @@ def build_dataset(file_patterns: List[str],
                              epoch_seed)
     return rows
 
-  # Every epoch has the same number of rows, so a resume position maps to
-  # (epoch, row in it): the resumed run builds that epoch and drops the rows
-  # before the position, at a cost of at most one epoch however long the
-  # training ran.
-  first_epoch, first_row = 0, 0
-  if skip_batches:
-    rows_per_epoch = int(serialized(names).reduce(
-        tf.constant(0, tf.int64),
-        lambda count, batch: count + tf.shape(batch, out_type=tf.int64)[0]))
-    if not rows_per_epoch:
-      raise ValueError(f'No examples in {file_patterns} for input pipeline '
-                       f'{pipeline_id} of {num_pipelines}.')
-    first_epoch, first_row = divmod(skip_batches * batch_size,
-                                    rows_per_epoch)
+  first_epoch, first_row = _resume_position(
+      serialized(names), skip_batches * batch_size,
+      f'{file_patterns} for input pipeline {pipeline_id} of {num_pipelines}')
   last_epoch = num_epochs if num_epochs is not None else _FOREVER
   dataset = tf.data.Dataset.range(first_epoch, last_epoch)
   dataset = drop_rows(dataset.take(1).flat_map(epoch_rows), first_row)

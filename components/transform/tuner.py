@@ -107,15 +107,7 @@ def tune(tuning: TuningConfig,
   probe = kept[0]
 
   # 2. The consumer, and whether training is input-bound at all.
-  search.consumer = _consumer_rate(consumer, probe, notes)
-  if search.consumer is not None and (
-      search.consumer.batch_size != search.batch):
-    mismatches.append(
-        f'the consumer rate ({search.consumer.source}) is at batch '
-        f'{search.consumer.batch_size}, the reader measured at {search.batch}')
-  search.mismatch = '; '.join(mismatches) or None
-  search.input_bound, search.input_bound_reason = decisions.input_bound(
-      tuning, defaults[first], search.consumer)
+  search.weigh_consumer(consumer, probe, mismatches, defaults[first])
 
   # 3. Dataset size, then the cache decision (no measurement needed).
   bytes_per_example = measurement.dense_bytes(probe) / max(
@@ -146,38 +138,18 @@ def tune(tuning: TuningConfig,
           f'{reused.placement}: as in {previous.description}')
 
   # 5. The other placement, then where the transform runs.
-  if 'on_the_fly' in sources and 'on_the_fly' not in defaults:
-    if clock.left() >= decisions.ON_THE_FLY_MIN_LEFT_S:
-      defaults['on_the_fly'] = search.run(sources['on_the_fly'], {})
-    else:
-      notes.append('On-the-fly transform not measured: loading the transform '
-                   f'graph needs ~{decisions.ON_THE_FLY_MIN_LEFT_S:.0f} s of '
-                   'budget.')
-  placement, placement_reason = decisions.choose_placement(
-      tuning, defaults, sources.keys())
+  placement, placement_reason = search.choose_placement(defaults)
   source = sources[placement]
 
   # 6. References, for the report.
-  reference_results = []
-  for name, make in (references or {}).items():
-    if not clock.fits(1):
-      notes.append(f'Reference {name!r} not measured: time budget.')
-      continue
-    reference_results.append(Measurement(
-        name, 'reference', clock.measure(make), {}, allowed=False,
-        note='reference only'))
+  reference_results = search.references(references or {})
 
   # 7. Greedy search over the knobs, each trial at the best config so far.
   best = search.greedy(source, defaults[placement])
 
   # 8. With time left: the stage rates of the chosen path, then the other's
   # (they explain the choice; the search makes it, so it goes first).
-  stages = []
-  for path in [source] + [other for other in sources.values()
-                          if other is not source]:
-    if path.placement in defaults:
-      stages += sources_lib.stage_rates(path, defaults[path.placement],
-                                        search.batch, clock, notes)
+  stages = search.stage_rates(source, defaults)
 
   # 9. Later epochs from the memory cache, when filling it fits the budget.
   later = search.later_epochs_rate(source, best)
@@ -223,6 +195,58 @@ class _Search:
         'deterministic order (allow_nondeterministic=False)')
     self.candidates.append(m)
     return m
+
+  def weigh_consumer(self, consumer: Union[None, ConsumerRate, ConsumerFn],
+                     probe: Any, mismatches: List[str],
+                     default: Measurement) -> None:
+    """The consumer's rate (on the default reader's first batch), and
+    whether training is input-bound at all."""
+    self.consumer = _consumer_rate(consumer, probe, self.notes)
+    if self.consumer is not None and self.consumer.batch_size != self.batch:
+      mismatches.append(
+          f'the consumer rate ({self.consumer.source}) is at batch '
+          f'{self.consumer.batch_size}, the reader measured at {self.batch}')
+    self.mismatch = '; '.join(mismatches) or None
+    self.input_bound, self.input_bound_reason = decisions.input_bound(
+        self.tuning, default, self.consumer)
+
+  def choose_placement(self, defaults: Dict[str, Measurement]):
+    """(placement, why), after measuring the on-the-fly path's default where
+    it was not measured yet and the budget leaves room to load its graph."""
+    if 'on_the_fly' in self.sources and 'on_the_fly' not in defaults:
+      if self.clock.left() >= decisions.ON_THE_FLY_MIN_LEFT_S:
+        defaults['on_the_fly'] = self.run(self.sources['on_the_fly'], {})
+      else:
+        self.notes.append(
+            'On-the-fly transform not measured: loading the transform graph '
+            f'needs ~{decisions.ON_THE_FLY_MIN_LEFT_S:.0f} s of budget.')
+    return decisions.choose_placement(self.tuning, defaults,
+                                      self.sources.keys())
+
+  def references(self, references: Dict[str, DatasetFn]
+                ) -> List[Measurement]:
+    """Each reference measured once, for the report, as the budget allows."""
+    measured = []
+    for name, make in references.items():
+      if not self.clock.fits(1):
+        self.notes.append(f'Reference {name!r} not measured: time budget.')
+        continue
+      measured.append(Measurement(
+          name, 'reference', self.clock.measure(make), {}, allowed=False,
+          note='reference only'))
+    return measured
+
+  def stage_rates(self, chosen: Source, defaults: Dict[str, Measurement]
+                 ) -> List[StageRate]:
+    """The stage rates of `chosen`, then of the other path, as the budget
+    allows."""
+    stages = []
+    for path in [chosen] + [other for other in self.sources.values()
+                            if other is not chosen]:
+      if path.placement in defaults:
+        stages += sources_lib.stage_rates(path, defaults[path.placement],
+                                          self.batch, self.clock, self.notes)
+    return stages
 
   def decide_cache(self, num_examples: int, bytes_per_example: float) -> None:
     self.num_examples = num_examples

@@ -237,6 +237,21 @@ def _make_certificates() -> Dict[str, bytes]:
   }
 
 
+def throttle(port: int, first_byte_s: float,
+             stream_bytes_per_s: float) -> None:
+  """Holds back every answer of the `object_store` front on `port` from now
+  on: its first byte `first_byte_s` after the request, then at most
+  `stream_bytes_per_s` on its connection (0: no cap)."""
+  body = json.dumps({'first_byte_s': first_byte_s,
+                     'stream_bytes_per_s': stream_bytes_per_s}).encode()
+  with socket.create_connection((HOST, port), timeout=10) as sock:
+    sock.sendall(b'PUT %s HTTP/1.0\r\nContent-Length: %d\r\n\r\n' % (
+        THROTTLE_PATH, len(body)) + body)
+    answer = sock.recv(1024)
+  if not answer.startswith(b'HTTP/1.0 200'):
+    raise RuntimeError(f'The front refused the throttle: {answer!r}')
+
+
 def is_answering(port: int, timeout: float = 1.0, host: str = HOST) -> bool:
   """True once the server answers its health check."""
   # No proxy: the server is on this machine.
@@ -292,17 +307,7 @@ class GcsEmulator:
         f'{START_TIMEOUT_S:.0f} s:\n{self.log_tail()}')
 
   def throttle(self, first_byte_s: float, stream_bytes_per_s: float) -> None:
-    """Holds back every answer of an `object_store` front from now on: its
-    first byte `first_byte_s` after the request, then at most
-    `stream_bytes_per_s` on its connection (0: no cap)."""
-    body = json.dumps({'first_byte_s': first_byte_s,
-                       'stream_bytes_per_s': stream_bytes_per_s}).encode()
-    with socket.create_connection((HOST, self.port), timeout=10) as sock:
-      sock.sendall(b'PUT %s HTTP/1.0\r\nContent-Length: %d\r\n\r\n' % (
-          THROTTLE_PATH, len(body)) + body)
-      answer = sock.recv(1024)
-    if not answer.startswith(b'HTTP/1.0 200'):
-      raise RuntimeError(f'The front refused the throttle: {answer!r}')
+    throttle(self.port, first_byte_s, stream_bytes_per_s)
 
   def client(self):
     """A google-cloud-storage client of the emulator (anonymous)."""
@@ -372,22 +377,36 @@ class GcsEmulator:
 # *.googleapis.com.
 
 
+def _readable(client, sockets, wait_s: float):
+  """The sockets with bytes to read (the client's TLS layer may hold some
+  that select cannot see)."""
+  if isinstance(client, ssl.SSLSocket) and client.pending():
+    return [client]
+  return select.select(sockets, [], [], wait_s)[0]
+
+
+def _receive(source) -> Optional[bytes]:
+  """The next bytes of `source`: b'' once it is closed (or broken), None
+  when TLS needs more before it has any."""
+  try:
+    return source.recv(256 * 1024)
+  except ssl.SSLWantReadError:
+    return None
+  except OSError:
+    return b''
+
+
 def _pump(client, backend) -> None:
   """Copies bytes both ways until either side closes."""
   sockets = [client, backend]
   while True:
-    pending = isinstance(client, ssl.SSLSocket) and client.pending()
-    readable = [client] if pending else select.select(sockets, [], [],
-                                                      600)[0]
+    readable = _readable(client, sockets, 600)
     if not readable:
       return
     for source in readable:
-      try:
-        data = source.recv(256 * 1024)
-      except ssl.SSLWantReadError:
+      data = _receive(source)
+      if data is None:
         continue
-      except OSError:
-        return
       if not data:
         return
       (backend if source is client else client).sendall(data)
@@ -424,16 +443,10 @@ def _throttled_pump(client, backend, first_byte_s: float,
     elif not backend_open:
       return
     sockets = [client] + ([backend] if backend_open else [])
-    pending = isinstance(client, ssl.SSLSocket) and client.pending()
-    readable = [client] if pending else select.select(sockets, [], [],
-                                                      wait)[0]
-    for source in readable:
-      try:
-        data = source.recv(256 * 1024)
-      except ssl.SSLWantReadError:
+    for source in _readable(client, sockets, wait):
+      data = _receive(source)
+      if data is None:
         continue
-      except OSError:
-        data = b''
       if source is backend:
         answer += data
         backend_open = bool(data)
