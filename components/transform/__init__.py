@@ -4,8 +4,8 @@ No TFX, no TensorFlow: `config` (TuningConfig and its validation),
 `spec_keys` (the keys it adds to the stock Transform's).
 TensorFlow, no TFX: `tuner` (the time-budgeted search) over `results` (what
 it returns), `measurement` (timing, the deadline), `sources` (what it
-measures on) and `decisions` (cache, placement, input-bound, search space,
-shards per split);
+measures on: the trainer's reader over the split's index) and `decisions`
+(cache, placement, input-bound, search space, shards per split);
 `consumer` (the model's training-step rate), `history` (the previous tuning
 and training of this pipeline, from their artifact files), `report`
 (markdown and PNG chart).
@@ -14,6 +14,7 @@ examples in bounded shards inside its Beam pipeline, through
 `components.patches.transform`), `materialized` (that write's shard counts,
 counters, shard indexes and storage errors), `tuning_inputs` (the split and
 files it tunes on), `artifact` (the TunedInputPipeline it writes).
-The dataset library it tunes (`components.data.input_pipeline`) is shared
-with HighPerfTrainer.
+The reader it tunes (`components.data`: the data order's
+`ordered_pipeline` over `input_pipeline`'s record source) is the one
+HighPerfTrainer runs.
 """
