@@ -6,7 +6,9 @@ thousands of shards nobody could tell which one to replace. After such a
 failure `first_damaged` reads the files once, in order, and names the first
 that cannot be read to its end and how many records it yields before that.
 A gzip file cut where a record ends reads without error in TF, so a gzip
-file is also read through to its end-of-stream marker.
+file is also read through to its end-of-stream marker; `count_whole`, which
+the shard index counts with, catches such a file on its first count from
+the gzip trailer's size.
 """
 
 import re
@@ -53,6 +55,45 @@ def _gzip_complete(path: str) -> bool:
       except zlib.error:
         return False
   return True
+
+
+# TFRecord framing around each record: its length (8 bytes) and two CRCs.
+_RECORD_FRAMING_BYTES = 16
+
+
+def count_whole(path: str, compression_type: str) -> int:
+  """The records of one file, read once; for gzip also its trailer's size
+  (ISIZE, the uncompressed bytes mod 2^32) against the records read, so a
+  file cut where a record ends, which TF reads without an error, is not
+  counted as whole. Only a mismatch reads the file again, to its end marker
+  (a file of several gzip members has the last member's size there).
+
+  Raises:
+    tf.errors.DataLossError: the file cannot be read to its end.
+  """
+  dataset = tf.data.TFRecordDataset(path, compression_type).batch(4096).map(
+      lambda batch: (tf.size(batch, out_type=tf.int64), tf.reduce_sum(
+          tf.cast(tf.strings.length(batch, unit='BYTE'), tf.int64))))
+  records = stored = 0
+  for count, record_bytes in dataset.as_numpy_iterator():
+    records += int(count)
+    stored += int(record_bytes) + _RECORD_FRAMING_BYTES * int(count)
+  if compression_type == 'GZIP' and _gzip_size(path) != stored % 2**32:
+    _, error = read_to_end(path, compression_type)
+    if error is not None:
+      raise tf.errors.DataLossError(None, None, f'{path}: {error}')
+  return records
+
+
+def _gzip_size(path: str) -> int:
+  """The uncompressed size a gzip file's trailer records (its last 4
+  bytes, little-endian), or -1 for a file too short to have one."""
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    size = f.size()
+    if size < 18:  # A gzip header and trailer.
+      return -1
+    f.seek(size - 4)
+    return int.from_bytes(f.read(4), 'little')
 
 
 def read_to_end(path: str, compression_type: str

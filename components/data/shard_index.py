@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from components.data import input_pipeline
+from components.data import shard_check
 from components import storage
 
 FORMAT_VERSION = 1
@@ -98,14 +99,15 @@ def artifact_index_path(folder: str) -> Optional[str]:
 def build(folder: str, files: Sequence[str], compression: str,
           known: Optional[Dict[str, int]] = None) -> ShardIndex:
   """Counts the records of `files` (all in `folder`), in parallel, unless
-  `known` has their counts already."""
+  `known` has their counts already; a file that does not read to its end
+  (a gzip file cut where a record ends included) fails the count."""
   files = sorted(files)
   if known and all(f in known for f in files):
     counts = [known[f] for f in files]
   else:
     with concurrent.futures.ThreadPoolExecutor(_COUNTING_THREADS) as pool:
       counts = list(pool.map(
-          lambda f: input_pipeline.count_records([f], compression), files))
+          lambda f: shard_check.count_whole(f, compression), files))
   return ShardIndex(folder, compression, tuple(
       Shard(os.path.relpath(path, folder), records,
             tf.io.gfile.stat(path).length)

@@ -91,3 +91,33 @@ def test_built_once_then_only_checked(tmp_path, split, monkeypatch):
   # Not one split folder: nothing to index.
   assert shard_index.ensure([pattern, '/other/*'], files, 'GZIP', own) == (
       None, 'the file patterns are not one folder')
+
+
+def test_a_gzip_shard_cut_where_a_record_ends_is_not_indexed(tmp_path):
+  """TF reads such a file without an error, only fewer records: the count
+  checks the gzip trailer's size against the records read, and fails naming
+  the file instead of indexing it short."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / 'part.gz')
+  with tf.io.TFRecordWriter(path, 'GZIP') as writer:
+    for i in range(32):
+      writer.write(bytes([i]) * 50)
+  assert shard_index.build(str(tmp_path), [path], 'GZIP').records == 32
+  with open(path, 'rb') as f:
+    whole = f.read()
+  silent_cuts = 0
+  for cut in range(len(whole) - 1, 20, -1):
+    with open(path, 'wb') as f:
+      f.write(whole[:cut])
+    try:
+      for _ in tf.data.TFRecordDataset(path, 'GZIP'):
+        pass
+    except tf.errors.DataLossError:
+      continue
+    silent_cuts += 1  # In the trailer, or where a record ends.
+    with pytest.raises(tf.errors.DataLossError,
+                       match=f'{path}: the gzip stream ends before'):
+      shard_index.build(str(tmp_path), [path], 'GZIP')
+    if silent_cuts == 12:
+      break
+  assert silent_cuts
