@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from components.data import shard_index
+from tests.support import gzip_cuts
 from tests.support import trainer_testing as tt
 
 
@@ -99,21 +100,10 @@ def test_a_gzip_shard_cut_where_a_record_ends_is_not_indexed(tmp_path):
   the file instead of indexing it short."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   path = str(tmp_path / 'part.gz')
-  with tf.io.TFRecordWriter(path, 'GZIP') as writer:
-    for i in range(32):
-      writer.write(bytes([i]) * 50)
+  gzip_cuts.write_records(path)
   assert shard_index.build(str(tmp_path), [path], 'GZIP').records == 32
-  with open(path, 'rb') as f:
-    whole = f.read()
   silent_cuts = 0
-  for cut in range(len(whole) - 1, 20, -1):
-    with open(path, 'wb') as f:
-      f.write(whole[:cut])
-    try:
-      for _ in tf.data.TFRecordDataset(path, 'GZIP'):
-        pass
-    except tf.errors.DataLossError:
-      continue
+  for _ in gzip_cuts.silent_cuts(path):
     silent_cuts += 1  # In the trailer, or where a record ends.
     with pytest.raises(tf.errors.DataLossError,
                        match=f'{path}: the gzip stream ends before'):

@@ -28,6 +28,7 @@ from components.trainer.cluster import local_backend
 from components.trainer.cluster.local_backend import ProcessSpec
 from components.trainer.cluster import supervisor
 from tests.support import small_disk
+from tests.support import gzip_cuts
 from tests.support import trainer_testing as tt
 
 TRAIN_STEPS = 80  # More than an epoch (64 steps): every file is read.
@@ -128,36 +129,17 @@ def _damage(path: str, how: str) -> None:
     with open(path, 'wb') as f:
       f.write(bytes(data))
     return
-  # Cut inside a record: a gzip file cut where a record ends reads without
-  # an error in TF (fewer records), and where that is depends on the bytes.
-  for cut in range(len(data) // 2, 0, -1):
-    with open(path, 'wb') as f:
-      f.write(bytes(data[:cut]))
-    try:
-      for _ in tf.data.TFRecordDataset(path, 'GZIP'):
-        pass
-    except tf.errors.DataLossError:
-      return
-  raise AssertionError(f'no cut of {path} fails to read')
+  # Cut inside a record: where a cut reads silently depends on the bytes.
+  gzip_cuts.cut_inside_a_record(path)
 
 
 def test_a_gzip_file_cut_where_a_record_ends_is_found(tmp_path):
   """TF reads such a file without an error, only fewer records; the check
   reads the gzip stream to its end marker."""
   path = str(tmp_path / 'part.gz')
-  with tf.io.TFRecordWriter(path, 'GZIP') as writer:
-    for i in range(32):
-      writer.write(bytes([i]) * 50)
-  with open(path, 'rb') as f:
-    whole = f.read()
+  gzip_cuts.write_records(path)
   silent_cuts = 0
-  for cut in range(len(whole) - 1, 20, -1):
-    with open(path, 'wb') as f:
-      f.write(whole[:cut])
-    try:
-      records = sum(1 for _ in tf.data.TFRecordDataset(path, 'GZIP'))
-    except tf.errors.DataLossError:
-      continue
+  for cut, records in gzip_cuts.silent_cuts(path):
     silent_cuts += 1
     damaged = shard_check.first_damaged([path], 'GZIP')
     assert damaged and damaged['path'] == path, cut
