@@ -412,6 +412,41 @@ def _pump(client, backend) -> None:
       (backend if source is client else client).sendall(data)
 
 
+class _Pace:
+  """When the bytes of one answer may go out: the first at `start`, then at
+  most `bytes_per_s` (0: no cap), in pieces of at least 64 KB or 20 ms of
+  the cap (fewer wake-ups of the sending thread, the same rate)."""
+
+  def __init__(self, start: float, bytes_per_s: float):
+    self.start = start
+    self.bytes_per_s = bytes_per_s
+    self.piece = max(64 * 1024, int(bytes_per_s * 0.02))
+    self.sent = 0
+
+  def _allowed(self, pending: int, now: float) -> int:
+    if not self.bytes_per_s:
+      return pending
+    return min(pending, int((now - self.start) * self.bytes_per_s) -
+               self.sent)
+
+  def due(self, pending: int, now: float, complete: bool = False) -> int:
+    """Of `pending` bytes, how many go now (0: none yet); `complete`: no
+    more will come, so a short last piece need not wait to fill."""
+    if now < self.start:
+      return 0
+    allowed = self._allowed(pending, now)
+    if allowed >= min(self.piece, pending) or (complete and allowed > 0):
+      return allowed
+    return 0
+
+  def wait_s(self, pending: int, now: float) -> float:
+    """How long until the next piece of `pending` bytes may go."""
+    allowed = max(self._allowed(pending, now), 0)
+    return max(self.start - now,
+               (min(self.piece, pending) - allowed) / self.bytes_per_s
+               if self.bytes_per_s else 0.0, 0.001)
+
+
 def _throttled_pump(client, backend, first_byte_s: float,
                     bytes_per_s: float) -> None:
   """`_pump`, with the answer held back as object storage holds it: its
@@ -421,25 +456,19 @@ def _throttled_pump(client, backend, first_byte_s: float,
   parallel, and one thread serves both directions (an SSL socket must not
   be read and written by two)."""
   answer = bytearray()
-  start = time.monotonic() + first_byte_s
-  # Sent in pieces of at least this many bytes (or 20 ms of the cap): fewer
-  # wake-ups of this thread, the same rate.
-  piece = max(64 * 1024, int(bytes_per_s * 0.02))
-  sent, backend_open = 0, True
+  pace = _Pace(time.monotonic() + first_byte_s, bytes_per_s)
+  backend_open = True
   while True:
     now = time.monotonic()
     wait = 600.0
     if answer:
-      due = len(answer) if not bytes_per_s else min(
-          len(answer), int((now - start) * bytes_per_s) - sent)
-      if now >= start and (due >= min(piece, len(answer)) or (
-          due > 0 and not backend_open)):
+      due = pace.due(len(answer), now, complete=not backend_open)
+      if due:
         client.sendall(answer[:due])
         del answer[:due]
-        sent += due
+        pace.sent += due
       if answer:
-        wait = max(start - now, (min(piece, len(answer)) - max(due, 0)) /
-                   bytes_per_s if bytes_per_s else 0.0, 0.001)
+        wait = pace.wait_s(len(answer), now)
     elif not backend_open:
       return
     sockets = [client] + ([backend] if backend_open else [])
@@ -459,21 +488,16 @@ def _throttled_pump(client, backend, first_byte_s: float,
 def _send_throttled(client, answer: bytes, start: float,
                     bytes_per_s: float) -> None:
   """Sends `answer` from time `start` on, at most `bytes_per_s` (0: no
-  cap), in pieces of at least 64 KB or 20 ms of the cap."""
-  piece = max(64 * 1024, int(bytes_per_s * 0.02))
-  sent = 0
-  while sent < len(answer):
+  cap)."""
+  pace = _Pace(start, bytes_per_s)
+  while pace.sent < len(answer):
     now = time.monotonic()
-    due = len(answer) - sent
-    if bytes_per_s:
-      due = min(due, int((now - start) * bytes_per_s) - sent)
-    if now < start or due < min(piece, len(answer) - sent):
-      time.sleep(max(start - now, (min(piece, len(answer) - sent) -
-                                   max(due, 0)) / (bytes_per_s or 1e12),
-                     0.001))
+    due = pace.due(len(answer) - pace.sent, now)
+    if not due:
+      time.sleep(pace.wait_s(len(answer) - pace.sent, now))
       continue
-    client.sendall(answer[sent:sent + due])
-    sent += due
+    client.sendall(answer[pace.sent:pace.sent + due])
+    pace.sent += due
 
 
 class _ObjectCache:
