@@ -144,8 +144,14 @@ class Clock:
     return time.monotonic() - self.start
 
 
+def records_per_byte(files: List[str], compression: str) -> float:
+  """The first file's records per stored byte: what the others' sizes are
+  multiplied by where their records were not counted."""
+  return input_pipeline.count_records(files[:1], compression) / max(
+      tf.io.gfile.stat(files[0]).length, 1)
+
+
 def estimate_num_examples(files: List[str], compression: str) -> int:
   """Records in `files`, from the first file's records per byte."""
-  per_byte = input_pipeline.count_records(files[:1], compression) / max(
-      tf.io.gfile.stat(files[0]).length, 1)
-  return round(per_byte * sum(tf.io.gfile.stat(f).length for f in files))
+  return round(records_per_byte(files, compression) *
+               sum(tf.io.gfile.stat(f).length for f in files))

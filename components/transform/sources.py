@@ -14,6 +14,7 @@ from components.data import ordered_pipeline
 from components.data import shard_index
 from components.data.input_pipeline import AUTOTUNE, InputPipelineConfig
 from components.transform.config import TuningConfig
+from components.transform import measurement
 from components.transform.measurement import Clock
 from components.transform.results import DatasetFn, Measurement, StageRate
 
@@ -60,9 +61,7 @@ class Source:
         self._shards = (files, tuple(counts[f] for f in files),
                         f'the shard index {path}')
       else:
-        per_byte = input_pipeline.count_records(
-            files[:1], self.compression) / max(
-                tf.io.gfile.stat(files[0]).length, 1)
+        per_byte = measurement.records_per_byte(files, self.compression)
         self._shards = (files, tuple(
             max(1, round(per_byte * tf.io.gfile.stat(f).length))
             for f in files), 'estimated from the file sizes')
