@@ -406,17 +406,13 @@ def build_dataset(file_patterns: List[str],
   file_patterns = patterns_read(config, file_patterns, split)
   files = list_files(file_patterns)
   share = _Share.of(files, batch_size, input_context, config)
-  names, num_pipelines, pipeline_id = (share.names, share.num_pipelines,
-                                       share.pipeline_id)
-  batch_size, shard_batches, reading_batch = (
-      share.batch_size, share.shard_batches, share.reading_batch)
   parser = make_parser(feature_spec, label_key, config)
 
   def serialized(file_names):
     batches = read_batches(file_names, config, compression_type,
-                           reading_batch, readable_records)
-    return (batches.shard(num_pipelines, pipeline_id) if shard_batches
-            else batches)
+                           share.reading_batch, readable_records)
+    return (batches.shard(share.num_pipelines, share.pipeline_id)
+            if share.shard_batches else batches)
 
   def parsed(file_names):
     return serialized(file_names).map(
@@ -425,14 +421,14 @@ def build_dataset(file_patterns: List[str],
 
   cached = None
   if config.cache != 'none':
-    cached = parsed(names).cache(disk_cache_prefix(config, [
-        files, reading_batch, num_pipelines, pipeline_id,
+    cached = parsed(share.names).cache(disk_cache_prefix(config, [
+        files, share.reading_batch, share.num_pipelines, share.pipeline_id,
         sorted(feature_spec), label_key, shuffle, seed,
     ]) if config.cache == 'disk' else '')
   # The file order changes each epoch, except where it must not: a cache
   # replays its first pass, and batches sharded across pipelines must be
   # the same batches every epoch (so that every epoch has the same rows).
-  shuffle_files = shuffle and cached is None and not shard_batches
+  shuffle_files = shuffle and cached is None and not share.shard_batches
 
   # Not converted by autograph: its branches are on Python values, and
   # converting it (with the readers it calls) took a quarter second a
@@ -444,19 +440,20 @@ def build_dataset(file_patterns: List[str],
     if cached is not None:
       rows = cached
     elif shuffle_files:
-      rows = parsed(names.shuffle(len(files), seed=epoch_seed))
+      rows = parsed(share.names.shuffle(len(files), seed=epoch_seed))
     else:
-      rows = parsed(names)
+      rows = parsed(share.names)
     if shuffle and config.shuffle_buffer_batches:
       rows = rows.shuffle(config.shuffle_buffer_batches, seed=epoch_seed)
     if shuffle and config.shuffle_window_batches:
-      rows = shuffle_windows(rows, config.shuffle_window_batches * batch_size,
-                             epoch_seed)
+      rows = shuffle_windows(
+          rows, config.shuffle_window_batches * share.batch_size, epoch_seed)
     return rows
 
   first_epoch, first_row = _resume_position(
-      serialized(names), skip_batches * batch_size,
-      f'{file_patterns} for input pipeline {pipeline_id} of {num_pipelines}')
+      serialized(share.names), skip_batches * share.batch_size,
+      f'{file_patterns} for input pipeline {share.pipeline_id} of '
+      f'{share.num_pipelines}')
   last_epoch = num_epochs if num_epochs is not None else _FOREVER
   dataset = tf.data.Dataset.range(first_epoch, last_epoch)
   dataset = drop_rows(dataset.take(1).flat_map(epoch_rows), first_row)
@@ -466,11 +463,11 @@ def build_dataset(file_patterns: List[str],
     # Checked once, from one read batch, when the first epoch has ended
     # (with skip_batches the count above checked it).
     message = (f'No examples in {", ".join(file_patterns)} for input '
-               f'pipeline {pipeline_id} of {num_pipelines} (its share of '
-               f'{len(files)} file(s)): every epoch would be empty.')
-    later_epochs = rows_or_error(serialized(names), message).flat_map(
+               f'pipeline {share.pipeline_id} of {share.num_pipelines} (its '
+               f'share of {len(files)} file(s)): every epoch would be empty.')
+    later_epochs = rows_or_error(serialized(share.names), message).flat_map(
         lambda _: epochs_after_first)
   dataset = dataset.concatenate(later_epochs.flat_map(epoch_rows))
-  dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
+  dataset = dataset.rebatch(share.batch_size, drop_remainder=drop_remainder)
   dataset = dataset.prefetch(config.prefetch_batches)
   return dataset.with_options(options(config))
