@@ -47,6 +47,12 @@ def check_json_values(name: str, value: Any) -> None:
                      f'{value!r}.')
 
 
+def check_choice(name: str, value: Any, allowed) -> None:
+  """Raises ValueError naming `name`'s bad value and the allowed ones."""
+  if value not in allowed:
+    raise ValueError(f'{name}={value!r} is not one of {allowed}.')
+
+
 def check_int(name: str, value: Any, minimum: int) -> None:
   """Raises ValueError naming `name`'s bad value and the allowed range."""
   if not is_int(value, minimum):

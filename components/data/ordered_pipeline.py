@@ -10,7 +10,7 @@ any number of pipelines. A resume builds each stream at its position: it
 reads at most the rest of one shard before the position and one window.
 """
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -129,8 +129,9 @@ def build_ordered_dataset(paths: List[str], feature_spec: Dict[str, Any],
                           input_context: Optional[
                               tf.distribute.InputContext] = None,
                           start_update: int = 0, updates: int,
-                          read_counter: Optional[tf.Variable] = None
-                         ) -> tf.data.Dataset:
+                          read_counter: Optional[tf.Variable] = None,
+                          serve: Optional[Callable[..., tf.data.Dataset]]
+                          = None) -> tf.data.Dataset:
   """The replica batches of updates [start_update, start_update + updates)
   for this input pipeline: `paths` are the index's shards in index order
   (those of the files the config reads: the raw ones on the fly).
@@ -138,6 +139,9 @@ def build_ordered_dataset(paths: List[str], feature_spec: Dict[str, Any],
   With `input_context`, pipeline i of n owns partitions [i * P/n, (i+1) *
   P/n) and each of its replicas takes P/(n x local replicas) consecutive
   partitions' batches as its batch; without it, one batch is a whole update.
+  `serve(partition, first, batches, local_stream)`, where given, makes each
+  partition's stream from `local_stream(first, batches)`, the function this
+  pipeline would read it with (`offload` runs it elsewhere).
   """
   config = (config or InputPipelineConfig()).validate()
   if compression_type is None:
@@ -159,9 +163,12 @@ def build_ordered_dataset(paths: List[str], feature_spec: Dict[str, Any],
     if config.cache == 'disk':
       prefix = input_pipeline.disk_cache_prefix(config, [
           paths, order.state(), partition, sorted(feature_spec), label_key])
-    streams.append(partition_batches(
-        order, paths, partition, start_update, updates, parser, config,
-        compression_type, prefix, read_counter))
+    def local_stream(first, batches, partition=partition, prefix=prefix):
+      return partition_batches(order, paths, partition, first, batches,
+                               parser, config, compression_type, prefix,
+                               read_counter)
+    streams.append(local_stream(start_update, updates) if serve is None else
+                   serve(partition, start_update, updates, local_stream))
   if len(streams) == 1:
     dataset = streams[0]
   else:

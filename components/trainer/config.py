@@ -8,7 +8,8 @@ milliseconds. Every error names the bad value and what is allowed instead.
 import dataclasses
 from typing import Any, Dict, Optional, Tuple, Union
 
-from components.json_config import JsonConfig, check_int, is_int, is_number
+from components.json_config import JsonConfig, check_choice, check_int
+from components.json_config import is_int, is_number
 from components.trainer.common import membership
 from components.trainer.common import cpu_threads
 from components.trainer.strategies import registry
@@ -353,11 +354,6 @@ class DistributionConfig(JsonConfig):
   def global_batch(self, num_replicas: int) -> int:
     """Examples per (micro-)step over all `num_replicas` replicas."""
     return self.per_replica_batch(num_replicas) * num_replicas
-
-
-def check_choice(name: str, value: Any, allowed) -> None:
-  if value not in allowed:
-    raise ValueError(f'{name}={value!r} is not one of {allowed}.')
 
 
 def strategies_with_logical_cpus() -> Tuple[str, ...]:

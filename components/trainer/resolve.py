@@ -10,7 +10,7 @@ import dataclasses
 from typing import Dict, Tuple
 
 from components.trainer.config import AUTO
-from components.trainer.config import check_choice
+from components.json_config import check_choice
 from components.trainer.config import DistributionConfig
 from components.trainer.config import MODES
 

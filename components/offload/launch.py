@@ -1,0 +1,108 @@
+"""Starting a cell where the config says, and telling whether it is gone.
+
+`local`: a child process on the cores the training process is not pinned to
+(all of them where it is pinned to none). `ray`: an actor on a node with
+`cpus_per_cell` free, never restarted by Ray (a lost cell's partitions move
+on instead, at the position the trainer reached).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Optional, Set
+
+from components.offload.config import OffloadConfig
+
+# Seconds a started cell has to report its address.
+START_TIMEOUT_S = 120
+# Seconds a Ray actor has to answer whether it is alive.
+_PING_TIMEOUT_S = 5
+_PING_EVERY_S = 2
+
+
+class LocalCell:
+  """A cell in a child process of this one."""
+
+  def __init__(self, name: str, cpus: Optional[Set[int]]):
+    self.name = name
+    self._process = subprocess.Popen(
+        [sys.executable, '-m', 'components.offload.cell'],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
+    line = self._process.stdout.readline()
+    if not line:
+      raise RuntimeError(f'Offload cell {name} exited before it served '
+                         f'(exit code {self._process.wait()}).')
+    self.address = json.loads(line)['address']
+    self.pid = self._process.pid
+
+  def gone(self) -> bool:
+    return self._process.poll() is not None
+
+  def stop(self) -> None:
+    if self._process.poll() is None:
+      self._process.kill()
+    self._process.wait()
+
+
+class RayCell:
+  """A cell in a Ray actor; its node's address is the cell's."""
+
+  def __init__(self, name: str, cpus: float):
+    import ray  # pylint: disable=g-import-not-at-top
+    self._ray = ray
+    self.name = name
+    actor_class = ray.remote(num_cpus=cpus, max_restarts=0)(_CellActor)
+    self._actor = actor_class.options(name=None).remote()
+    info = ray.get(self._actor.info.remote(), timeout=START_TIMEOUT_S)
+    self.address, self.pid = info['address'], info['pid']
+    self.node_ip = info['node_ip']
+    self._pinged_at, self._gone = time.monotonic(), False
+
+  def gone(self) -> bool:
+    # Asked at most every _PING_EVERY_S: a waiting consumer asks twice a
+    # second.
+    now = time.monotonic()
+    if now - self._pinged_at >= _PING_EVERY_S:
+      self._pinged_at = now
+      try:
+        self._ray.get(self._actor.info.remote(), timeout=_PING_TIMEOUT_S)
+      except Exception:  # pylint: disable=broad-except
+        self._gone = True
+    return self._gone
+
+  def stop(self) -> None:
+    self._ray.kill(self._actor, no_restart=True)
+
+
+class _CellActor:
+  """The cell's process on its Ray node."""
+
+  def __init__(self):
+    import ray  # pylint: disable=g-import-not-at-top
+    from components.offload import cell  # pylint: disable=g-import-not-at-top
+    self._node_ip = ray.util.get_node_ip_address()
+    self._cell = cell.Cell(self._node_ip)
+
+  def info(self):
+    return {'address': self._cell.address, 'pid': os.getpid(),
+            'node_ip': self._node_ip}
+
+
+def start(config: OffloadConfig, name: str):
+  """A new cell of `config.launcher`."""
+  if config.launcher == 'ray':
+    return RayCell(name, config.cpus_per_cell)
+  return LocalCell(name, spare_cpus())
+
+
+def spare_cpus() -> Optional[Set[int]]:
+  """The cores this process is not pinned to; None where it may use all
+  (or all that exist are its own)."""
+  mine = os.sched_getaffinity(0)
+  spare = set(range(os.cpu_count() or 1)) - mine
+  return spare or None
+

@@ -1,0 +1,117 @@
+"""Which cell produces each partition, and what happened to the cells.
+
+Partitions go to the first cells in turn as their consumers ask. A lost cell is stopped and
+its partitions move, each at the position its consumer reached: to a new
+cell while `max_cell_starts` allows, else to the surviving cell with the
+fewest, else to the trainer's own reader. Every start, loss and move is an
+event of the record (`describe`), which the trainer puts on `model_run`.
+"""
+
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from absl import logging
+
+from components.offload.config import OffloadConfig
+
+LOCAL = None  # A partition the trainer reads itself.
+
+
+class CellPool:
+  """The cells of one training process and their partitions."""
+
+  def __init__(self, config: OffloadConfig, start_cell: Callable[[str], Any],
+               cells: int):
+    self._config = config
+    self._start_cell = start_cell
+    self._lock = threading.Lock()
+    self._cells: Dict[str, Any] = {}
+    self._lost: Dict[str, str] = {}
+    self._owner: Dict[int, Optional[str]] = {}
+    self._starts = 0
+    self.events: List[Dict[str, Any]] = []
+    self._first_cells = [self._start() for _ in range(cells)]
+
+  def _start(self) -> str:
+    name = f'cell-{len(self._cells)}'
+    cell = self._start_cell(name)
+    self._cells[name] = cell
+    self._event('started', cell=name, address=cell.address, pid=cell.pid)
+    return name
+
+  def _event(self, event: str, **facts) -> None:
+    self.events.append({'event': event, 'time': round(time.time(), 3),
+                        **facts})
+
+  def cell_of(self, partition: int):
+    """The cell producing `partition` (LOCAL: the trainer reads it); a
+    partition asked for the first time goes to the next first cell in turn."""
+    with self._lock:
+      if partition not in self._owner:
+        alive = [n for n in self._first_cells if n not in self._lost]
+        self._owner[partition] = (alive[len(self._owner) % len(alive)]
+                                  if alive else LOCAL)
+      name = self._owner[partition]
+      return LOCAL if name is None else (name, self._cells[name])
+
+  def add_first_cell(self) -> None:
+    """One more cell that partitions asked for later go to in turn."""
+    with self._lock:
+      self._first_cells.append(self._start())
+
+  def forget(self, partition: int) -> None:
+    """`partition` no longer counts (a measurement's stream)."""
+    with self._lock:
+      self._owner.pop(partition, None)
+
+  def is_lost(self, name: str) -> bool:
+    with self._lock:
+      return name in self._lost
+
+  def lost(self, name: str, why: str, partition: int, position: int) -> None:
+    """`name` is lost (seen by `partition`'s consumer at `position`); its
+    partitions move. Later reports of the same cell only move theirs."""
+    with self._lock:
+      if name in self._lost:
+        return
+      self._lost[name] = why
+      self._event('lost', cell=name, why=why, partition=partition,
+                  position=position)
+      logging.warning('Offload cell %s is lost (%s); moving its partitions.',
+                      name, why)
+      self._cells[name].stop()
+      moving = sorted(p for p, owner in self._owner.items() if owner == name)
+      target = self._replacement()
+      for moved in moving:
+        self._owner[moved] = target
+      self._event('fallback' if target is LOCAL else 'moved', cell=name,
+                  to=target, partitions=moving)
+
+  def _replacement(self) -> Optional[str]:
+    if self._starts < self._config.max_cell_starts:
+      self._starts += 1
+      try:
+        return self._start()
+      except Exception as error:  # pylint: disable=broad-except
+        self._event('start_failed', why=str(error)[:300])
+    alive = [n for n in self._cells if n not in self._lost]
+    if not alive:
+      return LOCAL
+    load = {n: sum(1 for owner in self._owner.values() if owner == n)
+            for n in alive}
+    return min(alive, key=lambda n: (load[n], n))
+
+  def describe(self) -> Dict[str, Any]:
+    with self._lock:
+      return {'cells': {n: c.address for n, c in self._cells.items()},
+              'lost': dict(self._lost),
+              'partitions': {str(p): o or 'local'
+                             for p, o in sorted(self._owner.items())},
+              'events': list(self.events)}
+
+  def close(self) -> None:
+    with self._lock:
+      for name, cell in self._cells.items():
+        if name not in self._lost:
+          cell.stop()

@@ -1,0 +1,158 @@
+"""Partition streams served by tf.data service cells in processes of their
+own: the same rows as the local reader, a lost cell's partitions moved on
+at the consumer's position, sizing by the auto-scaler rule."""
+
+import os
+import signal
+
+import pytest
+import tensorflow as tf
+
+from components.data import input_pipeline
+from components.data import ordered_pipeline
+from components.data import shard_index
+from components.data.data_order import DataOrder
+from components.offload import sizing
+from components.offload.config import OffloadConfig
+from components.offload import served
+from tests.support import transform_data
+
+NUM_EXAMPLES = 600
+NUM_FILES = 5
+BATCH = 8
+PARTITIONS = 4
+UPDATES = 40  # Crosses an epoch end (18.75 batches a partition).
+
+
+@pytest.fixture(scope='module')
+def shards(tmp_path_factory):
+  patterns = transform_data.write_split(
+      str(tmp_path_factory.mktemp('data')), NUM_EXAMPLES, NUM_FILES)
+  files = input_pipeline.list_files(patterns)
+  index = shard_index.build(os.path.dirname(files[0]), files, 'GZIP')
+  order = DataOrder(seed=3, partitions=PARTITIONS, batch=BATCH,
+                    window=4 * BATCH,
+                    shard_records=tuple(s.records for s in index.shards))
+  return files, order
+
+
+def _rows(files, order, pipelines=1, start=0, serve_of=None, each=None):
+  """Each update's row ids, the pipelines' batches joined in order;
+  `serve_of(pipeline_id)`: the pipeline's `serve`; `each(update)` runs
+  before an update is read."""
+  per_pipeline = []
+  for pipeline_id in range(pipelines):
+    context = tf.distribute.InputContext(
+        num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
+        num_replicas_in_sync=pipelines)
+    dataset = ordered_pipeline.build_ordered_dataset(
+        files, transform_data.FEATURE_SPEC, 'label', order,
+        input_context=context, start_update=start, updates=UPDATES - start,
+        serve=serve_of and serve_of(pipeline_id))
+    rows = []
+    for update, (features, _) in enumerate(dataset, start):
+      if each:
+        each(update)
+      rows.append(list(features['id'].numpy()))
+    per_pipeline.append(rows)
+  return [sum(step, []) for step in zip(*per_pipeline)]
+
+
+@pytest.fixture(scope='module')
+def local_rows(shards):
+  return _rows(*shards)
+
+
+def test_cells_serve_the_rows_of_the_local_reader(shards, local_rows):
+  files, order = shards
+  offloads = []
+
+  def serve_of(_):
+    offloads.append(served.Offload(OffloadConfig(cells=2), cells=2))
+    return offloads[-1].serve
+
+  try:
+    assert _rows(files, order, pipelines=1, serve_of=serve_of) == local_rows
+    assert _rows(files, order, pipelines=2, start=13,
+                 serve_of=serve_of) == local_rows[13:]
+  finally:
+    for offload in offloads:
+      offload.close()
+  record = offloads[0].describe()
+  assert sorted(record['cells']) == ['cell-0', 'cell-1']
+  assert record['partitions'] == {'0': 'cell-0', '1': 'cell-1',
+                                  '2': 'cell-0', '3': 'cell-1'}
+  assert not record['lost']
+
+
+def test_a_killed_cell_moves_its_partitions_at_their_positions(
+    shards, local_rows):
+  files, order = shards
+  offload = served.Offload(
+      OffloadConfig(cells=2, lost_after_s=5, max_cell_starts=1), cells=2)
+  cells = dict(offload.pool._cells)  # pylint: disable=protected-access
+
+  def kill(update):
+    if update == 9:
+      os.kill(cells['cell-0'].pid, signal.SIGKILL)
+    if update == 25:
+      os.kill(offload.pool._cells['cell-2'].pid, signal.SIGKILL)  # pylint: disable=protected-access
+
+  try:
+    rows = _rows(files, order, serve_of=lambda _: offload.serve, each=kill)
+  finally:
+    offload.close()
+  assert rows == local_rows
+  record = offload.describe()
+  events = [(e['event'], e.get('cell')) for e in record['events']]
+  # cell-0 lost: a new cell (one start allowed); that one lost: its
+  # partitions move to the survivor.
+  assert ('lost', 'cell-0') in events and ('lost', 'cell-2') in events
+  assert events.index(('lost', 'cell-0')) < events.index(('started', 'cell-2'))
+  assert set(record['partitions'].values()) == {'cell-1'}
+  assert all('process is gone' in why or 'no element' in why
+             for why in record['lost'].values())
+
+
+def test_with_every_cell_lost_the_trainer_reads_the_rest_itself(
+    shards, local_rows):
+  files, order = shards
+  offload = served.Offload(
+      OffloadConfig(cells=1, lost_after_s=5, max_cell_starts=0), cells=1)
+  cell = offload.pool._cells['cell-0']  # pylint: disable=protected-access
+
+  def kill(update):
+    if update == 5:
+      os.kill(cell.pid, signal.SIGSTOP)  # Silent, not gone: found by time.
+
+  try:
+    rows = _rows(files, order, serve_of=lambda _: offload.serve, each=kill)
+  finally:
+    offload.close()  # Kills it, stopped or not.
+  assert rows == local_rows
+  record = offload.describe()
+  assert record['lost'] == {'cell-0': 'no element for 5 s'}
+  assert set(record['partitions'].values()) == {'local'}
+  assert [e['event'] for e in record['events']] == [
+      'started', 'lost', 'fallback']
+
+
+def test_sizing_follows_the_auto_scaler_rule():
+  choice = sizing.cells_needed(1000.0, 300.0, partitions=8)
+  assert choice.cells == 5  # ceil(1000 x 1.25 / 300)
+  assert sizing.cells_needed(1000.0, 300.0, partitions=3).cells == 3
+  assert sizing.cells_needed(100.0, 300.0, partitions=3).cells == 1
+  assert sizing.cells_needed(None, 300.0, partitions=3).cells == 1
+  with pytest.raises(ValueError, match='consumer_examples_per_s=nan'):
+    sizing.cells_needed(float('nan'), 300.0, partitions=3)
+
+
+def test_offload_config_names_bad_values():
+  with pytest.raises(ValueError, match="offload.cells=-1 must be"):
+    OffloadConfig(cells=-1).validate()
+  with pytest.raises(ValueError, match="offload.launcher='k8s' is not one"):
+    OffloadConfig(launcher='k8s').validate()
+  with pytest.raises(ValueError, match='offload.lost_after_s=inf'):
+    OffloadConfig(lost_after_s=float('inf')).validate()
+  assert OffloadConfig(cells='auto').validate().enabled
+  assert not OffloadConfig().validate().enabled
