@@ -1,5 +1,5 @@
-"""The trainer's side: partition streams served by a pool of cells, as a
-drop-in for the local partition stream of `ordered_pipeline`, and the
+"""The trainer's side: partition streams served by a pool of cells, in
+place of the local partition streams of `ordered_pipeline`, and the
 measurement `auto` sizes the pool with."""
 
 import math
@@ -20,14 +20,24 @@ LocalStream = Callable[[int, int], tf.data.Dataset]
 
 
 class Offload:
-  """A training process's cells; `serve` is `build_ordered_dataset`'s."""
+  """A training process's cells; `serve` is `build_ordered_dataset`'s.
 
-  def __init__(self, config: OffloadConfig, cells: int,
-               choice: Optional[sizing.CellChoice] = None, pool=None):
+  With `cells='auto'` the first partition served is first streamed from one
+  cell for `measure_s` (`sizing` then adds the cells the consumer's
+  `consumer_examples_per_s` needs, at most `partitions`)."""
+
+  def __init__(self, config: OffloadConfig, partitions: int,
+               examples_per_batch: int,
+               consumer_examples_per_s: Optional[float] = None):
     self.config = config
-    self.choice = choice
-    self.pool = pool or CellPool(
-        config, lambda name: launch.start(config, name), cells)
+    self.choice: Optional[sizing.CellChoice] = None
+    self._partitions = partitions
+    self._examples_per_batch = examples_per_batch
+    self._consumer_examples_per_s = consumer_examples_per_s
+    self._sized = config.cells != AUTO
+    cells = 1 if config.cells == AUTO else min(config.cells, partitions)
+    self.pool = CellPool(config, lambda name: launch.start(config, name),
+                         cells)
     self.streams = []
     self._spec = None
 
@@ -36,6 +46,8 @@ class Offload:
     """Batches [first, first + batches) of `partition`, from its cell."""
     if self._spec is None:  # The same for every partition.
       self._spec = local_stream(first, batches).element_spec
+    if not self._sized:
+      self._size(local_stream, first, batches)
     stream = stream_lib.ServedStream(
         partition, first, first + batches, local_stream, self.pool,
         self.config.lost_after_s,
@@ -43,6 +55,15 @@ class Offload:
     self.streams.append(stream)
     return tf.data.Dataset.from_generator(stream.batches,
                                           output_signature=self._spec)
+
+  def _size(self, local_stream: LocalStream, first: int, batches: int):
+    self._sized = True
+    cell_rate = _measure(self, local_stream, first, batches,
+                         self._examples_per_batch, self.config.measure_s)
+    self.choice = sizing.cells_needed(self._consumer_examples_per_s,
+                                      cell_rate, self._partitions)
+    for _ in range(self.choice.cells - 1):
+      self.pool.add_first_cell()
 
   def describe(self):
     return {'config': self.config.to_dict(),
@@ -54,26 +75,6 @@ class Offload:
     self.pool.close()
 
 
-def start(config: OffloadConfig, partitions: int, examples_per_batch: int,
-          consumer_examples_per_s: Optional[float],
-          sample_stream: LocalStream, sample_first: int,
-          sample_batches: int) -> Offload:
-  """The offload `config` asks for; `auto` streams batches [sample_first,
-  sample_first + sample_batches) of `sample_stream` (a partition's, from
-  where training starts) from the first cell for `config.measure_s` and
-  sizes the pool (`sizing`) for `consumer_examples_per_s` (None: unknown)."""
-  if config.cells != AUTO:
-    return Offload(config, min(config.cells, partitions))
-  offload = Offload(config, 1)
-  cell_rate = _measure(offload, sample_stream, sample_first, sample_batches,
-                       examples_per_batch, config.measure_s)
-  choice = sizing.cells_needed(consumer_examples_per_s, cell_rate, partitions)
-  for _ in range(choice.cells - 1):
-    offload.pool.add_first_cell()
-  offload.choice = choice
-  return offload
-
-
 def _measure(offload: Offload, sample_stream: LocalStream, first: int,
              batches: int, examples_per_batch: int, measure_s: float
             ) -> float:
@@ -82,16 +83,16 @@ def _measure(offload: Offload, sample_stream: LocalStream, first: int,
   probe = stream_lib.ServedStream(_PROBE, first, first + batches,
                                   sample_stream, offload.pool,
                                   offload.config.lost_after_s)
-  batches = probe.batches()
+  elements = probe.batches()
   try:
-    next(batches)
+    next(elements)
     began, count = time.monotonic(), 0
-    for _ in batches:
+    for _ in elements:
       count += 1
       if time.monotonic() - began >= measure_s:
         break
     elapsed = time.monotonic() - began
   finally:
-    batches.close()
+    elements.close()
     offload.pool.forget(_PROBE)
   return max(count, 1) * examples_per_batch / elapsed

@@ -87,6 +87,10 @@ class LoopReport:
   unreadable_records: List[Dict[str, Any]]
   # The GPipe stages' shape; None without a partition plan.
   pipeline_parallel: Optional[Dict[str, Any]]
+  # The cells that served the partitions (`offload`): their config, the
+  # `auto` choice, each cell's address, every start, loss and move, and
+  # where each partition ended; None where the trainer read them itself.
+  offload: Optional[Dict[str, Any]]
   wall_s: float
   # Seconds of each part outside the steps, so that the component's fixed
   # cost can be told apart.

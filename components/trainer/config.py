@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 from components.json_config import JsonConfig, check_choice, check_int
 from components.json_config import is_int, is_number
+from components.offload.config import OffloadConfig
 from components.trainer.common import membership
 from components.trainer.common import cpu_threads
 from components.trainer.strategies import registry
@@ -165,6 +166,10 @@ class DistributionConfig(JsonConfig):
     seed: Seeds Python, NumPy and TensorFlow in every training process
       (`tf.keras.utils.set_random_seed`) before the model is built, and the
       data order; None: unseeded initializers, a fixed data order.
+    offload: Where the train split's partitions are produced: by the
+      training process itself (the default), or by tf.data service cells on
+      other hosts or cores (`OffloadConfig`, `components/offload`); the
+      same rows every update either way.
     deterministic: Turns on TF op determinism in every training process, so
       that two runs with the same seed end with bit-identical weights; needs
       a seed, and a synchronous strategy.
@@ -196,6 +201,8 @@ class DistributionConfig(JsonConfig):
   data_partitions: Optional[int] = None
   seed: Optional[int] = None
   deterministic: bool = False
+  offload: OffloadConfig = dataclasses.field(
+      default_factory=lambda: OffloadConfig(), metadata=TRAJECTORY_NEUTRAL)
 
   def validate(self) -> 'DistributionConfig':
     """Raises ValueError on the first inconsistency; returns self."""
@@ -218,6 +225,7 @@ class DistributionConfig(JsonConfig):
     if not isinstance(self.tpu_address, str):
       raise ValueError(f'tpu_address={self.tpu_address!r} must be a string.')
     self._validate_ray()
+    self._validate_offload()
     self._validate_seed()
     self._validate_cluster()
     self._validate_batch()
@@ -240,6 +248,21 @@ class DistributionConfig(JsonConfig):
     if self.launcher != 'ray' and self.ray != RayConfig():
       raise ValueError(f'ray={self.ray.to_dict()} needs launcher=\'ray\', not '
                        f'launcher={self.launcher!r}.')
+
+  def _validate_offload(self) -> None:
+    if not isinstance(self.offload, OffloadConfig):
+      raise ValueError(
+          f'offload={self.offload!r} must be an object with keys from '
+          f'{[f.name for f in dataclasses.fields(OffloadConfig)]}.')
+    self.offload.validate()
+    if self.offload.enabled and (self.num_ps or (
+        self.strategy != AUTO and registry.get(self.strategy).asynchronous)):
+      raise ValueError(
+          f'offload.cells={self.offload.cells!r} with strategy='
+          f'{self.strategy!r}, num_ps={self.num_ps}: cells serve the '
+          "synchronous strategies' data order, which parameter-server "
+          'workers do not read; use offload.cells=0 or a synchronous '
+          'strategy.')
 
   def _validate_compute(self) -> None:
     check_choice('precision', self.precision, PRECISIONS)

@@ -108,6 +108,10 @@ def record_result(model_run, result: Dict[str, Any],
   if result.get('unreadable_records'):
     model_run.set_string_custom_property(
         'unreadable_records', json.dumps(result['unreadable_records']))
+  # The cells that served the partitions: each start, loss and move.
+  if result.get('offload'):
+    model_run.set_string_custom_property(
+        'offload', json.dumps(result['offload'], sort_keys=True))
   # Where a fresh managed training started from the base model.
   if result.get('warm_start'):
     model_run.set_string_custom_property(

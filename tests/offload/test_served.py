@@ -67,18 +67,25 @@ def test_cells_serve_the_rows_of_the_local_reader(shards, local_rows):
   files, order = shards
   offloads = []
 
-  def serve_of(_):
-    offloads.append(served.Offload(OffloadConfig(cells=2), cells=2))
-    return offloads[-1].serve
+  def serve_of(config, partitions):
+    def make(_):
+      offloads.append(served.Offload(config, partitions, BATCH, 1e9))
+      return offloads[-1].serve
+    return make
 
   try:
-    assert _rows(files, order, pipelines=1, serve_of=serve_of) == local_rows
-    assert _rows(files, order, pipelines=2, start=13,
-                 serve_of=serve_of) == local_rows[13:]
+    # `auto`: a consumer faster than any cell, bounded to 2 cells.
+    assert _rows(files, order, pipelines=1, serve_of=serve_of(
+        OffloadConfig(cells='auto', measure_s=1), 2)) == local_rows
+    assert _rows(files, order, pipelines=2, start=13, serve_of=serve_of(
+        OffloadConfig(cells=1), PARTITIONS)) == local_rows[13:]
   finally:
     for offload in offloads:
       offload.close()
   record = offloads[0].describe()
+  assert record['choice']['cells'] == 2
+  assert 'bounded by the 2 partitions' in record['choice']['reason']
+  assert record['choice']['cell_examples_per_s'] > 0
   assert sorted(record['cells']) == ['cell-0', 'cell-1']
   assert record['partitions'] == {'0': 'cell-0', '1': 'cell-1',
                                   '2': 'cell-0', '3': 'cell-1'}
@@ -89,7 +96,8 @@ def test_a_killed_cell_moves_its_partitions_at_their_positions(
     shards, local_rows):
   files, order = shards
   offload = served.Offload(
-      OffloadConfig(cells=2, lost_after_s=5, max_cell_starts=1), cells=2)
+      OffloadConfig(cells=2, lost_after_s=5, max_cell_starts=1), PARTITIONS,
+      BATCH)
   cells = dict(offload.pool._cells)  # pylint: disable=protected-access
 
   def kill(update):
@@ -118,7 +126,8 @@ def test_with_every_cell_lost_the_trainer_reads_the_rest_itself(
     shards, local_rows):
   files, order = shards
   offload = served.Offload(
-      OffloadConfig(cells=1, lost_after_s=5, max_cell_starts=0), cells=1)
+      OffloadConfig(cells=1, lost_after_s=5, max_cell_starts=0), PARTITIONS,
+      BATCH)
   cell = offload.pool._cells['cell-0']  # pylint: disable=protected-access
 
   def kill(update):

@@ -33,7 +33,8 @@ def _loop_report(**changes) -> training_result.LoopReport:
       checkpoint_dir='checkpoints', checkpoints_saved=1, checkpoint_s=0.01,
       resume_events=[], warm_start=None, shard_index={}, data_order=None,
       input_pipeline={'read_ahead_shards': 1}, cache_fallback=None,
-      unreadable_records=[], pipeline_parallel=None, wall_s=2.0), **changes)
+      unreadable_records=[], pipeline_parallel=None, offload=None,
+      wall_s=2.0), **changes)
 
 
 def test_written_with_its_version_and_read_back(tmp_path):

@@ -110,17 +110,18 @@ def train_order(data: TrainingData, check: 'DataCheck', seed: int,
 
 def ordered_train_dataset_fn(check: 'DataCheck', data: TrainingData,
                              order: data_order.DataOrder, start_step: int,
-                             train_steps: int
+                             train_steps: int, serve=None
                             ) -> Callable[[tf.distribute.InputContext],
                                           tf.data.Dataset]:
-  """A `dataset_fn` of updates [start_step, train_steps) in `order`."""
+  """A `dataset_fn` of updates [start_step, train_steps) in `order`, its
+  partitions made by `serve` where given (`offload`)."""
   paths = sorted(check.train_records)
 
   def dataset_fn(input_context: tf.distribute.InputContext):
     return ordered_pipeline.build_ordered_dataset(
         paths, data.feature_spec, data.label_key, order, data.config,
         input_context=input_context, start_update=start_step,
-        updates=max(train_steps - start_step, 0))
+        updates=max(train_steps - start_step, 0), serve=serve)
   return dataset_fn
 
 
@@ -189,7 +190,7 @@ def attempt_train_dataset_fn(task: TrainingTask, data: TrainingData,
                              order: Optional[data_order.DataOrder], *,
                              asynchronous: bool, examples_per_step: int,
                              start: int, train_steps: int,
-                             seed: Optional[int]
+                             seed: Optional[int], serve=None
                             ) -> Callable[[tf.distribute.InputContext],
                                           tf.data.Dataset]:
   """The `dataset_fn` of an attempt that starts at update `start`.
@@ -197,7 +198,8 @@ def attempt_train_dataset_fn(task: TrainingTask, data: TrainingData,
   Parameter-server workers (`asynchronous`) each stream their own shuffle
   over at least PS_SHUFFLE_BATCHES batches from the beginning (there is no
   global order to resume); the synchronous strategies train `order` from
-  `start`, else (no order) the shuffle of `seed`, skipped to `start`.
+  `start` (its partitions from `serve`, where given), else (no order) the
+  shuffle of `seed`, skipped to `start`.
   """
   if asynchronous:
     config = dataclasses.replace(data.config, shuffle_buffer_batches=max(
@@ -205,7 +207,8 @@ def attempt_train_dataset_fn(task: TrainingTask, data: TrainingData,
     return train_dataset_fn(task, data, examples_per_step, 0,
                             PER_WORKER_SEED, config)
   if order is not None:
-    return ordered_train_dataset_fn(check, data, order, start, train_steps)
+    return ordered_train_dataset_fn(check, data, order, start, train_steps,
+                                    serve)
   return train_dataset_fn(task, data, examples_per_step, start,
                           data_seed(seed), data.config,
                           check.readable_records)

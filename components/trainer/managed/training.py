@@ -42,6 +42,7 @@ from components.trainer.managed import precision
 from components.trainer.managed import preemption
 from components.trainer.common import progress
 from components.trainer.managed import progress_writer
+from components.trainer.managed import served_data
 from components.trainer.managed import step_runners
 from components.trainer.managed import votes
 from components.trainer.managed import warm_start
@@ -93,6 +94,8 @@ class ManagedTraining:
     self.precision = None
     self.xla = None
     self.sizer = None
+    # Set by train where distribution.offload asks for cells.
+    self.offload = None
 
   # --- model and checkpoint
 
@@ -204,11 +207,13 @@ class ManagedTraining:
     """The step runner for this kind of training, as the XLA choice runs
     it, and its preemption watcher."""
     strategy, spec = self.context.strategy, self.context.spec
+    self.offload = served_data.start(self.context, self.order)
     dataset_fn = datasets.attempt_train_dataset_fn(
         self.task, self.data, self.data_check, self.order,
         asynchronous=spec.asynchronous,
         examples_per_step=self.examples_per_step, start=start,
-        train_steps=self.train_steps, seed=self.context.config.seed)
+        train_steps=self.train_steps, seed=self.context.config.seed,
+        serve=self.offload and self.offload.serve)
     if spec.asynchronous:
       self.xla = self._choose_xla(start, None)
       runner = step_runners.ParameterServerSteps(
@@ -272,13 +277,18 @@ class ManagedTraining:
       setting = self.context.spec.auto_steps_per_call
     self.sizer = call_size.CallSizer(
         setting, max_call=self.fault_tolerance.save_every_steps)
-    runner, watcher = self._runner_and_watcher(start)
-    with self.progress_writer.recording(self.checkpointer) as record_progress:
-      return driver.drive(
-          runner, self.checkpointer, watcher, start=start,
-          train_steps=self.train_steps, sizer=self.sizer,
-          record_progress=record_progress, any_worker=self.any_worker,
-          read_step=lambda: int(self.step.numpy()))
+    try:
+      runner, watcher = self._runner_and_watcher(start)
+      with self.progress_writer.recording(
+          self.checkpointer) as record_progress:
+        return driver.drive(
+            runner, self.checkpointer, watcher, start=start,
+            train_steps=self.train_steps, sizer=self.sizer,
+            record_progress=record_progress, any_worker=self.any_worker,
+            read_step=lambda: int(self.step.numpy()))
+    finally:
+      if self.offload is not None:
+        self.offload.close()
 
   # --- evaluation, export, report
 
@@ -344,6 +354,7 @@ class ManagedTraining:
         cache_fallback=self.cache_fallback,
         unreadable_records=self.data_check.unreadable,
         pipeline_parallel=self._pipeline_parallel(),
+        offload=self.offload and self.offload.describe(),
         wall_s=round(time.monotonic() - self.started, 3))
 
   def _pipeline_parallel(self) -> Optional[Dict[str, Any]]:

@@ -152,6 +152,67 @@ def test_sigterm_checkpoints_at_the_next_step_and_loses_nothing(
   assert sorted(steps) == list(range(TRAIN_STEPS))
 
 
+def _children(pid):
+  """The pids of `pid`'s child processes."""
+  found = []
+  for task in pathlib.Path(f'/proc/{pid}/task').glob('*'):
+    found += [int(c) for c in (task / 'children').read_text().split()]
+  return found
+
+
+def _offload_cells(pid):
+  return [c for c in _children(pid) if b'components.offload.cell' in
+          pathlib.Path(f'/proc/{c}/cmdline').read_bytes()]
+
+
+def _wait_gone(pid, timeout_s=20):
+  deadline = time.monotonic() + timeout_s
+  while os.path.exists(f'/proc/{pid}') and time.monotonic() < deadline:
+    time.sleep(0.1)
+  return not os.path.exists(f'/proc/{pid}')
+
+
+@pytest.mark.slow
+def test_with_a_cell_in_the_loop_a_kill_and_a_lost_cell_change_nothing(
+    tmp_path, data, baseline):
+  """The partition served by a tf.data service cell (`offload`): the trainer
+  SIGKILLed at step 9 and rerun, and in the rerun its cell SIGKILLed at its
+  first step (later, the cell has produced the rest). The end state is the uninterrupted local reader's, bit for bit, and
+  every step trained its ids."""
+  root = str(tmp_path)
+  task = _task(root, data)
+  task = dataclasses.replace(task, distribution={
+      **task.distribution,
+      'offload': {'cells': 1, 'lost_after_s': 5, 'max_cell_starts': 1}})
+  process = tt.start_child(task, root)
+  try:
+    tt.wait_for_step(process, task.hparams['id_log'], 9)
+    [first_cell] = _offload_cells(process.pid)
+    process.kill()
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    # The cell ends with the process that started it.
+    assert _wait_gone(first_cell)
+
+    process = tt.start_child(task, root)
+    tt.wait_for_step(process, task.hparams['id_log'], 9)
+    [cell] = _offload_cells(process.pid)
+    os.kill(cell, signal.SIGKILL)
+    assert process.wait(timeout=tt.CHILD_TIMEOUT_SECONDS) == 0, (
+        tt.child_log(root))
+  finally:
+    if process.poll() is None:
+      process.kill()
+  result, _ = _assert_same_training(task, baseline)
+  assert result['resume_events'][-1]['event'] == 'resumed'
+  offload = result['offload']
+  assert [e['event'] for e in offload['events']] == [
+      'started', 'lost', 'started', 'moved']
+  assert offload['lost'] == {'cell-0': 'its process is gone'}
+  assert offload['partitions'] == {'0': 'cell-1'}
+  # It moved at the position the trainer reached.
+  assert offload['events'][1]['position'] > 9
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('damage', [
     faulty_storage.flip(0.5),
