@@ -4,7 +4,7 @@ measurement `auto` sizes the pool with."""
 
 import math
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
@@ -28,7 +28,8 @@ class Offload:
 
   def __init__(self, config: OffloadConfig, partitions: int,
                examples_per_batch: int,
-               consumer_examples_per_s: Optional[float] = None):
+               consumer_examples_per_s: Optional[float] = None,
+               start_cell: Optional[Callable[[str], Any]] = None):
     self.config = config
     self.choice: Optional[sizing.CellChoice] = None
     self._partitions = partitions
@@ -36,8 +37,9 @@ class Offload:
     self._consumer_examples_per_s = consumer_examples_per_s
     self._sized = config.cells != AUTO
     cells = 1 if config.cells == AUTO else min(config.cells, partitions)
-    self.pool = CellPool(config, lambda name: launch.start(config, name),
-                         cells)
+    self.pool = CellPool(
+        config, start_cell or (lambda name: launch.start(config, name)),
+        cells)
     self.streams = []
     self._spec = None
 

@@ -15,6 +15,7 @@ from components.data.data_order import DataOrder
 from components.offload import sizing
 from components.offload.config import OffloadConfig
 from components.offload import served
+from tests.support import split_cell
 from tests.support import transform_data
 
 NUM_EXAMPLES = 600
@@ -144,6 +145,29 @@ def test_with_every_cell_lost_the_trainer_reads_the_rest_itself(
   assert set(record['partitions'].values()) == {'local'}
   assert [e['event'] for e in record['events']] == [
       'started', 'lost', 'fallback']
+
+
+def test_a_replayed_job_is_dropped_up_to_the_position_trained(
+    shards, local_rows):
+  """A cell's worker restarts under the jobs: each job starts again on the
+  new worker from its first batch, which the consumer has trained."""
+  files, order = shards
+  offload = served.Offload(OffloadConfig(cells=1), PARTITIONS, BATCH,
+                           start_cell=split_cell.SplitCell)
+  cell = offload.pool._cells['cell-0']  # pylint: disable=protected-access
+
+  def restart(update):
+    if update == 12:
+      cell.restart_worker()
+
+  try:
+    rows = _rows(files, order, serve_of=lambda _: offload.serve, each=restart)
+  finally:
+    offload.close()
+  assert rows == local_rows
+  record = offload.describe()
+  assert record['replays_dropped'] > 0
+  assert not record['lost']
 
 
 def test_sizing_follows_the_auto_scaler_rule():
