@@ -152,6 +152,8 @@ def test_run_fn_path_parameter(tmp_path):
     ({'precision': 'float8'}, "precision='float8' is not one of ('float32', "
      "'mixed_bfloat16', 'mixed_float16', 'auto')"),
     ({'xla': 'yes'}, "xla='yes' is not one of ('off', 'on', 'auto')"),
+    ({'offload': {'cells': 'all'}},
+     "offload.cells='all' must be an integer >= 0 or 'auto'"),
 ])
 def test_bad_distribution_fails_at_construction(distribution, expected):
   with pytest.raises(ValueError) as error:

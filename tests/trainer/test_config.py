@@ -399,3 +399,27 @@ def test_only_trajectory_options_are_in_the_fingerprint():
     ('timeout_s', 'fault_tolerance.timeout_s')])
 def test_a_moved_distribution_option_fails_naming_its_place(old, new):
   assert f"'{old}' is now '{new}'" in _error(**{old: 1})
+
+
+@pytest.mark.parametrize('offload,expected', [
+    ({'cells': -1}, "offload.cells=-1 must be an integer >= 0 or 'auto'"),
+    ({'cells': 'many'}, "offload.cells='many' must be an integer"),
+    ({'launcher': 'kubernetes'},
+     "offload.launcher='kubernetes' is not one of ('local', 'ray')"),
+    ({'lost_after_s': float('nan')}, 'offload.lost_after_s=nan must be a '
+     'finite number > 0'),
+    ({'cpus_per_cell': 0}, 'offload.cpus_per_cell=0 must be'),
+    ({'cell': 1}, "Unknown distribution.offload option(s) ['cell']"),
+])
+def test_bad_offload_options_are_named(offload, expected):
+  assert expected in _error(offload=offload)
+
+
+def test_offload_serves_only_the_synchronous_data_order():
+  assert 'cells serve the synchronous strategies\' data order' in _error(
+      strategy='parameter_server', num_ps=1, num_workers=2,
+      offload={'cells': 1})
+  config = DistributionConfig.from_dict({'offload': {'cells': 'auto'}})
+  assert config.offload.enabled and config.offload.cells == 'auto'
+  # Where the rows are made does not change them: a resume may switch.
+  assert 'offload' not in config_lib.trajectory(config)

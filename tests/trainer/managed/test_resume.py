@@ -177,8 +177,9 @@ def test_with_a_cell_in_the_loop_a_kill_and_a_lost_cell_change_nothing(
     tmp_path, data, baseline):
   """The partition served by a tf.data service cell (`offload`): the trainer
   SIGKILLed at step 9 and rerun, and in the rerun its cell SIGKILLed at its
-  first step (later, the cell has produced the rest). The end state is the uninterrupted local reader's, bit for bit, and
-  every step trained its ids."""
+  first step (later, the cell has produced the rest). The end state is the
+  uninterrupted local reader's, bit for bit, and every step trained its
+  ids."""
   root = str(tmp_path)
   task = _task(root, data)
   task = dataclasses.replace(task, distribution={
