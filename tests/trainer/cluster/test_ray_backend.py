@@ -28,6 +28,9 @@ local file the hosts share):
 
 On two nodes of localhost: `auto`'s node count; parameter_server (ps and
 workers on Ray, the coordinator here) trains the exact step count.
+
+Beside the local launcher's baseline it shares: the same cluster with each
+worker's partition served by a tf.data service cell (`offload`).
 """
 
 import dataclasses
@@ -756,3 +759,22 @@ def test_a_cluster_that_cannot_be_placed_fails_naming_what_it_asked(
   assert f"cannot place {tasks} tasks of {{'CPU': 64}} each" in str(e.value)
   assert 'within 1 s' in str(e.value)
   assert reserved == ([2, 1] if min_workers else [2])
+
+
+@pytest.mark.slow
+def test_mwms_with_offload_cells_trains_what_its_own_readers_do(
+    tmp_path, data, local_baseline):
+  """Two local workers, each reading its partition from a tf.data service
+  cell of its own: the weights of the local readers' run, bit for bit."""
+  root = str(tmp_path)
+  task = tt.mwms_task(root, data)
+  task = dataclasses.replace(task, distribution={
+      **task.distribution, 'offload': {'cells': 1}})
+  with pytest.MonkeyPatch.context() as env:
+    for key, value in tt.child_env().items():
+      env.setenv(key, value)
+    tt.run_cluster(task, root, max_restarts=0, timeout_s=CLUSTER_TIMEOUT_S)
+  _assert_equal_tensors(tt.final_tensors(task), local_baseline)
+  offload = tt.read_result(task)['offload']
+  # The chief's partition (of 2) came from its cell.
+  assert offload['partitions'] == {'0': 'cell-0'} and not offload['lost']
