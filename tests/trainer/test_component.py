@@ -376,6 +376,19 @@ def test_a_result_without_a_loss_is_stored_in_mlmd(tmp_path):
   assert stored.custom_properties['train_steps'].int_value == 1500
 
 
+def test_the_offload_record_is_on_model_run(tmp_path):
+  model_run = standard_artifacts.ModelRun()
+  model_run.uri = str(tmp_path)
+  offload = {'cells': {'cell-0': 'localhost:1', 'cell-1': 'localhost:2'},
+             'lost': {'cell-0': 'its process is gone'},
+             'partitions': {'0': 'cell-1'},
+             'events': [{'event': 'lost', 'cell': 'cell-0', 'position': 7}]}
+  model_run_lib.record_result(model_run, {'mode': 'managed',
+                                          'offload': offload}, {})
+  assert json.loads(model_run.get_string_custom_property(
+      'offload')) == offload
+
+
 def test_skipped_unreadable_records_are_on_model_run(tmp_path):
   model_run = standard_artifacts.ModelRun()
   model_run.uri = str(tmp_path)
