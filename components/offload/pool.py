@@ -8,6 +8,8 @@ start, loss and move is an event of the record (`describe`), which the
 trainer puts on `model_run`.
 """
 
+import concurrent.futures
+import itertools
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -31,15 +33,30 @@ class CellPool:
     self._lost: Dict[str, str] = {}
     self._owner: Dict[int, Optional[str]] = {}
     self._starts = 0
+    self._names = itertools.count()
     self.events: List[Dict[str, Any]] = []
-    self._first_cells = [self._start() for _ in range(cells)]
+    self._first_cells = self._start(cells)
 
-  def _start(self) -> str:
-    name = f'cell-{len(self._cells)}'
-    cell = self._start_cell(name)
-    self._cells[name] = cell
-    self._event('started', cell=name, address=cell.address, pid=cell.pid)
-    return name
+  def _start(self, count: int) -> List[str]:
+    """Starts `count` cells at once; one that fails to start is an event,
+    and the partitions it would have served go to the others (or to the
+    trainer)."""
+    names = [f'cell-{next(self._names)}' for _ in range(count)]
+    with concurrent.futures.ThreadPoolExecutor(max(count, 1)) as threads:
+      starting = {name: threads.submit(self._start_cell, name)
+                  for name in names}
+    started = []
+    for name, future in starting.items():
+      try:
+        cell = future.result()
+      except Exception as error:  # pylint: disable=broad-except
+        self._event('start_failed', cell=name, why=str(error)[:300])
+        logging.warning('Offload cell %s did not start: %s', name, error)
+        continue
+      self._cells[name] = cell
+      self._event('started', cell=name, address=cell.address, pid=cell.pid)
+      started.append(name)
+    return started
 
   def _event(self, event: str, **facts) -> None:
     self.events.append({'event': event, 'time': round(time.time(), 3),
@@ -56,10 +73,10 @@ class CellPool:
       name = self._owner[partition]
       return LOCAL if name is None else (name, self._cells[name])
 
-  def add_first_cell(self) -> None:
-    """One more cell that partitions asked for later go to in turn."""
+  def add_first_cells(self, count: int) -> None:
+    """`count` more cells that partitions asked for later go to in turn."""
     with self._lock:
-      self._first_cells.append(self._start())
+      self._first_cells += self._start(count)
 
   def forget(self, partition: int) -> None:
     """`partition` no longer counts (a measurement's stream)."""
@@ -92,10 +109,9 @@ class CellPool:
   def _replacement(self) -> Optional[str]:
     if self._starts < self._config.max_cell_starts:
       self._starts += 1
-      try:
-        return self._start()
-      except Exception as error:  # pylint: disable=broad-except
-        self._event('start_failed', why=str(error)[:300])
+      started = self._start(1)
+      if started:
+        return started[0]
     alive = [n for n in self._cells if n not in self._lost]
     if not alive:
       return LOCAL

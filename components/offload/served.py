@@ -64,8 +64,7 @@ class Offload:
                          self._examples_per_batch, self.config.measure_s)
     self.choice = sizing.cells_needed(self._consumer_examples_per_s,
                                       cell_rate, self._partitions)
-    for _ in range(self.choice.cells - 1):
-      self.pool.add_first_cell()
+    self.pool.add_first_cells(self.choice.cells - 1)
 
   def describe(self):
     return {'config': self.config.to_dict(),

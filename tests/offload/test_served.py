@@ -14,6 +14,7 @@ from components.data import shard_index
 from components.data.data_order import DataOrder
 from components.offload import sizing
 from components.offload.config import OffloadConfig
+from components.offload import launch
 from components.offload import served
 from tests.support import split_cell
 from tests.support import transform_data
@@ -168,6 +169,23 @@ def test_a_replayed_job_is_dropped_up_to_the_position_trained(
   record = offload.describe()
   assert record['replays_dropped'] > 0
   assert not record['lost']
+
+
+def test_a_cell_that_cannot_start_leaves_its_partitions_to_the_trainer(
+    shards, local_rows):
+  files, order = shards
+  # Pinned to a core this machine does not have: the process cannot start.
+  offload = served.Offload(
+      OffloadConfig(cells=1), PARTITIONS, BATCH,
+      start_cell=lambda name: launch.LocalCell(name, cpus={4096}))
+  try:
+    assert _rows(files, order,
+                 serve_of=lambda _: offload.serve) == local_rows
+  finally:
+    offload.close()
+  record = offload.describe()
+  assert [e['event'] for e in record['events']] == ['start_failed']
+  assert set(record['partitions'].values()) == {'local'}
 
 
 def test_sizing_follows_the_auto_scaler_rule():
