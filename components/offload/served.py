@@ -73,6 +73,8 @@ class Offload:
             **self.pool.describe()}
 
   def close(self) -> None:
+    for stream in self.streams:
+      stream.close()
     self.pool.close()
 
 

@@ -116,6 +116,7 @@ class ServedStream:
     self._pool = pool
     self._lost_after_s = lost_after_s
     self._threads = threads
+    self._fetches = set()
     self.replays_dropped = 0
 
   def _numbered(self, position: int, on_cell: bool) -> tf.data.Dataset:
@@ -139,6 +140,7 @@ class ServedStream:
       fetch = _Fetch(lambda p=position: self._numbered(p, on_cell=True),
                      cell.address,
                      f'p{self.partition}-at{position}-{next(_job_ids)}')
+      self._fetches.add(fetch)
 
       def gone(name=name, cell=cell):
         if self._pool.is_lost(name):
@@ -161,3 +163,9 @@ class ServedStream:
         self._pool.lost(name, str(lost), self.partition, position)
       finally:
         fetch.close()
+        self._fetches.discard(fetch)
+
+  def close(self) -> None:
+    """Ends the fetches of a stream its consumer left unfinished."""
+    for fetch in list(self._fetches):
+      fetch.close()

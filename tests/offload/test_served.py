@@ -65,6 +65,7 @@ def local_rows(shards):
   return _rows(*shards)
 
 
+@pytest.mark.slow
 def test_cells_serve_the_rows_of_the_local_reader(shards, local_rows):
   files, order = shards
   offloads = []
@@ -94,6 +95,7 @@ def test_cells_serve_the_rows_of_the_local_reader(shards, local_rows):
   assert not record['lost']
 
 
+@pytest.mark.slow
 def test_a_killed_cell_moves_its_partitions_at_their_positions(
     shards, local_rows):
   files, order = shards
@@ -124,6 +126,7 @@ def test_a_killed_cell_moves_its_partitions_at_their_positions(
              for why in record['lost'].values())
 
 
+@pytest.mark.slow
 def test_with_every_cell_lost_the_trainer_reads_the_rest_itself(
     shards, local_rows):
   files, order = shards
@@ -148,6 +151,7 @@ def test_with_every_cell_lost_the_trainer_reads_the_rest_itself(
       'started', 'lost', 'fallback']
 
 
+@pytest.mark.slow
 def test_a_replayed_job_is_dropped_up_to_the_position_trained(
     shards, local_rows):
   """A cell's worker restarts under the jobs: each job starts again on the
@@ -171,6 +175,7 @@ def test_a_replayed_job_is_dropped_up_to_the_position_trained(
   assert not record['lost']
 
 
+@pytest.mark.slow
 def test_a_cell_that_cannot_start_leaves_its_partitions_to_the_trainer(
     shards, local_rows):
   files, order = shards
