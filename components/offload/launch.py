@@ -39,8 +39,10 @@ class LocalCell:
     self.address = json.loads(line)['address']
     self.pid = self._process.pid
 
-  def gone(self) -> bool:
-    return self._process.poll() is not None
+  def gone(self) -> Optional[str]:
+    """Why the cell is gone; None while its process runs."""
+    code = self._process.poll()
+    return None if code is None else f'its process is gone (exit {code})'
 
   def stop(self) -> None:
     if self._process.poll() is None:
@@ -60,18 +62,22 @@ class RayCell:
     info = ray.get(self._actor.info.remote(), timeout=START_TIMEOUT_S)
     self.address, self.pid = info['address'], info['pid']
     self.node_ip = info['node_ip']
-    self._pinged_at, self._gone = time.monotonic(), False
+    self._pinged_at, self._gone = time.monotonic(), None
 
-  def gone(self) -> bool:
+  def gone(self) -> Optional[str]:
+    """Why the cell is gone (its actor died, or its node does not answer:
+    a partition), None while it answers."""
     # Asked at most every _PING_EVERY_S: a waiting consumer asks twice a
     # second.
     now = time.monotonic()
-    if now - self._pinged_at >= _PING_EVERY_S:
+    if self._gone is None and now - self._pinged_at >= _PING_EVERY_S:
       self._pinged_at = now
       try:
         self._ray.get(self._actor.info.remote(), timeout=_PING_TIMEOUT_S)
-      except Exception:  # pylint: disable=broad-except
-        self._gone = True
+      except self._ray.exceptions.GetTimeoutError:
+        self._gone = f'its actor did not answer in {_PING_TIMEOUT_S} s'
+      except Exception as error:  # pylint: disable=broad-except
+        self._gone = f'its actor is gone ({type(error).__name__})'
     return self._gone
 
   def stop(self) -> None:

@@ -4,7 +4,8 @@ The cell runs the pipeline the local reader would (`local_stream`), built
 at the consumer's position and numbered from it, so an element carries its
 batch's position: one already trained (a job a restarted worker replays
 from its start) is dropped, not trained twice. A cell that hands nothing
-for `lost_after_s`, or whose process is gone, is lost: its fetch is
+for `lost_after_s`, or that is gone (`gone()` says why: its process
+exited, its actor died or does not answer), is lost: its fetch is
 cancelled (a tf.data service consumer whose producer died would otherwise
 retry forever) and the stream goes on from the same position on the cell
 the pool moves it to, or from the local reader.
@@ -145,7 +146,7 @@ class ServedStream:
       def gone(name=name, cell=cell):
         if self._pool.is_lost(name):
           return 'another partition found it lost'
-        return 'its process is gone' if cell.gone() else None
+        return cell.gone()
 
       timeout_s = max(self._lost_after_s, FIRST_ELEMENT_S)
       try:

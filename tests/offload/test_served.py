@@ -6,63 +6,13 @@ import os
 import signal
 
 import pytest
-import tensorflow as tf
 
-from components.data import input_pipeline
-from components.data import ordered_pipeline
-from components.data import shard_index
-from components.data.data_order import DataOrder
 from components.offload import sizing
 from components.offload.config import OffloadConfig
 from components.offload import launch
 from components.offload import served
 from tests.support import split_cell
-from tests.support import transform_data
-
-NUM_EXAMPLES = 600
-NUM_FILES = 5
-BATCH = 8
-PARTITIONS = 4
-UPDATES = 40  # Crosses an epoch end (18.75 batches a partition).
-
-
-@pytest.fixture(scope='module')
-def shards(tmp_path_factory):
-  patterns = transform_data.write_split(
-      str(tmp_path_factory.mktemp('data')), NUM_EXAMPLES, NUM_FILES)
-  files = input_pipeline.list_files(patterns)
-  index = shard_index.build(os.path.dirname(files[0]), files, 'GZIP')
-  order = DataOrder(seed=3, partitions=PARTITIONS, batch=BATCH,
-                    window=4 * BATCH,
-                    shard_records=tuple(s.records for s in index.shards))
-  return files, order
-
-
-def _rows(files, order, pipelines=1, start=0, serve_of=None, each=None):
-  """Each update's row ids, the pipelines' batches joined in order;
-  `serve_of(pipeline_id)`: the pipeline's `serve`; `each(update)` runs
-  before an update is read."""
-  per_pipeline = []
-  for pipeline_id in range(pipelines):
-    context = tf.distribute.InputContext(
-        num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
-        num_replicas_in_sync=pipelines)
-    dataset = ordered_pipeline.build_ordered_dataset(
-        files, transform_data.FEATURE_SPEC, 'label', order,
-        input_context=context, start_update=start, updates=UPDATES - start,
-        serve=serve_of and serve_of(pipeline_id))
-    rows = []
-    for update, (features, _) in enumerate(dataset, start):
-      if each:
-        each(update)
-      rows.append(list(features['id'].numpy()))
-    per_pipeline.append(rows)
-  return [sum(step, []) for step in zip(*per_pipeline)]
-
-
-@pytest.fixture(scope='module')
-def local_rows(shards):
-  return _rows(*shards)
+from tests.support.partition_rows import BATCH, PARTITIONS, update_rows
 
 
 @pytest.mark.slow
@@ -78,9 +28,9 @@ def test_cells_serve_the_rows_of_the_local_reader(shards, local_rows):
 
   try:
     # `auto`: a consumer faster than any cell, bounded to 2 cells.
-    assert _rows(files, order, pipelines=1, serve_of=serve_of(
+    assert update_rows(files, order, pipelines=1, serve_of=serve_of(
         OffloadConfig(cells='auto', measure_s=1), 2)) == local_rows
-    assert _rows(files, order, pipelines=2, start=13, serve_of=serve_of(
+    assert update_rows(files, order, pipelines=2, start=13, serve_of=serve_of(
         OffloadConfig(cells=1), PARTITIONS)) == local_rows[13:]
   finally:
     for offload in offloads:
@@ -98,32 +48,32 @@ def test_cells_serve_the_rows_of_the_local_reader(shards, local_rows):
 @pytest.mark.slow
 def test_a_killed_cell_moves_its_partitions_at_their_positions(
     shards, local_rows):
+  """Killed at update 9 (its consumer is up to ~14 updates ahead): its two
+  partitions go to a new cell (one start allowed) at their positions."""
   files, order = shards
   offload = served.Offload(
       OffloadConfig(cells=2, lost_after_s=5, max_cell_starts=1), PARTITIONS,
       BATCH)
-  cells = dict(offload.pool._cells)  # pylint: disable=protected-access
+  cell = offload.pool._cells['cell-0']  # pylint: disable=protected-access
 
   def kill(update):
     if update == 9:
-      os.kill(cells['cell-0'].pid, signal.SIGKILL)
-    if update == 25:
-      os.kill(offload.pool._cells['cell-2'].pid, signal.SIGKILL)  # pylint: disable=protected-access
+      os.kill(cell.pid, signal.SIGKILL)
 
   try:
-    rows = _rows(files, order, serve_of=lambda _: offload.serve, each=kill)
+    rows = update_rows(files, order, serve_of=lambda _: offload.serve,
+                       each=kill)
   finally:
     offload.close()
   assert rows == local_rows
   record = offload.describe()
-  events = [(e['event'], e.get('cell')) for e in record['events']]
-  # cell-0 lost: a new cell (one start allowed); that one lost: its
-  # partitions move to the survivor.
-  assert ('lost', 'cell-0') in events and ('lost', 'cell-2') in events
-  assert events.index(('lost', 'cell-0')) < events.index(('started', 'cell-2'))
-  assert set(record['partitions'].values()) == {'cell-1'}
-  assert all('process is gone' in why or 'no element' in why
-             for why in record['lost'].values())
+  assert [(e['event'], e.get('cell')) for e in record['events']] == [
+      ('started', 'cell-0'), ('started', 'cell-1'), ('lost', 'cell-0'),
+      ('started', 'cell-2'), ('moved', 'cell-0')]
+  assert record['events'][-1]['to'] == 'cell-2'
+  assert record['partitions'] == {'0': 'cell-2', '1': 'cell-1',
+                                  '2': 'cell-2', '3': 'cell-1'}
+  assert record['lost']['cell-0'].startswith('its process is gone')
 
 
 @pytest.mark.slow
@@ -140,7 +90,8 @@ def test_with_every_cell_lost_the_trainer_reads_the_rest_itself(
       os.kill(cell.pid, signal.SIGSTOP)  # Silent, not gone: found by time.
 
   try:
-    rows = _rows(files, order, serve_of=lambda _: offload.serve, each=kill)
+    rows = update_rows(files, order, serve_of=lambda _: offload.serve,
+                       each=kill)
   finally:
     offload.close()  # Kills it, stopped or not.
   assert rows == local_rows
@@ -166,7 +117,8 @@ def test_a_replayed_job_is_dropped_up_to_the_position_trained(
       cell.restart_worker()
 
   try:
-    rows = _rows(files, order, serve_of=lambda _: offload.serve, each=restart)
+    rows = update_rows(files, order, serve_of=lambda _: offload.serve,
+                       each=restart)
   finally:
     offload.close()
   assert rows == local_rows
@@ -184,7 +136,7 @@ def test_a_cell_that_cannot_start_leaves_its_partitions_to_the_trainer(
       OffloadConfig(cells=1), PARTITIONS, BATCH,
       start_cell=lambda name: launch.LocalCell(name, cpus={4096}))
   try:
-    assert _rows(files, order,
+    assert update_rows(files, order,
                  serve_of=lambda _: offload.serve) == local_rows
   finally:
     offload.close()

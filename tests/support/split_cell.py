@@ -5,6 +5,7 @@ consumer sees after a worker's reconnect)."""
 
 import subprocess
 import sys
+from typing import Optional
 
 import portpicker
 
@@ -47,8 +48,9 @@ class SplitCell:
     self._worker.wait()
     self._worker = _serve('worker', self.address)
 
-  def gone(self) -> bool:
-    return self._dispatcher.poll() is not None
+  def gone(self) -> Optional[str]:
+    code = self._dispatcher.poll()
+    return None if code is None else f'its dispatcher is gone (exit {code})'
 
   def stop(self) -> None:
     for process in (self._worker, self._dispatcher):

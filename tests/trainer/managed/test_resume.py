@@ -208,7 +208,7 @@ def test_with_a_cell_in_the_loop_a_kill_and_a_lost_cell_change_nothing(
   offload = result['offload']
   assert [e['event'] for e in offload['events']] == [
       'started', 'lost', 'started', 'moved']
-  assert offload['lost'] == {'cell-0': 'its process is gone'}
+  assert offload['lost'] == {'cell-0': 'its process is gone (exit -9)'}
   assert offload['partitions'] == {'0': 'cell-1'}
   # It moved at the position the trainer reached.
   assert offload['events'][1]['position'] > 9
