@@ -56,6 +56,11 @@ class RayCell:
   def __init__(self, name: str, cpus: float):
     import ray  # pylint: disable=g-import-not-at-top
     self._ray = ray
+    if not ray.is_initialized():
+      # A training process the Ray launcher started has the cluster's
+      # address in RAY_ADDRESS; elsewhere `auto` finds this node's cluster.
+      ray.init(address=os.environ.get('RAY_ADDRESS') or 'auto',
+               log_to_driver=False)
     self.name = name
     actor_class = ray.remote(num_cpus=cpus, max_restarts=0)(_CellActor)
     self._actor = actor_class.options(name=None).remote()

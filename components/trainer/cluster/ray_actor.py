@@ -53,6 +53,9 @@ class _TaskActor:
       f.write(task_json)
     argv = [sys.executable if a == PYTHON else task_path if a == TASK_FILE
             else a for a in argv]
+    # The cluster's address, for what the process starts on it (offload
+    # cells with launcher 'ray').
+    env = {'RAY_ADDRESS': ray.get_runtime_context().gcs_address, **env}
     # Its own process group (stopped as one), killed by the kernel if this
     # actor dies.
     self._popen = subprocess.Popen(

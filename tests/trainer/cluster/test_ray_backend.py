@@ -11,8 +11,10 @@ gs:// (the suite's GCS emulator, which the hosts reach at the bridge's
 address; `run_on_ray` refuses local outputs across hosts, as the executor
 passes them; only the id log, the test's own record of what trained, is a
 local file the hosts share):
-- MultiWorkerMirrored with 2 workers on two hosts, two addresses, trains to
-  the same weights, bit for bit, as the local launcher;
+- MultiWorkerMirrored with 2 workers on two hosts, two addresses, each
+  reading its partition from a tf.data service cell on the third host
+  (`offload`), trains to the same weights, bit for bit, as the local
+  launcher;
 - the same from a driver process on its own host through Ray Client
   (ray://, as from a Kubeflow pod);
 - one training hit in turn by SIGKILL of a worker's actor process, the death
@@ -287,8 +289,13 @@ def _assert_equal_tensors(actual, expected, ignore=()):
 @pytest.mark.slow
 def test_mwms_over_two_ray_hosts_matches_the_local_launcher(
     tmp_path, gcs_data, gcs_root, ray_hosts_driver, local_baseline):
+  """Each worker's partition is served by a cell of its own, a Ray actor
+  on the spare host (`offload`, launcher 'ray'): the same weights."""
   root = str(tmp_path)
   task = tt.mwms_task(gcs_root, gcs_data, id_log=str(tmp_path / 'ids.jsonl'))
+  task = dataclasses.replace(task, distribution={
+      **task.distribution, 'offload': {'cells': 1, 'launcher': 'ray',
+                                       'cpus_per_cell': 0.5}})
   launch = ray_training.run_on_ray(task, root)
 
   assert launch.attempts == 1 and not launch.relaunches
@@ -305,6 +312,12 @@ def test_mwms_over_two_ray_hosts_matches_the_local_launcher(
   result = tt.read_result(task)
   assert result['steps'] == 16 and result['num_replicas'] == 2
   _assert_equal_tensors(tt.final_tensors(task), local_baseline)
+  # The chief's cell served its partition from a host of its own.
+  offload = result['offload']
+  assert offload['partitions'] == {'0': 'cell-0'} and not offload['lost']
+  cell_host = offload['cells']['cell-0'].rsplit(':', 1)[0]
+  assert cell_host not in {where['node_ip']
+                           for where in launch.placement.values()}
 
 
 def _assert_on_two_hosts(placement, cluster, dead=()):
