@@ -1,10 +1,11 @@
 """Which cell produces each partition, and what happened to the cells.
 
-Partitions go to the first cells in turn as their consumers ask. A lost cell is stopped and
-its partitions move, each at the position its consumer reached: to a new
-cell while `max_cell_starts` allows, else to the surviving cell with the
-fewest, else to the trainer's own reader. Every start, loss and move is an
-event of the record (`describe`), which the trainer puts on `model_run`.
+Partitions go to the first cells in turn as their consumers ask. A lost
+cell is stopped and its partitions move, each at the position its consumer
+reached: to a new cell while `max_cell_starts` allows, else to the
+surviving cell with the fewest, else to the trainer's own reader. Every
+start, loss and move is an event of the record (`describe`), which the
+trainer puts on `model_run`.
 """
 
 import threading
