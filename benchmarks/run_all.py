@@ -15,7 +15,7 @@ from benchmarks import report
 
 BENCHMARKS = ['transform', 'trainer', 'throughput', 'ceiling', 'resume',
               'resume_position', 'scale', 'partitioner', 'pipeline',
-              'ray', 'elastic', 'precision', 'remote_read']
+              'ray', 'elastic', 'precision', 'remote_read', 'offload']
 
 
 def main() -> None:

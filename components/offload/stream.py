@@ -18,7 +18,12 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 import tensorflow as tf
-from tensorflow.python.eager import cancellation  # pylint: disable=g-direct-tensorflow-import
+# pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.data.util import structure
+from tensorflow.python.eager import cancellation
+from tensorflow.python.eager import context
+from tensorflow.python.eager import execute
+# pylint: enable=g-direct-tensorflow-import
 
 from components.offload import pool as pool_lib
 
@@ -60,14 +65,29 @@ class _Fetch:
           tf.data.experimental.service.ShardingPolicy.OFF, service,
           dataset_id, dataset.element_spec, job_name=job_name)
       iterator = iter(served)
-      get_next = self._cancel.get_cancelable_function(
-          tf.function(lambda it: next(it)).get_concrete_function(iterator))
       while not self._closed.is_set():
-        self._put(get_next(iterator))
+        self._put(self._next(iterator))
     except tf.errors.OutOfRangeError:
       self._put(StopIteration())
     except Exception as error:  # pylint: disable=broad-except
       self._put(error)
+
+  def _next(self, iterator):
+    """The iterator's next element, a read `close` cancels.
+
+    The op runs with this fetch's cancellation manager itself: TF's
+    `CancellationManager.get_cancelable_function` sets a process-wide
+    context while it runs, so every function another thread (the training
+    step) started during a blocked read was cancelled with it."""
+    spec = iterator.element_spec
+    types = structure.get_flat_tensor_types(spec)
+    flat = execute.execute_with_cancellation(
+        'IteratorGetNext', len(types),
+        [iterator._iterator_resource],  # pylint: disable=protected-access
+        ('output_types', types,
+         'output_shapes', structure.get_flat_tensor_shapes(spec)),
+        context.context(), self._cancel)
+    return structure.from_compatible_tensor_list(spec, flat)
 
   def _put(self, item) -> None:
     while not self._closed.is_set():
