@@ -24,7 +24,8 @@ from components.trainer.cluster import ray_backend
 from tests.support import netns_hosts
 from tests.support import ray_cluster as ray_cluster_lib
 from tests.support import trainer_testing as tt
-from tests.support.partition_rows import BATCH, PARTITIONS, update_rows
+from tests.support.partition_rows import BATCH, PARTITIONS
+from tests.support.partition_rows import served_rows, update_rows
 
 # pylint: disable=protected-access
 # A waiting consumer checks its queue every _CHECK_S and pings the cell's
@@ -108,11 +109,7 @@ def test_a_cell_actor_killed_by_ray_moves_its_partitions_to_the_survivor(
     if update == 9:
       ray.kill(_cells(offload)['cell-0']._actor)  # pylint: disable=protected-access
 
-  try:
-    rows = update_rows(files, order, serve_of=lambda _: offload.serve,
-                       each=kill)
-  finally:
-    offload.close()
+  rows = served_rows(files, order, offload, each=kill)
   assert rows == local_rows
   record = offload.describe()
   assert [e['event'] for e in record['events']] == [

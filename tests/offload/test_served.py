@@ -12,7 +12,8 @@ from components.offload.config import OffloadConfig
 from components.offload import launch
 from components.offload import served
 from tests.support import split_cell
-from tests.support.partition_rows import BATCH, PARTITIONS, update_rows
+from tests.support.partition_rows import BATCH, PARTITIONS
+from tests.support.partition_rows import served_rows, update_rows
 
 
 @pytest.mark.slow
@@ -60,11 +61,7 @@ def test_a_killed_cell_moves_its_partitions_at_their_positions(
     if update == 9:
       os.kill(cell.pid, signal.SIGKILL)
 
-  try:
-    rows = update_rows(files, order, serve_of=lambda _: offload.serve,
-                       each=kill)
-  finally:
-    offload.close()
+  rows = served_rows(files, order, offload, each=kill)
   assert rows == local_rows
   record = offload.describe()
   assert [(e['event'], e.get('cell')) for e in record['events']] == [
@@ -89,11 +86,8 @@ def test_with_every_cell_lost_the_trainer_reads_the_rest_itself(
     if update == 5:
       os.kill(cell.pid, signal.SIGSTOP)  # Silent, not gone: found by time.
 
-  try:
-    rows = update_rows(files, order, serve_of=lambda _: offload.serve,
-                       each=kill)
-  finally:
-    offload.close()  # Kills it, stopped or not.
+  # Closing the offload kills the cell, stopped or not.
+  rows = served_rows(files, order, offload, each=kill)
   assert rows == local_rows
   record = offload.describe()
   assert record['lost'] == {'cell-0': 'no element for 5 s'}
@@ -116,11 +110,7 @@ def test_a_replayed_job_is_dropped_up_to_the_position_trained(
     if update == 12:
       cell.restart_worker()
 
-  try:
-    rows = update_rows(files, order, serve_of=lambda _: offload.serve,
-                       each=restart)
-  finally:
-    offload.close()
+  rows = served_rows(files, order, offload, each=restart)
   assert rows == local_rows
   record = offload.describe()
   assert record['replays_dropped'] > 0
@@ -135,11 +125,7 @@ def test_a_cell_that_cannot_start_leaves_its_partitions_to_the_trainer(
   offload = served.Offload(
       OffloadConfig(cells=1), PARTITIONS, BATCH,
       start_cell=lambda name: launch.LocalCell(name, cpus={4096}))
-  try:
-    assert update_rows(files, order,
-                 serve_of=lambda _: offload.serve) == local_rows
-  finally:
-    offload.close()
+  assert served_rows(files, order, offload) == local_rows
   record = offload.describe()
   assert [e['event'] for e in record['events']] == ['start_failed']
   assert set(record['partitions'].values()) == {'local'}

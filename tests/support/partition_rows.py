@@ -54,3 +54,15 @@ def update_rows(files: List[str], order: DataOrder, pipelines: int = 1,
       rows.append(list(features['id'].numpy()))
     per_pipeline.append(rows)
   return [sum(step, []) for step in zip(*per_pipeline)]
+
+
+def served_rows(files: List[str], order: DataOrder, offload,
+                each: Optional[Callable[[int], None]] = None
+               ) -> List[List[int]]:
+  """`update_rows` of one pipeline served by `offload`, which is closed
+  after (its cells stopped, whatever the reading raised)."""
+  try:
+    return update_rows(files, order, serve_of=lambda _: offload.serve,
+                       each=each)
+  finally:
+    offload.close()
