@@ -692,11 +692,7 @@ if __name__ == '__main__':
       '--report-name', default='ceiling',
       help='the report is <results-dir>/<name>.md (a run of a subset of '
       'strategies or batches need not replace the full one)')
-  # One measurement in this process (used by `main`).
-  parser.add_argument('--mode', help=argparse.SUPPRESS)
-  parser.add_argument('--root', help=argparse.SUPPRESS)
-  parser.add_argument('--spec', help=argparse.SUPPRESS)
-  parser.add_argument('--out', help=argparse.SUPPRESS)
+  processes.add_mode_arguments(parser)
   args = parser.parse_args()
   if args.mode is None:
     print(main(args.results_dir, args.train_steps, args.rounds,
@@ -715,5 +711,4 @@ if __name__ == '__main__':
     else:
       value = run_ceiling(spec['inputs'], spec['strategy'], spec['batch'],
                           spec['train_steps'], spec['intra_op_threads'])
-    with open(args.out, 'w') as f:
-      json.dump(value, f)
+    processes.write_result(args.out, value)

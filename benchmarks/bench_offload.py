@@ -684,11 +684,7 @@ if __name__ == '__main__':
   parser.add_argument('--results-dir', default='benchmarks/results')
   parser.add_argument('--rounds', type=int, default=ROUNDS)
   parser.add_argument('--train-steps', type=int, default=TRAIN_STEPS)
-  # One measurement in this process (used by `main`).
-  parser.add_argument('--mode', help=argparse.SUPPRESS)
-  parser.add_argument('--root', help=argparse.SUPPRESS)
-  parser.add_argument('--spec', help=argparse.SUPPRESS)
-  parser.add_argument('--out', help=argparse.SUPPRESS)
+  processes.add_mode_arguments(parser)
   args = parser.parse_args()
   if args.mode is None:
     print(main(args.results_dir, args.rounds, args.train_steps))
@@ -703,5 +699,4 @@ if __name__ == '__main__':
       value = measure_costs(spec['inputs'], spec['rounds'])
     else:
       value = measure_images(args.root)
-    with open(args.out, 'w') as f:
-      json.dump(value, f)
+    processes.write_result(args.out, value)

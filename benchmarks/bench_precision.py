@@ -830,11 +830,7 @@ def _parser() -> argparse.ArgumentParser:
                       help='also write the raw results (results.json) there')
   parser.add_argument('--render', metavar='RESULTS_JSON',
                       help="only write the report of a run's results.json")
-  # One measurement in this process (used by `main`).
-  parser.add_argument('--mode', help=argparse.SUPPRESS)
-  parser.add_argument('--root', help=argparse.SUPPRESS)
-  parser.add_argument('--spec', help=argparse.SUPPRESS)
-  parser.add_argument('--out', help=argparse.SUPPRESS)
+  processes.add_mode_arguments(parser)
   return parser
 
 
@@ -889,5 +885,4 @@ if __name__ == '__main__':
       value_ = machine_info()
     else:
       value_ = MODES[parsed.mode](parsed.root, spec_)
-    with open(parsed.out, 'w') as f_:
-      json.dump(value_, f_)
+    processes.write_result(parsed.out, value_)

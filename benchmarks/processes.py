@@ -1,5 +1,8 @@
-"""Each measurement in a fresh Python process, as a pipeline run would be."""
+"""Each measurement in a fresh Python process, as a pipeline run would be:
+`run_mode` starts one, and the benchmark's own entry takes it with
+`add_mode_arguments` and answers with `write_result`."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -20,3 +23,16 @@ def run_mode(module: str, root: str, mode: str,
                            TF_CPP_MIN_LOG_LEVEL='2'))
   with open(out) as f:
     return json.load(f)
+
+
+def add_mode_arguments(parser: argparse.ArgumentParser) -> None:
+  """The hidden arguments `run_mode` passes: one measurement in this
+  process (none given: the benchmark's `main`)."""
+  for name in ('--mode', '--root', '--spec', '--out'):
+    parser.add_argument(name, help=argparse.SUPPRESS)
+
+
+def write_result(out: str, value: Any) -> None:
+  """The measurement's JSON result, where `run_mode` reads it."""
+  with open(out, 'w') as f:
+    json.dump(value, f)
