@@ -240,6 +240,14 @@ class DistributionConfig(JsonConfig):
   def elastic(self) -> bool:
     return membership.is_elastic(self.num_workers, self.min_workers)
 
+  @property
+  def asks_for_parameter_servers(self) -> bool:
+    """The config asks for asynchronous training: parameter-server
+    processes, or an asynchronous strategy. (`auto` may still find ps tasks
+    in an orchestrator's TF_CONFIG, known only when a process starts.)"""
+    return bool(self.num_ps) or (
+        self.strategy != AUTO and registry.get(self.strategy).asynchronous)
+
   def _validate_ray(self) -> None:
     if not isinstance(self.ray, RayConfig):
       raise ValueError(f'ray={self.ray!r} must be an object with keys from '
@@ -255,8 +263,7 @@ class DistributionConfig(JsonConfig):
           f'offload={self.offload!r} must be an object with keys from '
           f'{[f.name for f in dataclasses.fields(OffloadConfig)]}.')
     self.offload.validate()
-    if self.offload.enabled and (self.num_ps or (
-        self.strategy != AUTO and registry.get(self.strategy).asynchronous)):
+    if self.offload.enabled and self.asks_for_parameter_servers:
       raise ValueError(
           f'offload.cells={self.offload.cells!r} with strategy='
           f'{self.strategy!r}, num_ps={self.num_ps}: cells serve the '
@@ -303,8 +310,7 @@ class DistributionConfig(JsonConfig):
           'deterministic=True needs a seed: with op determinism on, an '
           'unseeded random op fails, and unseeded initializers differ per '
           'run anyway; set seed (e.g. 0).')
-    if self.deterministic and (self.num_ps or (
-        self.strategy != AUTO and registry.get(self.strategy).asynchronous)):
+    if self.deterministic and self.asks_for_parameter_servers:
       raise ValueError(
           f'deterministic=True with strategy={self.strategy!r}, '
           f'num_ps={self.num_ps}: parameter-server training is asynchronous '
