@@ -26,7 +26,6 @@ class LocalCell:
   """A cell in a child process of this one."""
 
   def __init__(self, name: str, cpus: Optional[Set[int]]):
-    self.name = name
     self._process = subprocess.Popen(
         [sys.executable, '-m', 'components.offload.cell'],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -61,12 +60,10 @@ class RayCell:
       # address in RAY_ADDRESS; elsewhere `auto` finds this node's cluster.
       ray.init(address=os.environ.get('RAY_ADDRESS') or 'auto',
                log_to_driver=False)
-    self.name = name
     actor_class = ray.remote(num_cpus=cpus, max_restarts=0)(_CellActor)
-    self._actor = actor_class.options(name=None).remote()
+    self._actor = actor_class.remote()
     info = ray.get(self._actor.info.remote(), timeout=START_TIMEOUT_S)
     self.address, self.pid = info['address'], info['pid']
-    self.node_ip = info['node_ip']
     self._pinged_at, self._gone = time.monotonic(), None
 
   def gone(self) -> Optional[str]:
@@ -95,12 +92,10 @@ class _CellActor:
   def __init__(self):
     import ray  # pylint: disable=g-import-not-at-top
     from components.offload import cell  # pylint: disable=g-import-not-at-top
-    self._node_ip = ray.util.get_node_ip_address()
-    self._cell = cell.Cell(self._node_ip)
+    self._cell = cell.Cell(ray.util.get_node_ip_address())
 
   def info(self):
-    return {'address': self._cell.address, 'pid': os.getpid(),
-            'node_ip': self._node_ip}
+    return {'address': self._cell.address, 'pid': os.getpid()}
 
 
 def start(config: OffloadConfig, name: str):

@@ -50,13 +50,19 @@ class Offload:
       self._spec = local_stream(first, batches).element_spec
     if not self._sized:
       self._size(local_stream, first, batches)
-    stream = stream_lib.ServedStream(
-        partition, first, first + batches, local_stream, self.pool,
-        self.config.lost_after_s,
-        threads=max(1, math.ceil(self.config.cpus_per_cell)))
+    stream = self.stream(partition, first, batches, local_stream)
     self.streams.append(stream)
     return tf.data.Dataset.from_generator(stream.batches,
                                           output_signature=self._spec)
+
+  def stream(self, partition: int, first: int, batches: int,
+             local_stream: LocalStream) -> stream_lib.ServedStream:
+    """`partition`'s stream from its cell, its tf.data threads as many as
+    `cpus_per_cell`."""
+    return stream_lib.ServedStream(
+        partition, first, first + batches, local_stream, self.pool,
+        self.config.lost_after_s,
+        threads=max(1, math.ceil(self.config.cpus_per_cell)))
 
   def _size(self, local_stream: LocalStream, first: int, batches: int):
     self._sized = True
@@ -83,9 +89,8 @@ def _measure(offload: Offload, sample_stream: LocalStream, first: int,
             ) -> float:
   """Examples a second one cell produces of `sample_stream` after its
   first element (the pipeline's start-up)."""
-  probe = stream_lib.ServedStream(_PROBE, first, first + batches,
-                                  sample_stream, offload.pool,
-                                  offload.config.lost_after_s)
+  # As a served partition's stream is, on as many threads.
+  probe = offload.stream(_PROBE, first, batches, sample_stream)
   elements = probe.batches()
   try:
     next(elements)

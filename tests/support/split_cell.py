@@ -35,8 +35,7 @@ def _serve(*args: str) -> subprocess.Popen:
 class SplitCell:
   """`launch.LocalCell`'s interface, plus `restart_worker`."""
 
-  def __init__(self, name: str):
-    self.name = name
+  def __init__(self, name: str):  # pylint: disable=unused-argument
     port = portpicker.pick_unused_port()
     self.address = f'localhost:{port}'
     self._dispatcher = _serve('dispatcher', str(port))

@@ -8,6 +8,7 @@ from absl import logging
 
 from components import pipeline_layout
 from components.data.data_order import DataOrder
+from components.offload.config import AUTO
 from components.offload.served import Offload
 from components.records import training_result
 from components.trainer.process.context import ProcessContext
@@ -32,7 +33,7 @@ def start(context: ProcessContext, order: Optional[DataOrder]
 def _consumer_rate(context: ProcessContext) -> Optional[float]:
   """This process's share of the rate the pipeline's newest managed
   training published (examples a second), if any."""
-  if context.config.offload.cells != 'auto':
+  if context.config.offload.cells != AUTO:
     return None
   root = pipeline_layout.pipeline_root(None, context.task.model_run_dir)
   rate = training_result.newest_steady_rate(root)
