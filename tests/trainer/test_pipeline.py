@@ -28,9 +28,12 @@ pytestmark = pytest.mark.slow
 
 # Enough steps for the taxi model to beat the majority class on the
 # 2,000-row sample's eval split (~0.767): the Evaluator blesses only at
-# ACCURACY_THRESHOLD. Measured here: 0.790 (one_device) to 0.796
-# (parameter_server); the stock module's run_fn 0.797.
+# ACCURACY_THRESHOLD. Measured here: 0.790 (one_device); the stock module's
+# run_fn 0.797.
 TRAIN_STEPS = 600
+# Asynchronous updates from stale weights need more: at 600 steps parameter
+# servers reached 0.775 to 0.802 over five runs, at 1,200 0.806 to 0.819.
+PS_TRAIN_STEPS = 1200
 EVAL_STEPS = 5
 ACCURACY_THRESHOLD = 0.78
 STOCK_MODULE_SEED = 7
@@ -74,7 +77,7 @@ def _completed_runs(root: str, node_id: str) -> int:
 
 
 def _assert_trained_and_blessed(run, model_run, strategy: str, replicas: int,
-                                mode: str):
+                                mode: str, train_steps: int = TRAIN_STEPS):
   states = {e.node_id: e.state for e in run.executions}
   for node in ('Trainer', 'Evaluator', 'Pusher'):
     assert states[node] == 'COMPLETE', states
@@ -91,7 +94,7 @@ def _assert_trained_and_blessed(run, model_run, strategy: str, replicas: int,
   with open(os.path.join(model_run.uri, 'training_result.json')) as f:
     result = json.load(f)
   assert result['num_replicas'] == replicas
-  assert result['train_steps'] == TRAIN_STEPS
+  assert result['train_steps'] == train_steps
   # The op pool each training process got, and why, on model_run too.
   assert result['intra_op_threads']['reason']
   assert json.loads(props['intra_op_threads'].string_value) == (
@@ -113,11 +116,12 @@ def _assert_trained_and_blessed(run, model_run, strategy: str, replicas: int,
 def test_parameter_server_trains_taxi_and_is_blessed(shared_taxi_root,
                                                      taxi_sample_dir):
   run = _run(shared_taxi_root, taxi_sample_dir,
-             {'strategy': 'parameter_server', 'num_workers': 2, 'num_ps': 1})
+             {'strategy': 'parameter_server', 'num_workers': 2, 'num_ps': 1},
+             train_steps=PS_TRAIN_STEPS)
   model_run = _latest_model_run(shared_taxi_root)
   result = _assert_trained_and_blessed(run, model_run, 'parameter_server', 1,
-                                       'managed')
-  assert result['steps'] == TRAIN_STEPS  # Optimizer updates done.
+                                       'managed', PS_TRAIN_STEPS)
+  assert result['steps'] == PS_TRAIN_STEPS  # Optimizer updates done.
   assert 0 < result['train_loss'] < 10
   assert training_result.read_launch(model_run.uri)['attempts'] == 1
   logs = os.listdir(os.path.join(model_run.uri, 'cluster_logs', 'attempt-0'))
