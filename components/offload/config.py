@@ -28,6 +28,9 @@ class OffloadConfig(JsonConfig):
     max_cell_starts: Cells started to replace lost ones; beyond, partitions
       move to surviving cells, and with none left the trainer reads them.
     measure_s: How long `auto` measures one cell's production rate.
+    compress: Whether cells compress what they send (snappy): less network
+      traffic for remote cells, but the training process, whose CPU the
+      offload is there to spare, pays for the decompression.
   """
   OPTIONS_NAME = 'distribution.offload'
   cells: Union[int, str] = 0
@@ -36,6 +39,7 @@ class OffloadConfig(JsonConfig):
   lost_after_s: float = 30.0
   max_cell_starts: int = 2
   measure_s: float = 3.0
+  compress: bool = False
 
   def validate(self) -> 'OffloadConfig':
     if self.cells != AUTO and not is_int(self.cells, minimum=0):
@@ -48,6 +52,9 @@ class OffloadConfig(JsonConfig):
         raise ValueError(f'offload.{name}={value!r} must be a finite number '
                          '> 0.')
     check_int('offload.max_cell_starts', self.max_cell_starts, minimum=0)
+    if not isinstance(self.compress, bool):
+      raise ValueError(f'offload.compress={self.compress!r} must be true or '
+                       'false.')
     return self
 
   @property

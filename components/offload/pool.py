@@ -106,6 +106,16 @@ class CellPool:
       self._event('fallback' if target is LOCAL else 'moved', cell=name,
                   to=target, partitions=moving)
 
+  def read_locally(self, partition: int, position: int, why: str) -> None:
+    """`partition`'s stream failed outside any cell: the trainer reads it
+    from `position` on."""
+    with self._lock:
+      self._owner[partition] = LOCAL
+      self._event('fallback', partitions=[partition], position=position,
+                  why=why)
+      logging.warning('Offload of partition %d failed (%s); the trainer '
+                      'reads it from batch %d.', partition, why, position)
+
   def _replacement(self) -> Optional[str]:
     if self._starts < self._config.max_cell_starts:
       self._starts += 1

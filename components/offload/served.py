@@ -52,17 +52,18 @@ class Offload:
       self._size(local_stream, first, batches)
     stream = self.stream(partition, first, batches, local_stream)
     self.streams.append(stream)
-    return tf.data.Dataset.from_generator(stream.batches,
-                                          output_signature=self._spec)
+    return stream.dataset()
 
   def stream(self, partition: int, first: int, batches: int,
              local_stream: LocalStream) -> stream_lib.ServedStream:
     """`partition`'s stream from its cell, its tf.data threads as many as
     `cpus_per_cell`."""
     return stream_lib.ServedStream(
-        partition, first, first + batches, local_stream, self.pool,
+        partition, first, first + batches, local_stream, self._spec,
+        self.pool,
         self.config.lost_after_s,
-        threads=max(1, math.ceil(self.config.cpus_per_cell)))
+        threads=max(1, math.ceil(self.config.cpus_per_cell)),
+        compress=self.config.compress)
 
   def _size(self, local_stream: LocalStream, first: int, batches: int):
     self._sized = True
@@ -91,8 +92,8 @@ def _measure(offload: Offload, sample_stream: LocalStream, first: int,
   first element (the pipeline's start-up)."""
   # As a served partition's stream is, on as many threads.
   probe = offload.stream(_PROBE, first, batches, sample_stream)
-  elements = probe.batches()
   try:
+    elements = iter(probe.dataset())
     next(elements)
     began, count = time.monotonic(), 0
     for _ in elements:
@@ -101,6 +102,6 @@ def _measure(offload: Offload, sample_stream: LocalStream, first: int,
         break
     elapsed = time.monotonic() - began
   finally:
-    elements.close()
+    probe.close()
     offload.pool.forget(_PROBE)
   return max(count, 1) * examples_per_batch / elapsed

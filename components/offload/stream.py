@@ -1,25 +1,25 @@
 """One partition's stream as its consumer reads it: from a cell, exactly.
 
 The cell runs the pipeline the local reader would (`local_stream`), built
-at the consumer's position and numbered from it, so an element carries its
-batch's position: one already trained (a job a restarted worker replays
-from its start) is dropped, not trained twice. A cell that hands nothing
-for `lost_after_s`, or that is gone (`gone()` says why: its process
-exited, its actor died or does not answer), is lost: its fetch is
-cancelled (a tf.data service consumer whose producer died would otherwise
-retry forever) and the stream goes on from the same position on the cell
-the pool moves it to, or from the local reader.
+at the stream's position and numbered from it. A pump thread moves its
+elements into a queue the consumer's own tf.data pipeline dequeues from, so
+the hand-over costs the consumer no Python. An element carries its batch's
+position: one already queued (a job a restarted worker replays from its
+start) is dropped, not trained twice. A cell that leaves the queue empty for
+`lost_after_s`, or that is gone (`gone()` says why: its process exited, its
+actor died or does not answer), is lost: its pump is cancelled (a tf.data
+service consumer whose producer died would otherwise retry forever) and the
+stream goes on from the same position on the cell the pool moves it to. With
+no cell left, the consumer reads the rest from the local reader itself.
 """
 
 import itertools
-import queue
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import tensorflow as tf
 # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.data.util import structure
 from tensorflow.python.eager import cancellation
 from tensorflow.python.eager import context
 from tensorflow.python.eager import execute
@@ -30,10 +30,19 @@ from components.offload import pool as pool_lib
 # Seconds a new job has for its first element: the cell deserializes the
 # pipeline and loads what it captures (a transform graph) first.
 FIRST_ELEMENT_S = 120
-# Seconds between checks of a waited-on cell's process.
+# Seconds between checks of a stream's cell.
 _CHECK_S = 0.5
-# Elements fetched ahead of the consumer from a cell.
-_FETCH_AHEAD = 2
+# Elements queued ahead of the consumer.
+_QUEUE_AHEAD = 2
+# The numbers of the queue's last element: the stream is whole, or its rest
+# is read locally. The consumer pulls nothing after it: a read ahead of a
+# queue no one feeds would block, and its iterator's release with it.
+_END = -2
+_HAND_OVER = -3
+# Elements a pump queues between its reports to Python: the queue is fed
+# in the graph, so what the pump knows may lag (a move then queues a few
+# positions again, which the consumer drops).
+_PUMP_REPORTS = 8
 _job_ids = itertools.count()
 
 
@@ -41,152 +50,243 @@ class CellLost(Exception):
   """The cell stopped producing; `str()` says how."""
 
 
-class _Fetch:
-  """The elements of one job on one cell, fetched ahead in a thread whose
-  blocked read `close` cancels."""
+class _Pump:
+  """Moves `source()`'s numbered elements from `expected` on into `put`'s
+  queue, in a thread; `close` cancels its blocked read of a cell."""
 
-  def __init__(self, dataset_at: Callable[[], tf.data.Dataset], address: str,
-               job_name: str):
-    self._queue: 'queue.Queue' = queue.Queue(maxsize=_FETCH_AHEAD)
+  def __init__(self, source: Callable[[], tf.data.Dataset], expected: int,
+               put: Callable[..., tf.Tensor], name: str):
+    self.expected = expected
+    self.replays_dropped = 0
+    self.progressed_at = time.monotonic()
+    self.finished = False
+    self.error: Optional[Exception] = None
     self._cancel = cancellation.CancellationManager()
     self._closed = threading.Event()
-    self._thread = threading.Thread(
-        target=self._run, args=(dataset_at, address, job_name), daemon=True,
-        name=f'offload-fetch-{job_name}')
+    self.stopped = threading.Event()
+    self._thread = threading.Thread(target=self._run, args=(source, put),
+                                    daemon=True, name=f'offload-pump-{name}')
     self._thread.start()
 
-  def _run(self, dataset_at, address, job_name):
+  def _run(self, source, put):
     try:
-      dataset = dataset_at()
-      service = f'grpc://{address}'
-      dataset_id = tf.data.experimental.service.register_dataset(
-          service, dataset)
-      served = tf.data.experimental.service.from_dataset_id(
-          tf.data.experimental.service.ShardingPolicy.OFF, service,
-          dataset_id, dataset.element_spec, job_name=job_name)
-      iterator = iter(served)
+      iterator = iter(source().map(put).batch(_PUMP_REPORTS))
       while not self._closed.is_set():
-        self._put(self._next(iterator))
+        for number in self._next(iterator).numpy().tolist():
+          # The consumer takes only the position it expects: a replay is
+          # dropped there, and so is a gap, whose cell this pump loses.
+          if number < self.expected:
+            self.replays_dropped += 1
+          elif number > self.expected:
+            raise CellLost(f'it skipped from batch {self.expected} to '
+                           f'{number}')
+          else:
+            self.expected = number + 1
+        self.progressed_at = time.monotonic()
     except tf.errors.OutOfRangeError:
-      self._put(StopIteration())
+      self.finished = True
     except Exception as error:  # pylint: disable=broad-except
-      self._put(error)
+      if not self._closed.is_set():
+        self.error = error
+    finally:
+      # Set before the iterator is released: releasing a job whose cell is
+      # gone waits on the cell (tens of seconds), in this daemon thread.
+      self.stopped.set()
 
-  def _next(self, iterator):
+  def _next(self, iterator) -> tf.Tensor:
     """The iterator's next element, a read `close` cancels.
 
-    The op runs with this fetch's cancellation manager itself: TF's
+    The op runs with this pump's cancellation manager itself: TF's
     `CancellationManager.get_cancelable_function` sets a process-wide
     context while it runs, so every function another thread (the training
     step) started during a blocked read was cancelled with it."""
-    spec = iterator.element_spec
-    types = structure.get_flat_tensor_types(spec)
-    flat = execute.execute_with_cancellation(
-        'IteratorGetNext', len(types),
-        [iterator._iterator_resource],  # pylint: disable=protected-access
-        ('output_types', types,
-         'output_shapes', structure.get_flat_tensor_shapes(spec)),
-        context.context(), self._cancel)
-    return structure.from_compatible_tensor_list(spec, flat)
-
-  def _put(self, item) -> None:
-    while not self._closed.is_set():
-      try:
-        self._queue.put(item, timeout=_CHECK_S)
-        return
-      except queue.Full:
-        continue
-
-  def get(self, timeout_s: float, gone: Callable[[], Optional[str]]):
-    """The next element; CellLost after `timeout_s` without one, or when
-    `gone` says why the cell is."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-      try:
-        item = self._queue.get(timeout=_CHECK_S)
-        break
-      except queue.Empty:
-        why = gone()
-        if why:
-          raise CellLost(why) from None
-        if time.monotonic() > deadline:
-          raise CellLost(f'no element for {timeout_s:g} s') from None
-    if isinstance(item, StopIteration):
-      raise CellLost('its stream ended early')
-    if isinstance(item, Exception):
-      raise CellLost(f'{type(item).__name__}: {str(item)[:300]}')
-    return item
+    # pylint: disable=protected-access
+    return execute.execute_with_cancellation(
+        'IteratorGetNext', 1, [iterator._iterator_resource],
+        ('output_types', [tf.int64], 'output_shapes', [[None]]),
+        context.context(), self._cancel)[0]
 
   def close(self) -> None:
     self._closed.set()
     self._cancel.start_cancel()
     # A read that cancelling cannot reach (a registration with its cell gone)
-    # is left to end with the process; its thread is a daemon.
-    self._thread.join(timeout=2 * _CHECK_S)
+    # is left to end with the process; its thread is a daemon, and what it
+    # might still queue the consumer drops as a replay.
+    self.stopped.wait(timeout=2 * _CHECK_S)
+
+
+def _from_cell(dataset: tf.data.Dataset, address: str, job_name: str,
+               compress: bool = False) -> tf.data.Dataset:
+  """`dataset` produced by the cell at `address`, as one job."""
+  service = f'grpc://{address}'
+  dataset_id = tf.data.experimental.service.register_dataset(
+      service, dataset, compression='AUTO' if compress else None)
+  return tf.data.experimental.service.from_dataset_id(
+      tf.data.experimental.service.ShardingPolicy.OFF, service, dataset_id,
+      dataset.element_spec, job_name=job_name)
 
 
 class ServedStream:
-  """Batches [first, end) of `partition`, from the cell the pool names."""
+  """Batches [first, end) of `partition`, from the cell the pool names.
+
+  `dataset()` is what the consumer reads; a supervising thread, started
+  with the stream, keeps its queue fed."""
 
   def __init__(self, partition: int, first: int, end: int,
                local_stream: Callable[[int, int], tf.data.Dataset],
-               pool: pool_lib.CellPool, lost_after_s: float,
-               threads: Optional[int] = None):
+               spec: Any, pool: pool_lib.CellPool, lost_after_s: float,
+               threads: Optional[int] = None, compress: bool = False):
     self.partition, self.first, self.end = partition, first, end
     self._local_stream = local_stream
     self._pool = pool
     self._lost_after_s = lost_after_s
     self._threads = threads
-    self._fetches = set()
-    self.replays_dropped = 0
+    self._compress = compress
+    self._spec = spec
+    self._components: List[tf.TensorSpec] = tf.nest.flatten(
+        self._spec, expand_composites=True)
+    with tf.init_scope(), tf.device('CPU:0'):
+      self._queue = tf.queue.FIFOQueue(
+          _QUEUE_AHEAD, [tf.int64] + [c.dtype for c in self._components])
+    self._expected = first  # The next position no pump has queued.
+    self._replays_dropped = 0
+    self._pump: Optional[_Pump] = None
+    self._local_from: Optional[int] = None
+    self._closed = threading.Event()
+    pool.cell_of(partition)  # Its cell, in the order the streams are made.
+    self._thread = threading.Thread(
+        target=self._supervise, daemon=True,
+        name=f'offload-stream-{partition}')
+    self._thread.start()
 
-  def _numbered(self, position: int, on_cell: bool) -> tf.data.Dataset:
+  @property
+  def replays_dropped(self) -> int:
+    pump = self._pump
+    return self._replays_dropped + (pump.replays_dropped if pump else 0)
+
+  def dataset(self) -> tf.data.Dataset:
+    """The stream's batches, dequeued in the consumer's pipeline; from a
+    hand-over on, read by the local reader."""
+    spec, components = self._spec, self._components
+
+    def dequeued(_):
+      flat = self._queue.dequeue()
+      return flat[0], tuple(flat[1:])
+
+    def in_order(expected, element):
+      number, flat = element
+      # Every producer's element at a position is the same, so any one
+      # will do: the rest (a replay, what a cancelled pump still queued, a
+      # skipping cell's, the local reader's from before the position the
+      # queue reached) is dropped.
+      keep = tf.equal(number, expected)
+      return expected + tf.cast(keep, tf.int64), (keep, flat)
+
+    def batch(unused_keep, flat):
+      flat = [tf.ensure_shape(t, c.shape) for t, c in zip(flat, components)]
+      return tf.nest.pack_sequence_as(spec, flat, expand_composites=True)
+
+    queued = (tf.data.Dataset.from_tensors(0).repeat().map(dequeued)
+              .take_while(lambda number, flat: number >= 0))
+    local = tf.data.Dataset.from_generator(
+        self._local_rest, output_signature=(
+            tf.TensorSpec([], tf.int64), tuple(components)))
+    return (queued.concatenate(local)
+            .scan(tf.constant(self.first, tf.int64), in_order)
+            .filter(lambda keep, flat: keep).map(batch))
+
+  def _local_rest(self) -> Iterator[Any]:
+    """The local reader's numbered batches from the hand-over on: from the
+    position the pumps reported, which may be behind what they queued."""
+    if self._local_from is not None:
+      for number, batch in self._local_stream(
+          self._local_from, self.end - self._local_from).enumerate(
+              self._local_from):
+        yield number, tuple(tf.nest.flatten(batch, expand_composites=True))
+
+  def _numbered(self, position: int) -> tf.data.Dataset:
     dataset = self._local_stream(position, self.end - position).enumerate(
         position)
-    if on_cell and self._threads:
+    if self._threads:
       options = tf.data.Options()
       options.threading.private_threadpool_size = self._threads
       dataset = dataset.with_options(options)
     return dataset
 
-  def batches(self) -> Iterator[Any]:
-    position = self.first
-    while position < self.end:
-      owner = self._pool.cell_of(self.partition)
-      if owner is pool_lib.LOCAL:
-        for _, batch in self._numbered(position, on_cell=False):
-          yield batch
-        return
-      name, cell = owner
-      fetch = _Fetch(lambda p=position: self._numbered(p, on_cell=True),
-                     cell.address,
-                     f'p{self.partition}-at{position}-{next(_job_ids)}')
-      self._fetches.add(fetch)
+  def _put(self, number, batch) -> tf.Tensor:
+    """Queues an element; its number."""
+    flat = tf.nest.flatten(batch, expand_composites=True)
+    with tf.control_dependencies([self._queue.enqueue([number] + flat)]):
+      return tf.identity(number)
 
-      def gone(name=name, cell=cell):
-        if self._pool.is_lost(name):
-          return 'another partition found it lost'
-        return cell.gone()
+  def _supervise(self) -> None:
+    try:
+      while self._expected < self.end and not self._closed.is_set():
+        owner = self._pool.cell_of(self.partition)
+        if owner is pool_lib.LOCAL:
+          break
+        self._serve_from(*owner)
+    except Exception as error:  # pylint: disable=broad-except
+      # The local reader takes over; what failed is in the record.
+      self._pool.read_locally(self.partition, self._expected,
+                              f'{type(error).__name__}: {str(error)[:300]}')
+    if self._closed.is_set():
+      return
+    last = _END
+    if self._expected < self.end:
+      self._local_from, last = self._expected, _HAND_OVER
+    try:
+      self._queue.enqueue([tf.constant(last, tf.int64)] + [
+          tf.zeros([0] * (c.shape.rank or 0), c.dtype)
+          for c in self._components])
+    except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
+      pass  # Closed before its consumer came this far.
 
-      timeout_s = max(self._lost_after_s, FIRST_ELEMENT_S)
-      try:
-        while position < self.end:
-          number, batch = fetch.get(timeout_s, gone)
-          timeout_s = self._lost_after_s
-          if int(number) < position:
-            self.replays_dropped += 1
-            continue
-          if int(number) > position:
-            raise CellLost(f'it skipped from batch {position} to {number}')
-          position += 1
-          yield batch
-      except CellLost as lost:
-        self._pool.lost(name, str(lost), self.partition, position)
-      finally:
-        fetch.close()
-        self._fetches.discard(fetch)
+  def _serve_from(self, name: str, cell) -> None:
+    """Feeds the queue from `cell` until the stream is whole or closed, or
+    the cell is lost."""
+    position = self._expected
+    pump = _Pump(lambda: _from_cell(self._numbered(position), cell.address,
+                                    f'p{self.partition}-at{position}-'
+                                    f'{next(_job_ids)}', self._compress),
+                 position, self._put, f'{self.partition}-{position}')
+    self._pump = pump
+    timeout_s, empty_since, seen = (max(self._lost_after_s, FIRST_ELEMENT_S),
+                                    None, pump.progressed_at)
+    try:
+      while not self._closed.wait(_CHECK_S):
+        if pump.finished:
+          return
+        why = None
+        if pump.error is not None:
+          why = f'{type(pump.error).__name__}: {str(pump.error)[:300]}'
+        elif self._pool.is_lost(name):
+          why = 'another partition found it lost'
+        else:
+          why = cell.gone()
+        now = time.monotonic()
+        if not why:
+          if pump.progressed_at != seen or int(self._queue.size()):
+            seen, empty_since = pump.progressed_at, None
+            if pump.expected > position:
+              timeout_s = self._lost_after_s
+          elif empty_since is None:
+            empty_since = now
+          elif now - empty_since > timeout_s:
+            why = f'no element for {timeout_s:g} s'
+        if why:
+          pump.close()
+          self._expected = pump.expected
+          self._pool.lost(name, why, self.partition, self._expected)
+          return
+    finally:
+      pump.close()
+      self._expected = max(self._expected, pump.expected)
+      self._replays_dropped += pump.replays_dropped
+      self._pump = None
 
   def close(self) -> None:
-    """Ends the fetches of a stream its consumer left unfinished."""
-    for fetch in list(self._fetches):
-      fetch.close()
+    """Ends the stream's pump and thread; a consumer still reading fails."""
+    self._closed.set()
+    self._thread.join(timeout=4 * _CHECK_S)
+    self._queue.close(cancel_pending_enqueues=True)

@@ -148,5 +148,7 @@ def test_offload_config_names_bad_values():
     OffloadConfig(launcher='k8s').validate()
   with pytest.raises(ValueError, match='offload.lost_after_s=inf'):
     OffloadConfig(lost_after_s=float('inf')).validate()
+  with pytest.raises(ValueError, match="offload.compress='yes' must be"):
+    OffloadConfig(compress='yes').validate()
   assert OffloadConfig(cells='auto').validate().enabled
   assert not OffloadConfig().validate().enabled
