@@ -258,9 +258,11 @@ def _service_client_alone(address: str, dataset, job_name: str
   tf.data service client alone, without the offload's pump and queue."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   service = f'grpc://{address}'
+  # Uncompressed, as a served stream (OffloadConfig.compress off) sends.
   return tf.data.experimental.service.from_dataset_id(
       tf.data.experimental.service.ShardingPolicy.OFF, service,
-      tf.data.experimental.service.register_dataset(service, dataset),
+      tf.data.experimental.service.register_dataset(service, dataset,
+                                                    compression=None),
       dataset.element_spec, job_name=job_name)
 
 

@@ -4,13 +4,15 @@ The cell runs the pipeline the local reader would (`local_stream`), built
 at the stream's position and numbered from it. A pump thread moves its
 elements into a queue the consumer's own tf.data pipeline dequeues from, so
 the hand-over costs the consumer no Python. An element carries its batch's
-position: one already queued (a job a restarted worker replays from its
-start) is dropped, not trained twice. A cell that leaves the queue empty for
-`lost_after_s`, or that is gone (`gone()` says why: its process exited, its
-actor died or does not answer), is lost: its pump is cancelled (a tf.data
-service consumer whose producer died would otherwise retry forever) and the
-stream goes on from the same position on the cell the pool moves it to. With
-no cell left, the consumer reads the rest from the local reader itself.
+position, and the consumer takes each position once, in order: a replay (a
+job a restarted worker replays from its start) or a position queued again
+after a move is dropped, not trained twice. A cell that leaves the queue
+empty for `lost_after_s`, or that is gone (`gone()` says why: its process
+exited, its actor died or does not answer), is lost: its pump is cancelled
+(a tf.data service consumer whose producer died would otherwise retry
+forever) and the stream goes on from the same position on the cell the pool
+moves it to. With no cell left, the consumer reads the rest from the local
+reader itself.
 """
 
 import itertools
@@ -276,8 +278,7 @@ class ServedStream:
             why = f'no element for {timeout_s:g} s'
         if why:
           pump.close()
-          self._expected = pump.expected
-          self._pool.lost(name, why, self.partition, self._expected)
+          self._pool.lost(name, why, self.partition, pump.expected)
           return
     finally:
       pump.close()
