@@ -41,10 +41,6 @@ _QUEUE_AHEAD = 2
 # queue no one feeds would block, and its iterator's release with it.
 _END = -2
 _HAND_OVER = -3
-# Elements a pump queues between its reports to Python: the queue is fed
-# in the graph, so what the pump knows may lag (a move then queues a few
-# positions again, which the consumer drops).
-_PUMP_REPORTS = 8
 _job_ids = itertools.count()
 
 
@@ -72,18 +68,18 @@ class _Pump:
 
   def _run(self, source, put):
     try:
-      iterator = iter(source().map(put).batch(_PUMP_REPORTS))
+      iterator = iter(source().map(put))
       while not self._closed.is_set():
-        for number in self._next(iterator).numpy().tolist():
-          # The consumer takes only the position it expects: a replay is
-          # dropped there, and so is a gap, whose cell this pump loses.
-          if number < self.expected:
-            self.replays_dropped += 1
-          elif number > self.expected:
-            raise CellLost(f'it skipped from batch {self.expected} to '
-                           f'{number}')
-          else:
-            self.expected = number + 1
+        number = int(self._next(iterator))
+        # The consumer takes only the position it expects: a replay is
+        # dropped there, and so is a gap, whose cell this pump loses.
+        if number < self.expected:
+          self.replays_dropped += 1
+        elif number > self.expected:
+          raise CellLost(f'it skipped from batch {self.expected} to '
+                         f'{number}')
+        else:
+          self.expected = number + 1
         self.progressed_at = time.monotonic()
     except tf.errors.OutOfRangeError:
       self.finished = True
@@ -105,7 +101,7 @@ class _Pump:
     # pylint: disable=protected-access
     return execute.execute_with_cancellation(
         'IteratorGetNext', 1, [iterator._iterator_resource],
-        ('output_types', [tf.int64], 'output_shapes', [[None]]),
+        ('output_types', [tf.int64], 'output_shapes', [[]]),
         context.context(), self._cancel)[0]
 
   def close(self) -> None:

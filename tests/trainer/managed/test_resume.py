@@ -210,7 +210,8 @@ def test_with_a_cell_in_the_loop_a_kill_and_a_lost_cell_change_nothing(
       'started', 'lost', 'started', 'moved']
   assert offload['lost'] == {'cell-0': 'its process is gone (exit -9)'}
   assert offload['partitions'] == {'0': 'cell-1'}
-  # It moved at the position the trainer reached.
+  # It moved on from the position its pump had queued, ahead of the step
+  # the trainer had reached: not from the stream's start.
   assert offload['events'][1]['position'] > 9
 
 
