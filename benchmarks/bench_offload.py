@@ -252,20 +252,6 @@ def _drain(dataset, elements: int, warmup: int, rows: int
           'rows_per_s': (elements - warmup) * rows / wall}
 
 
-def _service_client_alone(address: str, dataset, job_name: str
-                         ):
-  """`dataset` registered with the cell at `address`, read directly: the
-  tf.data service client alone, without the offload's pump and queue."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  service = f'grpc://{address}'
-  # Uncompressed, as a served stream (OffloadConfig.compress off) sends.
-  return tf.data.experimental.service.from_dataset_id(
-      tf.data.experimental.service.ShardingPolicy.OFF, service,
-      tf.data.experimental.service.register_dataset(service, dataset,
-                                                    compression=None),
-      dataset.element_spec, job_name=job_name)
-
-
 def _medians(pulls: List[Dict[str, float]]) -> Dict[str, float]:
   return {key: statistics.median(p[key] for p in pulls)
           for key in ('cpu_ms', 'wall_ms', 'rows_per_s')}
@@ -285,6 +271,7 @@ def measure_costs(inputs: Dict[str, str], rounds: int) -> Dict[str, Any]:
   from components.data.config import InputPipelineConfig
   from components.data.data_order import DataOrder
   from components.offload import served
+  from components.offload import stream
   from components.offload.config import OffloadConfig
   from components.trainer.managed import datasets
   from pipelines import taxi_module
@@ -322,15 +309,18 @@ def measure_costs(inputs: Dict[str, str], rounds: int) -> Dict[str, Any]:
           'served': lambda: dataset(offload.serve)}
       if batch == BATCH:
         _, cell = offload.pool.cell_of(0)
-        streams['client_alone'] = lambda: _service_client_alone(
-            cell.address, ordered_pipeline.partition_batches(
+        # The cell's dataset read directly: the tf.data service client
+        # alone, without the offload's pump and queue.
+        streams['client_alone'] = lambda: stream.from_cell(
+            ordered_pipeline.partition_batches(
                 order, files, 0, 0, batches, parser, config,
                 config.read_compression()).enumerate(),
-            f'direct-{time.time_ns()}')
+            cell.address, f'direct-{time.time_ns()}')
       pulls = {name: [] for name in streams}
       for round_index in range(rounds):
-        for name, stream in streams.items():
-          pulls[name].append(_drain(stream(), batches, batches // 5, batch))
+        for name, make_stream in streams.items():
+          pulls[name].append(_drain(make_stream(), batches, batches // 5,
+                                    batch))
         print(f'[bench_offload] batch {batch} round {round_index}: CPU ms '
               'a batch: ' + ', '.join(
                   f'{name} {p[-1]["cpu_ms"]:.3f}'

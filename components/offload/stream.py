@@ -48,6 +48,11 @@ class CellLost(Exception):
   """The cell stopped producing; `str()` says how."""
 
 
+def _described(error: Exception) -> str:
+  """`error` as the record keeps it."""
+  return f'{type(error).__name__}: {str(error)[:300]}'
+
+
 class _Pump:
   """Moves `source()`'s numbered elements from `expected` on into `put`'s
   queue, in a thread; `close` cancels its blocked read of a cell."""
@@ -113,9 +118,10 @@ class _Pump:
     self.stopped.wait(timeout=2 * _CHECK_S)
 
 
-def _from_cell(dataset: tf.data.Dataset, address: str, job_name: str,
+def from_cell(dataset: tf.data.Dataset, address: str, job_name: str,
                compress: bool = False) -> tf.data.Dataset:
-  """`dataset` produced by the cell at `address`, as one job."""
+  """`dataset` produced by the cell at `address`, as one job (sent
+  uncompressed unless `compress`)."""
   service = f'grpc://{address}'
   dataset_id = tf.data.experimental.service.register_dataset(
       service, dataset, compression='AUTO' if compress else None)
@@ -227,7 +233,7 @@ class ServedStream:
     except Exception as error:  # pylint: disable=broad-except
       # The local reader takes over; what failed is in the record.
       self._pool.read_locally(self.partition, self._expected,
-                              f'{type(error).__name__}: {str(error)[:300]}')
+                              _described(error))
     if self._closed.is_set():
       return
     last = _END
@@ -244,7 +250,7 @@ class ServedStream:
     """Feeds the queue from `cell` until the stream is whole or closed, or
     the cell is lost."""
     position = self._expected
-    pump = _Pump(lambda: _from_cell(self._numbered(position), cell.address,
+    pump = _Pump(lambda: from_cell(self._numbered(position), cell.address,
                                     f'p{self.partition}-at{position}-'
                                     f'{next(_job_ids)}', self._compress),
                  position, self._put, f'{self.partition}-{position}')
@@ -257,7 +263,7 @@ class ServedStream:
           return
         why = None
         if pump.error is not None:
-          why = f'{type(pump.error).__name__}: {str(pump.error)[:300]}'
+          why = _described(pump.error)
         elif self._pool.is_lost(name):
           why = 'another partition found it lost'
         else:

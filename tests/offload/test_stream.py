@@ -25,7 +25,7 @@ def test_closing_a_blocked_pump_leaves_other_threads_functions_alone():
         return tf.identity(number)
 
     pump = stream._Pump(  # pylint: disable=protected-access
-        lambda: stream._from_cell(  # pylint: disable=protected-access
+        lambda: stream.from_cell(
             tf.data.Dataset.range(10**9).enumerate(), cell.address,
             'stopped'), 0, put, 'stopped')
     assert int(queue.dequeue()) == 0  # The cell served.
