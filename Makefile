@@ -1,25 +1,67 @@
 # tfx-hpm: `make run` runs the taxi pipeline, `make test` runs the tests.
-# Both create .venv (Python 3.10) and install the pinned lock first.
+# Two TFX lanes, each with its own lock and venv: TFX=1.16 (Python 3.10,
+# requirements-tfx1.16.lock, .venv-1.16) and TFX=1.21 (Python 3.11, glibc >=
+# 2.38, requirements-tfx1.21.lock, .venv-1.21). Without TFX=, the newest lane
+# this machine can run natively. TFX=1.21 on an older C library runs each
+# target inside a Debian 13 root (.ci/debian13_root.sh, root only).
 
 SHELL := /bin/bash
-VENV := .venv
-VPY := $(VENV)/bin/python
 export TF_USE_LEGACY_KERAS := 1
 export PYTHONUNBUFFERED := 1
 # Silence TF's C++ info logs; Python progress logging stays on.
 export TF_CPP_MIN_LOG_LEVEL ?= 1
 
-# The 3.10 interpreter: PYTHON=..., a working python3.10, or pyenv's 3.10
+# The C library decides which lanes run natively: TFX 1.21's ml-metadata and
+# tensorflow-data-validation wheels need glibc >= 2.38.
+GLIBC := $(shell getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $$2}')
+GLIBC_FOR_121 := 2.38
+GLIBC_NEW := $(shell [ "$$(printf '%s\n%s\n' '$(GLIBC_FOR_121)' '$(GLIBC)' | sort -V | head -1)" = '$(GLIBC_FOR_121)' ] && echo yes)
+
+# A lane's interpreter: PYTHON=..., a working python3.X, or pyenv's 3.X
 # (through the pyenv command, or its versions folder when pyenv is not on PATH).
-PYTHON ?= $(shell \
-  if python3.10 -c 'import sys' >/dev/null 2>&1; then command -v python3.10; \
+find_python = $(shell \
+  if python$(1) -c 'import sys' >/dev/null 2>&1; then command -v python$(1); \
   elif command -v pyenv >/dev/null 2>&1 && \
-       PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.10(\.|$$)' | tail -1) \
-       pyenv which python3.10 >/dev/null 2>&1; then \
-    PYENV_VERSION=$$(pyenv versions --bare | grep -E '^3\.10(\.|$$)' | tail -1) pyenv which python3.10; \
+       PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep -E '^$(subst .,\.,$(1))(\.|$$)' | tail -1) \
+       pyenv which python$(1) >/dev/null 2>&1; then \
+    PYENV_VERSION=$$(pyenv versions --bare | grep -E '^$(subst .,\.,$(1))(\.|$$)' | tail -1) pyenv which python$(1); \
   else \
-    ls -1 "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.10*/bin/python3.10 2>/dev/null | tail -1; \
+    ls -1 "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/$(1)*/bin/python$(1) 2>/dev/null | tail -1; \
   fi)
+
+ifeq ($(origin TFX),undefined)
+  ifeq ($(GLIBC_NEW),yes)
+    ifneq ($(call find_python,3.11),)
+      TFX := 1.21
+      LANE_WHY := the newest lane; glibc $(GLIBC) and Python 3.11 run it natively
+    else
+      TFX := 1.16
+      LANE_WHY := no Python 3.11 found for TFX 1.21 (PYTHON=... with TFX=1.21 to choose it)
+    endif
+  else
+    TFX := 1.16
+    LANE_WHY := glibc $(GLIBC) is older than the $(GLIBC_FOR_121) TFX 1.21 needs; TFX=1.21 runs it in a Debian 13 root
+  endif
+else
+  LANE_WHY := chosen by TFX=$(TFX)
+endif
+ifeq ($(TFX),1.21)
+  PYVER := 3.11
+  OTHER_TFX := 1.16
+else ifeq ($(TFX),1.16)
+  PYVER := 3.10
+  OTHER_TFX := 1.21
+else
+  $(error TFX=$(TFX) is not a lane: TFX=1.16 or TFX=1.21)
+endif
+LOCK := requirements-tfx$(TFX).lock
+VENV := .venv-$(TFX)
+VPY := $(VENV)/bin/python
+PYTHON ?= $(call find_python,$(PYVER))
+# TFX 1.21 on an older C library: each lane target runs in the Debian 13 root.
+DEBIAN13_ROOT ?= /var/cache/tfx-hpm/debian13
+IN_ROOT := $(if $(and $(filter 1.21,$(TFX)),$(if $(GLIBC_NEW),,yes)),yes)
+ROOT_RUN = PYTHON="$(PYTHON)" .ci/debian13_root.sh run $(DEBIAN13_ROOT)
 
 RUN_ARGS ?=
 PYTEST_ARGS ?=
@@ -31,38 +73,49 @@ CONTAINER_TOOL ?= $(shell \
   elif command -v podman >/dev/null 2>&1; then echo podman; \
   elif command -v docker >/dev/null 2>&1; then echo docker; fi)
 IMAGE_CONTEXT := build/image-context
+# The lane's image: its Python, a base whose C library its wheels need, its
+# lock and the apache-beam version of that lock (the SDK harness).
+IMAGE_BASE_1.16 := python:3.10-slim
+IMAGE_BASE_1.21 := python:3.11-slim-trixie
+IMAGE_BUILD_ARGS = --build-arg PYTHON_VERSION=$(PYVER) \
+  --build-arg BASE_IMAGE=$(IMAGE_BASE_$(TFX)) --build-arg LOCK=$(LOCK) \
+  --build-arg BEAM_VERSION=$$(grep '^apache-beam==' $(LOCK) | cut -d= -f3)
 
-.PHONY: help venv run run-stock lint test test-all test-conformance ci test-fast test-slow bench kubeflow image notebook clean
+.PHONY: help lane root ci-other-lane venv run run-stock lint test test-all test-conformance ci test-fast test-slow bench kubeflow image notebook clean
 
 help:
+	@echo "TFX=$(TFX) ($(LANE_WHY)); TFX=1.16|1.21 chooses the lane"
 	@echo "make run        # full Chicago taxi pipeline with tfx-hpm components (LocalDagRunner)"
 	@echo "make run-stock  # the same pipeline with the stock Transform and Trainer"
 	@echo "make lint       # ruff (.ruff.toml) and the import contracts (.importlinter)"
 	@echo "make test       # the core test suite (at most 20 min on 2 cores)"
 	@echo "make test-all   # core and extended tests in one session (at most 40 min)"
 	@echo "make test-conformance  # TFX's own executor tests on ours (about 21 min, two workers)"
-	@echo "make ci         # what CI runs: lint, test-all, then test-conformance without conformance_repeat"
+	@echo "make ci         # what CI runs on this lane: lint, test-all, then test-conformance without conformance_repeat"
+	@echo "make ci-other-lane  # what CI runs on the other lane (TFX=$(OTHER_TFX)): test, then test-conformance"
 	@echo "make test-fast  # tests without end-to-end pipeline runs and clusters"
 	@echo "make bench      # side-by-side benchmarks -> benchmarks/results/"
 	@echo "make kubeflow   # compile the pipeline for Kubeflow Pipelines (v2 JSON)"
 	@echo "make notebook   # Jupyter on notebooks/ with the project venv (TF_USE_LEGACY_KERAS=1)"
-	@echo "make image      # build the pipeline image IMAGE=$(IMAGE) (docker or podman)"
+	@echo "make image      # build the lane's pipeline image IMAGE=$(IMAGE) (docker or podman)"
+	@echo "make root       # build the Debian 13 root the TFX 1.21 lane runs in on glibc < 2.38"
 
 # setuptools and wheel first (the lock's sdists build with them), then the
 # rest of the lock in two pip processes at once (pip is single-threaded);
 # --no-deps, as the lock pins everything.
 PIP_INSTALL := $(VPY) -m pip install --quiet --no-deps --disable-pip-version-check
 
-$(VENV)/.installed: requirements.lock setup.py
+$(VENV)/.installed: $(LOCK) setup.py
 	@if [ -z "$(PYTHON)" ]; then \
-	  echo "error: no Python 3.10 found. Install it (e.g. 'pyenv install 3.10.13')" \
-	       "or pass PYTHON=/path/to/python3.10." >&2; exit 1; fi
-	@"$(PYTHON)" -c 'import sys; assert sys.version_info[:2] == (3, 10), sys.version' || \
-	  { echo "error: $(PYTHON) is not Python 3.10; TFX 1.16 needs 3.10." >&2; exit 1; }
-	@echo "Creating $(VENV) with $(PYTHON) and installing requirements.lock (about 3 min)..."
+	  echo "error: no Python $(PYVER) found for the TFX $(TFX) lane. Install it (e.g." \
+	       "'pyenv install $(PYVER)') or pass PYTHON=/path/to/python$(PYVER)." >&2; exit 1; fi
+	@"$(PYTHON)" -c 'import sys; assert sys.version_info[:2] == tuple(map(int, "$(PYVER)".split("."))), sys.version' || \
+	  { echo "error: $(PYTHON) is not Python $(PYVER); the TFX $(TFX) lane needs $(PYVER)." >&2; exit 1; }
+	@echo "Creating $(VENV) with $(PYTHON) and installing $(LOCK) (about 3 min)..."
+	rm -rf $(VENV)
 	"$(PYTHON)" -m venv $(VENV)
-	$(PIP_INSTALL) $$(grep -E '^(setuptools|wheel)==' requirements.lock)
-	grep -vE '^(#|setuptools==|wheel==|$$)' requirements.lock > $(VENV)/lock.txt
+	$(PIP_INSTALL) $$(grep -E '^(setuptools|wheel)==' $(LOCK))
+	grep -vE '^(#|setuptools==|wheel==|$$)' $(LOCK) > $(VENV)/lock.txt
 	awk 'NR % 2' $(VENV)/lock.txt > $(VENV)/lock-1.txt
 	awk '!(NR % 2)' $(VENV)/lock.txt > $(VENV)/lock-2.txt
 	@set -e; $(PIP_INSTALL) -r $(VENV)/lock-1.txt & first=$$!; \
@@ -70,7 +123,26 @@ $(VENV)/.installed: requirements.lock setup.py
 	$(PIP_INSTALL) --no-build-isolation -e .
 	@touch $@
 
-venv: $(VENV)/.installed
+# The targets that run in a lane's venv.
+LANE_TARGETS := venv run run-stock lint test test-all test-conformance ci \
+  test-fast test-slow bench kubeflow notebook
+
+lane:
+	@echo "tfx-hpm: TFX $(TFX) lane ($(LANE_WHY))."
+
+# The Debian 13 root, built once outside the clone and reused (rebuilt when
+# missing or stale).
+root:
+	@PYTHON="$(PYTHON)" .ci/debian13_root.sh build $(DEBIAN13_ROOT)
+
+ifeq ($(IN_ROOT),yes)
+# Each lane target runs again inside the root, where the C library is new
+# enough; the variables given on the command line go along (MAKEFLAGS).
+$(LANE_TARGETS): lane root
+	@echo "tfx-hpm: running 'make $@' in the Debian 13 root $(DEBIAN13_ROOT)."
+	$(ROOT_RUN) $(MAKE) --no-print-directory $@ TFX=$(TFX) PYTHON="$(PYTHON)"
+else
+venv: lane $(VENV)/.installed
 
 run: venv
 	$(VPY) -m pipelines.local_runner $(RUN_ARGS)
@@ -82,7 +154,7 @@ run-stock: venv
 # time. It runs the core and extended sets in one session (core first within
 # each file), so shared fixtures (Ray cluster, baselines, pipeline upstream)
 # are built once.
-TEST_RESULTS := outputs/test-results
+TEST_RESULTS := outputs/test-results/tfx$(TFX)
 # Two test processes (pytest-xdist), each file's tests in one of them so its
 # module fixtures are built once: most tests leave half of the 2 cores idle
 # (Python-bound Beam runs, process start-ups). TEST_WORKERS=0 runs serially.
@@ -117,8 +189,9 @@ test-conformance: venv
 	$(VPY) -m tests.support.timing_report $(TEST_RESULTS)/conformance.xml; \
 	exit $$status
 
-# What CI runs (.ci/run): the lint gate, the whole suite, then the
-# conformance tests but the `conformance_repeat` ones (the 90-minute limit).
+# What CI runs (.ci/run) on the native lane: the lint gate, the whole suite,
+# then the conformance tests but the `conformance_repeat` ones (the 90-minute
+# limit).
 ci: lint test-all
 	$(MAKE) test-conformance CONFORMANCE="conformance and not conformance_repeat"
 
@@ -134,6 +207,18 @@ bench: venv
 kubeflow: venv
 	$(VPY) -m kubeflow.runner --output outputs/kubeflow/taxi_hpm_pipeline.json
 
+# The kernel is the venv's python3 and inherits TF_USE_LEGACY_KERAS=1 from here.
+NOTEBOOK_ARGS ?=
+notebook: venv
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(NOTEBOOK_ARGS)
+endif
+
+# What CI runs (.ci/run) on the other lane: its core set, and its TFX
+# version's own Trainer and Transform tests on ours.
+ci-other-lane:
+	$(MAKE) test test-conformance TFX=$(OTHER_TFX) \
+	  CONFORMANCE="conformance and not conformance_repeat"
+
 # Only what the image needs goes into the build context (no .venv, outputs).
 image:
 	@if [ -z "$(CONTAINER_TOOL)" ]; then \
@@ -143,13 +228,8 @@ image:
 	       "fails): start it, or install podman (CONTAINER_TOOL=podman)." >&2; exit 1; fi
 	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)
 	tar --exclude=__pycache__ --exclude='*.pyc' --exclude=benchmarks/results -cf - \
-	  requirements.lock setup.py components pipelines kubeflow benchmarks | tar -xf - -C $(IMAGE_CONTEXT)
-	$(CONTAINER_TOOL) build -f kubeflow/Dockerfile -t $(IMAGE) $(IMAGE_CONTEXT)
-
-# The kernel is the venv's python3 and inherits TF_USE_LEGACY_KERAS=1 from here.
-NOTEBOOK_ARGS ?=
-notebook: venv
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(NOTEBOOK_ARGS)
+	  $(LOCK) setup.py components pipelines kubeflow benchmarks | tar -xf - -C $(IMAGE_CONTEXT)
+	$(CONTAINER_TOOL) build -f kubeflow/Dockerfile $(IMAGE_BUILD_ARGS) -t $(IMAGE) $(IMAGE_CONTEXT)
 
 clean:
 	rm -rf outputs

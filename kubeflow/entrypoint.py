@@ -155,7 +155,8 @@ def check_outputs_writable(executor_input_json: str,
 def main(argv: Optional[List[str]] = None) -> None:
   from components import patches  # pylint: disable=g-import-not-at-top
   args = repair_argv(sys.argv[1:] if argv is None else argv)
-  with patches.installed(patches.ARTIFACT_TYPES_BY_TITLE):
+  with patches.installed(patches.ARTIFACT_TYPES_BY_TITLE,
+                         patches.DIRECT_RUNNER_IN_PROCESS):
     invocation = _flag_text(args, INVOCATION_FLAG)
     if invocation is not None:
       check_outputs_writable(invocation)

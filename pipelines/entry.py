@@ -31,9 +31,12 @@ def main(prog: str, description: str, make_runner: Callable[[], Any],
   report, _ = console.configure(log_file, verbose=args.verbose)
   _LOGGER.info('Full log (TFX, Beam, TensorFlow): %s', log_file)
   # pylint: disable=g-import-not-at-top
+  from components import patches
   from components import storage
   from pipelines import summary
   # pylint: enable=g-import-not-at-top
+  # Every Beam step of the run on the in-process DirectRunner, on both lanes.
+  patches.keep_installed(patches.DIRECT_RUNNER_IN_PROCESS)
 
   try:
     pipeline = cli.pipeline_from_args(args)

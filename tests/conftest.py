@@ -26,7 +26,12 @@ os.environ.update(gcs_emulator.environment(GCS_EMULATOR_PORT))
 import filelock  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
+from components import patches  # pylint: disable=g-import-not-at-top
 from pipelines import data  # pylint: disable=g-import-not-at-top
+
+# Beam steps in the test processes run as our entry points run them: on the
+# in-process DirectRunner, with no Prism download (Beam 2.78).
+patches.keep_installed(patches.DIRECT_RUNNER_IN_PROCESS)
 
 SAMPLE_ROWS = 2000
 

@@ -4,6 +4,7 @@ carries the image, entrypoint, resources, Beam args and checkpoint root."""
 import json
 import os
 import re
+import subprocess
 
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
@@ -14,6 +15,7 @@ from components.trainer import spec_keys as trainer_keys
 from kubeflow import compiler
 from kubeflow import resources
 from kubeflow import runner
+from tests.support import lanes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOCK_EXECUTORS = {
@@ -255,9 +257,14 @@ def test_dockerfile_installs_the_lock_the_package_and_the_data():
         '\n') if line.strip() and not line.strip().startswith('#')]
   instructions = [line.split(None, 1) for line in lines]
   froms = [args for op, args in instructions if op == 'FROM']
-  assert froms[-1].startswith('python:3.10-slim'), froms
+  assert froms[-1] == '${BASE_IMAGE}', froms
+  args = dict(arg.split('=', 1) for op, arg in instructions if op == 'ARG')
+  # The defaults are the TFX 1.16 lane's.
+  assert args['BASE_IMAGE'] == 'python:3.10-slim'
+  assert args['LOCK'] == 'requirements-tfx1.16.lock'
+  assert args['BEAM_VERSION'] == lanes.pins('1.16')['apache-beam']
   text = '\n'.join(lines)
-  lock = text.index('COPY requirements.lock')
+  lock = text.index('COPY ${LOCK} ./requirements.lock')
   deps = text.index('pip install --no-cache-dir --no-deps -r requirements.lock')
   package = text.index(
       'pip install --no-cache-dir --no-deps --no-build-isolation')
@@ -269,7 +276,23 @@ def test_dockerfile_installs_the_lock_the_package_and_the_data():
   for name in ('setup.py', 'components', 'pipelines', 'kubeflow',
                'benchmarks'):
     assert re.search(rf'^COPY .*\b{name}\b', text[:package], re.M), name
-  # The lock pins what the package needs at build time (no isolation).
-  with open(os.path.join(REPO, 'requirements.lock')) as f:
-    pins = {line.split('==')[0].lower() for line in f if '==' in line}
-  assert {'setuptools', 'wheel'} <= pins
+  # Each lock pins what the package needs at build time (no isolation).
+  for lane in lanes.LANES:
+    assert {'setuptools', 'wheel'} <= set(lanes.pins(lane))
+
+
+@pytest.mark.parametrize('lane, python, base', [
+    ('1.16', '3.10', 'python:3.10-slim'),
+    # The 1.21 wheels need glibc >= 2.38: Debian 13.
+    ('1.21', '3.11', 'python:3.11-slim-trixie')])
+def test_make_image_builds_each_lanes_image(lane, python, base):
+  """`make image TFX=...` passes the lane's Python, base, lock and Beam."""
+  proc = subprocess.run(
+      ['make', '-n', 'image', f'TFX={lane}', 'CONTAINER_TOOL=docker'],
+      capture_output=True, text=True, timeout=60, cwd=REPO, check=True)
+  [build] = [line for line in proc.stdout.splitlines()
+             if line.startswith('docker build')]
+  assert f'--build-arg PYTHON_VERSION={python}' in build
+  assert f'--build-arg BASE_IMAGE={base}' in build
+  assert f'--build-arg LOCK=requirements-tfx{lane}.lock' in build
+  assert f"grep '^apache-beam==' requirements-tfx{lane}.lock" in build

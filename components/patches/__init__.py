@@ -2,10 +2,12 @@
 
 tfx-hpm changes library behaviour where the libraries offer no public hook.
 Each change is a `Patch` below: the private symbols it relies on (with the
-parameters it calls or overrides them with) and the library version it was
-written for. `installed(*patches)` checks each one, failing with a
-`PatchError` that names the expected and the installed version when the
-library is another version or a symbol moved, and installs the swaps for the
+parameters it calls or overrides them with), checked against both supported
+ends, TFX 1.16 / TensorFlow 2.16 and TFX 1.21 / TensorFlow 2.21 (the minors
+between them share those symbols). `installed(*patches)` checks each one,
+failing with a `PatchError` that names the supported and the installed
+version when the library is outside that range or a symbol moved, and
+installs the swaps for the
 block, reference-counted across threads: the library's own object comes back
 when the last user leaves, not when the first one does.
 `tests/test_patches.py` checks every patch against the installed libraries.
@@ -22,12 +24,14 @@ import inspect
 import sys
 import threading
 import types
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-# The library versions (major.minor) every patch here was written against;
-# setup.py pins the same.
-EXPECTED_VERSIONS = {'tfx': '1.16', 'tensorflow': '2.16'}
-_LIBRARY_NAMES = {'tfx': 'TFX', 'tensorflow': 'TensorFlow'}
+# The library versions (major.minor) every patch here was written against,
+# oldest and newest; setup.py declares the same ranges and each end has a lock.
+SUPPORTED_VERSIONS = {'tfx': ('1.16', '1.21'), 'tensorflow': ('2.16', '2.21'),
+                      'apache_beam': ('2.60', '2.78')}
+_LIBRARY_NAMES = {'tfx': 'TFX', 'tensorflow': 'TensorFlow',
+                  'apache_beam': 'Beam'}
 
 
 class PatchError(RuntimeError):
@@ -37,10 +41,12 @@ class PatchError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Symbol:
-  """A library attribute a patch relies on: `module:attr[.attr...]`, and the
-  parameter names it is called or overridden with (None: not callable)."""
+  """A library attribute a patch relies on: `module:attr[.attr...]`, the
+  parameter names it is called or overridden with (None: not callable), and
+  the library version from which it is relied on (None: every version)."""
   path: str
   params: Optional[Tuple[str, ...]] = None
+  since: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +55,8 @@ class Patch:
 
   Attributes:
     name: what the patch is called in errors.
-    library: 'tfx' or 'tensorflow' (keys of EXPECTED_VERSIONS).
+    library: 'tfx', 'tensorflow' or 'apache_beam' (keys of
+      SUPPORTED_VERSIONS).
     why: one line, for the error message.
     symbols: the private symbols it relies on.
     install: swaps the library's object(s); returns the undo. None for
@@ -76,18 +83,35 @@ def installed_version(library: str) -> str:
   return str(getattr(importlib.import_module(library), '__version__', '?'))
 
 
+def _minor(version: str) -> Tuple[int, ...]:
+  """(major, minor) of a version string; () when it has none."""
+  try:
+    return tuple(int(part) for part in version.split('.')[:2])
+  except ValueError:
+    return ()
+
+
+def supports(library: str, version: str) -> bool:
+  """Whether `version` of `library` lies between the supported ends."""
+  oldest, newest = SUPPORTED_VERSIONS[library]
+  minor = _minor(version)
+  return bool(minor) and _minor(oldest) <= minor <= _minor(newest)
+
+
 def check(patch: Patch) -> None:
   """Raises PatchError unless `patch` fits the installed library."""
-  expected = EXPECTED_VERSIONS[patch.library]
+  oldest, newest = SUPPORTED_VERSIONS[patch.library]
   library = _LIBRARY_NAMES[patch.library]
   version = installed_version(patch.library)
   where = (f"tfx-hpm's patch {patch.name!r} ({patch.why}) was written for "
-           f'{library} {expected}')
-  if version.split('.')[:2] != expected.split('.'):
+           f'{library} {oldest} to {newest}')
+  if not supports(patch.library, version):
     raise PatchError(f'{where}; installed: {library} {version}. Install '
-                     f'{library} {expected}.x (setup.py pins it) or port the '
-                     'patch in components/patches.')
+                     f'{library} {oldest}.x to {newest}.x (setup.py declares '
+                     'the range) or port the patch in components/patches.')
   for symbol in patch.symbols:
+    if symbol.since and _minor(version) < _minor(symbol.since):
+      continue
     try:
       value = resolve(symbol.path)
     except (ImportError, AttributeError) as e:
@@ -106,6 +130,7 @@ def check(patch: Patch) -> None:
 _lock = threading.RLock()
 _users: Dict[str, int] = {}
 _undo: Dict[str, Callable[[], None]] = {}
+_kept: List[Any] = []
 
 
 def users(patch: Patch) -> int:
@@ -134,6 +159,15 @@ def installed(*patches: Patch) -> Iterator[None]:
         _users[patch.name] -= 1
         if not _users[patch.name]:
           _undo.pop(patch.name, lambda: None)()
+
+
+def keep_installed(*patches: Patch) -> None:
+  """Checks and installs `patches` for the rest of the process (entry
+  points: what they run, in this process, runs with them)."""
+  block = installed(*patches)
+  block.__enter__()  # pylint: disable=unnecessary-dunder-call
+  # Held, never left: a collected block would run its undo.
+  _kept.append(block)
 
 
 def _swap(path: str, replacement: Callable[[Any], Any]
@@ -188,8 +222,12 @@ UNZIPPED_WHEEL_INSTALLS = Patch(
 
 
 def _skip_autograph_for_tf_keras() -> Callable[[], None]:
-  """Prepends a do-not-convert rule for tf_keras; the undo removes it."""
+  """Prepends a do-not-convert rule for tf_keras unless TensorFlow has one
+  (2.21 does); the undo removes what it added."""
   config = resolve('tensorflow.python.autograph.core.config:')
+  if any(rule.matches('tf_keras.src.engine')
+         for rule in config.CONVERSION_RULES):
+    return lambda: None
   rule = resolve('tensorflow.python.autograph.core.config_lib:DoNotConvert')(
       'tf_keras')
   config.CONVERSION_RULES = (rule,) + tuple(config.CONVERSION_RULES)
@@ -204,7 +242,7 @@ def _skip_autograph_for_tf_keras() -> Callable[[], None]:
 # with TF_USE_LEGACY_KERAS every function tracing Keras code converts all of
 # tf_keras: about ten seconds per function on a small model instead of under
 # one. Keras converts user layers' `call` itself, so user code keeps
-# autograph.
+# autograph. TF 2.21's own rules skip tf_keras: there it adds nothing.
 AUTOGRAPH_SKIPS_TF_KERAS = Patch(
     'autograph_skips_tf_keras', 'tensorflow',
     'autograph leaves tf_keras alone, as it does keras',
@@ -270,6 +308,35 @@ ARTIFACT_TYPES_BY_TITLE = Patch(
             ('class_path',))),
     _artifact_type_module)
 
+def _direct_runner_in_process() -> Callable[[], None]:
+  """Marks the DirectRunner interactive, the one state in which it skips
+  Prism, where it would try Prism (Beam 2.78); the undo unmarks it."""
+  runner = resolve('apache_beam.runners.direct.direct_runner:'
+                   'SwitchingDirectRunner')
+  if not hasattr(runner, '_is_interactive'):
+    return lambda: None
+  stock = runner.__dict__['_is_interactive']
+  runner._is_interactive = True  # pylint: disable=protected-access
+  return lambda: setattr(runner, '_is_interactive', stock)
+
+
+# Beam 2.78's DirectRunner runs a pipeline on the Prism runner first, and
+# downloads Prism's binary from GitHub at run time when it has none: offline
+# (air-gapped clusters, CI) every Beam step tries the download, logs its
+# failure and only then falls back. Beam 2.60's runs FnApiRunner in process.
+# With this patch the DirectRunner does on both ends what it does on 2.60
+# (FnApiRunner where the pipeline allows, else the bundle-based runner), so
+# both lanes run the same runner and nothing is downloaded; a pipeline that
+# wants Prism names it (--runner=PrismRunner). `_is_interactive` is read only
+# by the DirectRunner's Prism check.
+DIRECT_RUNNER_IN_PROCESS = Patch(
+    'direct_runner_in_process', 'apache_beam',
+    "Beam's DirectRunner runs in process and downloads no Prism binary",
+    (Symbol('apache_beam.runners.direct.direct_runner:SwitchingDirectRunner'),
+     Symbol('apache_beam.runners.direct.direct_runner:'
+            'SwitchingDirectRunner._is_interactive', since='2.78')),
+    _direct_runner_in_process)
+
 ALL = (SHARDED_TRANSFORM_WRITES, TRANSFORM_EXECUTOR_HOOKS,
        UNZIPPED_WHEEL_INSTALLS, AUTOGRAPH_SKIPS_TF_KERAS, STOCK_FN_ARGS,
-       ARTIFACT_TYPES_BY_TITLE)
+       ARTIFACT_TYPES_BY_TITLE, DIRECT_RUNNER_IN_PROCESS)

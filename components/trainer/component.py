@@ -120,6 +120,7 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
       custom_config: Optional[Union[Dict[str, Any],
                                     data_types.RuntimeParameter]] = None,
       custom_executor_spec: Optional[executor_spec.ExecutorSpec] = None,
+      statistics: Optional[types.BaseChannel] = None,
       distribution: Optional[Union[Dict[str, Any],
                                    config_lib.DistributionConfig]] = None,
       fault_tolerance: Optional[Union[Dict[str, Any],
@@ -149,6 +150,10 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
       custom_config: Dict passed to the module (`fn_args.custom_config`).
       custom_executor_spec: Deprecated, as in the stock Trainer: replaces
         the executor (its class must accept our exec properties).
+      statistics: ExampleStatistics, as TFX 1.21's Trainer takes them (its
+        FnArgs then carry `num_examples` per split); TFX 1.16's Trainer has
+        no such input. By keyword: stock 1.21 lists it first, 1.16 not at
+        all, so positional arguments follow 1.16's order.
       distribution: DistributionConfig (or its dict).
       fault_tolerance: FaultToleranceConfig (or its dict).
       tuned_input_pipeline: TunedInputPipeline from OptimizedTransform.
@@ -175,6 +180,7 @@ class HighPerfTrainer(drop_in.StockExecutionType, base_component.BaseComponent):
     resolve.check_train_length(config.mode, _static_num_steps(train_args),
                                config.train_epochs)
     spec = HighPerfTrainerSpec(
+        **_statistics_input(statistics),
         examples=examples,
         transform_graph=transform_graph,
         schema=schema,
@@ -227,6 +233,19 @@ def _check_stock_arguments(module_file, run_fn, examples,
     if value:
       logging.warning('HighPerfTrainer: `%s` is deprecated, as in the '
                       'stock Trainer.', name)
+
+
+def _statistics_input(
+    statistics: Optional[types.BaseChannel]) -> Dict[str, types.BaseChannel]:
+  """The `statistics` spec argument where given; a clear error on a TFX whose
+  stock Trainer takes none (1.16)."""
+  if statistics is None:
+    return {}
+  if standard_component_specs.STATISTICS_KEY not in HighPerfTrainerSpec.INPUTS:
+    raise ValueError(
+        "statistics: the installed TFX's stock Trainer takes no statistics "
+        '(TFX 1.21 added the input); drop it or install TFX 1.21.')
+  return {standard_component_specs.STATISTICS_KEY: statistics}
 
 
 def _distribution_config(

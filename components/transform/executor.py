@@ -157,7 +157,8 @@ class Executor(transform_patches.TransformExecutorHooks):
         input_dict.get(standard_component_specs.EXAMPLES_KEY) or [], tuning)
     with transform_patches.sharded_writes(tuning.num_output_shards, shards), \
         patches.installed(patches.TRANSFORM_EXECUTOR_HOOKS,
-                          patches.UNZIPPED_WHEEL_INSTALLS):
+                          patches.UNZIPPED_WHEEL_INSTALLS,
+                          patches.DIRECT_RUNNER_IN_PROCESS):
       try:
         super().Do(
             input_dict, stock_outputs,

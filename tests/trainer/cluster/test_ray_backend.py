@@ -36,6 +36,7 @@ worker's partition served by a tf.data service cell (`offload`).
 """
 
 import dataclasses
+import importlib.metadata
 import json
 import os
 import random
@@ -56,6 +57,7 @@ from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
 from components.trainer.config import DistributionConfig
 from components.trainer.strategies import choice as strategy_lib
+from tests.support import lanes
 from tests.support import mlmd
 from tests.support import netns_hosts
 from tests.support import ray_cluster as ray_cluster_lib
@@ -161,12 +163,13 @@ def test_raycluster_manifest_runs_the_locked_ray_in_the_pipeline_image():
   import yaml  # pylint: disable=g-import-not-at-top
   with open(os.path.join(tt.REPO_ROOT, 'kubeflow', 'raycluster.yaml')) as f:
     manifest = yaml.safe_load(f)
-  with open(os.path.join(tt.REPO_ROOT, 'requirements.lock')) as f:
-    [locked] = [line.strip().split('==')[1] for line in f
-                if line.startswith('ray==')]
+  # The manifest runs the TFX 1.16 lane's image (its default), and the
+  # installed lane's Ray (what the test venv runs) is that lock's.
+  assert lanes.pins(lanes.installed())['ray'] == importlib.metadata.version(
+      'ray')
   assert manifest['apiVersion'] == 'ray.io/v1'
   assert manifest['kind'] == 'RayCluster'
-  assert manifest['spec']['rayVersion'] == locked
+  assert manifest['spec']['rayVersion'] == lanes.pins('1.16')['ray']
   groups = [manifest['spec']['headGroupSpec']] + manifest['spec'][
       'workerGroupSpecs']
   for group in groups:
