@@ -45,13 +45,16 @@ and gcp-storage-emulator 2026.7.19 disagree, `serve` adapts the emulator to
 what GCS does: a body sent with both Transfer-Encoding: chunked and
 Content-Length is read as chunked (it stored the chunk framing), an empty media
 upload is an empty object (it failed with a 500, retried forever), upload
-session URLs handed out inside a tunnel are https, and the front answers
-`Expect: 100-continue` (curl otherwise waits 1 s before every upload).
+session URLs handed out inside a tunnel are https, a bucket's
+`storageLayout` is answered (TensorFlow 2.21 asks it before renaming a
+directory), and the front answers `Expect: 100-continue` (curl otherwise waits
+1 s before every upload).
 """
 
 import argparse
 import contextlib
 import datetime
+import http
 import json
 import os
 import re
@@ -745,6 +748,27 @@ def serve(host: str, port: int, cert: str, key: str,
     return data
 
   emulator_server._read_data = read_data  # pylint: disable=protected-access
+
+  def storage_layout(request, response, storage, *args, **kwargs):
+    # TensorFlow 2.21's GCS filesystem asks a bucket's layout before a
+    # directory rename (a hierarchical-namespace bucket renames folders
+    # itself); GCS answers every bucket, the emulator 404s, which TF takes
+    # as a failed rename. A flat bucket, as the emulator's are.
+    del args, kwargs
+    name = request.params.get('bucket_name')
+    bucket = storage.buckets.get(name)
+    if not bucket:
+      response.status = http.HTTPStatus.NOT_FOUND
+      return
+    response.json({'kind': 'storage#storageLayout', 'bucket': name,
+                   'location': bucket.get('location', 'US'),
+                   'locationType': 'multi-region',
+                   'hierarchicalNamespace': {'enabled': False}})
+
+  emulator_server.HANDLERS = ((
+      rf'^{re.escape(emulator_server.settings.API_ENDPOINT)}/b/'
+      r'(?P<bucket_name>[-.\w]+)/storageLayout$',
+      {emulator_server.GET: storage_layout}),) + emulator_server.HANDLERS
 
   backend_socket = socket.socket()
   backend_socket.bind((host, 0))
