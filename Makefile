@@ -17,10 +17,12 @@ GLIBC := $(shell getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $$2}')
 GLIBC_FOR_121 := 2.38
 GLIBC_NEW := $(shell [ "$$(printf '%s\n%s\n' '$(GLIBC_FOR_121)' '$(GLIBC)' | sort -V | head -1)" = '$(GLIBC_FOR_121)' ] && echo yes)
 
-# A lane's interpreter: PYTHON=..., a working python3.X, or pyenv's 3.X
-# (through the pyenv command, or its versions folder when pyenv is not on PATH).
+# A lane's interpreter: PYTHON=..., a working python3.X (the interpreter
+# itself, not a pyenv shim: the Debian 13 root binds its folder in), or
+# pyenv's 3.X (through the pyenv command, or its versions folder when pyenv is
+# not on PATH).
 find_python = $(shell \
-  if python$(1) -c 'import sys' >/dev/null 2>&1; then command -v python$(1); \
+  if python$(1) -c 'import sys' >/dev/null 2>&1; then python$(1) -c 'import sys; print(sys.executable)'; \
   elif command -v pyenv >/dev/null 2>&1 && \
        PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep -E '^$(subst .,\.,$(1))(\.|$$)' | tail -1) \
        pyenv which python$(1) >/dev/null 2>&1; then \
@@ -81,7 +83,7 @@ IMAGE_BUILD_ARGS = --build-arg PYTHON_VERSION=$(PYVER) \
   --build-arg BASE_IMAGE=$(IMAGE_BASE_$(TFX)) --build-arg LOCK=$(LOCK) \
   --build-arg BEAM_VERSION=$$(grep '^apache-beam==' $(LOCK) | cut -d= -f3)
 
-.PHONY: help lane root ci-other-lane venv run run-stock lint test test-all test-conformance ci test-fast test-slow bench kubeflow image notebook clean
+.PHONY: help lane root ci-other-lane print-other-lane venv run run-stock lint test test-all test-conformance ci test-fast test-slow bench kubeflow image notebook clean
 
 help:
 	@echo "TFX=$(TFX) ($(LANE_WHY)); TFX=1.16|1.21 chooses the lane"
@@ -212,6 +214,9 @@ NOTEBOOK_ARGS ?=
 notebook: venv
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks $(NOTEBOOK_ARGS)
 endif
+
+print-other-lane:
+	@echo $(OTHER_TFX)
 
 # What CI runs (.ci/run) on the other lane: its core set, and its TFX
 # version's own Trainer and Transform tests on ours.

@@ -20,6 +20,13 @@ own input definitions, which TFX passes as --json_serialized_inputs_spec_args
 type is empty gets it from there. Artifacts that arrive typed (Vertex AI
 Pipelines) are left as they are.
 
+And one removal: KFP backends since 2.1x (2.16.1 here, `publish_logs` on by
+default) add an output `executor-logs` of type `system.Artifact` to every
+container task (driver.go provisionOutputs; the launcher copies the task's
+log into it itself). It is not the component's, and TFX imports every output's
+class by its schema title: `system.Artifact` does not import, so every task
+would fail. It is dropped from what TFX gets; the launcher still records it.
+
 And one registration: TFX's entrypoint imports a custom artifact class by its
 schema title, `<module>.<Class>`. tfx-hpm's types are named
 `tfx_hpm.TunedInputPipeline` and `tfx_hpm.PartitionPlan` but live in
@@ -51,6 +58,8 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 TFX_ENTRYPOINT = (
     'tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor')
 INVOCATION_FLAG = '--json_serialized_invocation_args'
+# The backend's own log output (KFP backend 2.1x's publish_logs).
+EXECUTOR_LOGS_OUTPUT = 'executor-logs'
 INPUTS_SPEC_FLAG = '--json_serialized_inputs_spec_args'
 # TF's GCS client retries a missing bucket's 404 without end: the probe of
 # an output that does not answer in this time fails.
@@ -64,7 +73,8 @@ def _has_schema(artifact_type: pipeline_spec_pb2.ArtifactTypeSchema) -> bool:
 
 def repair_executor_input(executor_input_json: str,
                           inputs_spec_json: Optional[str]) -> str:
-  """The ExecutorInput JSON with every untyped input artifact typed.
+  """The ExecutorInput JSON with every untyped input artifact typed and the
+  backend's executor-logs output dropped.
 
   Raises:
     ValueError: an input artifact has no type and no inputs spec names it.
@@ -87,6 +97,12 @@ def repair_executor_input(executor_input_json: str,
             'KubeflowV2DagRunnerConfig(use_pipeline_spec_2_1=True).')
       artifact.type.CopyFrom(spec.artifacts[name].artifact_type)
       changed = True
+  logs = executor_input.outputs.artifacts.get(EXECUTOR_LOGS_OUTPUT)
+  if logs is not None and all(
+      artifact.type.schema_title == 'system.Artifact'
+      for artifact in logs.artifacts):
+    del executor_input.outputs.artifacts[EXECUTOR_LOGS_OUTPUT]
+    changed = True
   if not changed:
     return executor_input_json
   return json_format.MessageToJson(executor_input)

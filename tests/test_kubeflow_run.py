@@ -86,6 +86,28 @@ def test_entrypoint_leaves_typed_artifacts_and_needs_the_inputs_spec():
     entrypoint.repair_executor_input(_oss_executor_input(), None)
 
 
+def test_the_backends_executor_logs_output_breaks_tfx_and_ours_drops_it():
+  """KFP backend 2.16 adds `executor-logs` (system.Artifact) to every
+  container task's outputs; TFX cannot import that class."""
+  from tfx.orchestration.kubeflow.v2.container import (  # pylint: disable=g-import-not-at-top
+      kubeflow_v2_entrypoint_utils as utils)
+  executor_input = json.loads(_oss_executor_input())
+  executor_input['outputs']['artifacts'] = {
+      'model': {'artifacts': [{'name': 'model', 'uri': 'gs://b/t/u/model',
+                               'type': {'schemaTitle': 'tfx.Model'}}]},
+      'executor-logs': {'artifacts': [{
+          'name': 'executor-logs', 'uri': 'gs://b/t/u/executor-logs-0',
+          'type': {'schemaTitle': 'system.Artifact'}}]}}
+  raw = json_format.Parse(json.dumps(executor_input), pb.ExecutorInput())
+  with pytest.raises(ImportError, match='system.Artifact'):
+    utils.parse_raw_artifact_dict(raw.outputs.artifacts)
+  repaired = json_format.Parse(entrypoint.repair_executor_input(
+      json.dumps(executor_input), _inputs_spec()), pb.ExecutorInput())
+  outputs = utils.parse_raw_artifact_dict(repaired.outputs.artifacts)
+  assert list(outputs) == ['model']
+  assert type(outputs['model'][0]).__name__ == 'Model'
+
+
 def test_entrypoint_repairs_both_flag_forms():
   argv = ['--executor_class_path', 'x.Executor',
           '--json_serialized_invocation_args', _oss_executor_input(),
@@ -256,9 +278,11 @@ def test_harness_passes_outputs_downstream_as_the_kfp_driver_does(tmp_path):
   assert backend.task_order() == ['producer', 'consumer']
   results = backend.run()
 
-  data_uri = f'{root}/harness-test/run1/producer/data'
   (data,) = results['producer'].outputs['data']
-  assert data.uri == data_uri
+  data_uri = data.uri
+  # KFP 2.16: each execution's outputs under a task root of its own.
+  assert re.fullmatch(rf'{re.escape(root)}/harness-test/run1/producer/'
+                      r'[0-9a-f-]{36}/data', data_uri), data_uri
   assert dict(data.metadata) == {'rows': 3.0, 'ok': True}
   with open(os.path.join(data_uri, 'rows.txt')) as f:
     assert f.read() == '3'
@@ -266,8 +290,18 @@ def test_harness_passes_outputs_downstream_as_the_kfp_driver_does(tmp_path):
   assert producer_input.inputs.parameter_values['rows'].string_value == '3'
   assert not producer_input.inputs.parameters  # KFP 2.x leaves it empty.
 
-  with open(f'{root}/harness-test/run1/consumer/seen/input.json') as f:
+  (seen_artifact,) = results['consumer'].outputs['seen']
+  with open(os.path.join(seen_artifact.uri, 'input.json')) as f:
     seen = json.load(f)
+  # The backend's own output, beside the component's, holds the task log.
+  logs = seen['executor_input']['outputs']['artifacts']['executor-logs'][
+      'artifacts'][0]
+  assert logs['type'] == {'schemaTitle': 'system.Artifact'}
+  assert logs['uri'] == os.path.dirname(seen_artifact.uri) + (
+      '/executor-logs-0')
+  (producer_logs,) = results['producer'].outputs['executor-logs']
+  with open(producer_logs.uri) as f:
+    assert f.read().startswith('$ ' + sys.executable)
   (received,) = seen['executor_input']['inputs']['artifacts']['data'][
       'artifacts']
   # As the driver rebuilds it from MLMD: id as name, custom properties as
@@ -302,12 +336,16 @@ def test_harness_imports_an_artifact_for_its_consumer(tmp_path):
         _write(tmp_path, job), str(tmp_path / 'work'), run_id=run_id,
         store=store, echo=False).run()
     assert results['producer'].kind == 'importer'
-    with open(f'{tmp_path}/root/harness-test/{run_id}/consumer/seen/'
-              'input.json') as f:
+    (seen,) = results['consumer'].outputs['seen']
+    with open(os.path.join(seen.uri, 'input.json')) as f:
       (received,) = json.load(f)['executor_input']['inputs']['artifacts'][
           'data']['artifacts']
     assert received['uri'] == 'gs://elsewhere/data'
-    assert received['metadata']['source'] == 'outside'
+    # The importer records no display_name; KFP 2.16 records the store
+    # session of a bucket URI.
+    assert received['metadata'] == {
+        'source': 'outside',
+        'store_session_info': '{"Provider":"gs","Params":{"fromEnv":"true"}}'}
     # Not reimported: the second run gets the same artifact (MLMD id 1).
     assert received['name'] == '1'
 

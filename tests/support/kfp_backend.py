@@ -7,8 +7,10 @@ way the open-source KFP 2.x backend's driver and launcher run it.
 
 For each task of `pipelineSpec.root.dag` (topological order of
 `dependentTasks` and the producers its inputs name), this does what the
-backend's Go code does, read from kubeflow/pipelines at tag 2.0.5 (the
-version of kfp-server-api in requirements.lock; master still matches):
+backend's Go code does, read from kubeflow/pipelines at tag 2.16.1 (the
+backend released with KFP SDK 2.16.1, the TFX 1.21 lane's; it runs the TFX
+1.16 lane's KFP 2.5 output alike). First read at 2.0.5; what changed since
+is marked (2.16):
 
 - inputs (driver, backend/src/v2/driver/driver.go `resolveInputs`):
   `parameterValues` from `runtimeValue.constant`, from the root's inputs
@@ -20,13 +22,18 @@ version of kfp-server-api in requirements.lock; master still matches):
   `{instanceSchema: ""}` (client.go GetOutputArtifactsByExecutionId leaves the
   schema empty; see kubeflow/entrypoint.py for what that does to TFX).
   The deprecated `inputs.parameters` is never filled (KFP 2.x does not).
-- outputs (driver.go `provisionOutputs`): one artifact per output definition
-  at `<pipeline_root>/<pipeline name>/<run id>/<task>/<output>` (the run's
-  `pipeline_root` context property is `<root>/<pipeline name>/<run id>`),
-  typed and with the metadata of the output definition; `outputFile`
-  `/tmp/kfp_outputs/output_metadata.json` (launcher_v2.go
-  OutputMetadataFilepath) and `/tmp/kfp/outputs/<name>` per output
-  parameter, both inside the task's own folder here, since every task is its
+- outputs (driver.go `provisionOutputs`): one artifact per output definition,
+  named by its key (2.16), at `<task root>/<output>`, the task root being
+  `<pipeline_root>/<pipeline name>/<run id>/<task>/<uuid>` (2.16: the uuid,
+  `GenerateOutputURI(root, [task, uuid])`; the root's query is dropped),
+  typed and with the metadata of the output definition; with `publish_logs`
+  (the backend's default, 2.16) one more, `executor-logs` (system.Artifact)
+  at `<task root>/executor-logs-0` (the launcher's retry index), which is in
+  `{{$}}` too, is never merged with the ExecutorOutput and holds the task's
+  log; `outputFile` under the task root's local path (`/gcs/<bucket>/...`,
+  `/s3/...`, `/minio/...`; 2.16), else `/tmp/kfp_outputs/output_metadata.json`
+  (LocalPathForURI's fallback), and `/tmp/kfp/outputs/<name>` per output
+  parameter, all inside the task's own folder here, since every task is its
   own pod there.
 - the command (launcher_v2.go `executeV2`): component input defaults added
   (`addDefaultParams`), then every placeholder of `getPlaceholders` replaced
@@ -41,7 +48,8 @@ version of kfp-server-api in requirements.lock; master still matches):
   into the provisioned artifacts (`mergeRuntimeArtifacts`: its uri and
   metadata win) and each output is recorded as a LIVE artifact of its schema
   title, its metadata becoming custom properties (`toMLMDArtifact`; a
-  `display_name` is added as RecordArtifact does).
+  `display_name` is added as RecordArtifact does, and for a gs://, s3:// or
+  minio:// URI its `store_session_info`, 2.16).
 
 What the OSS backend does not do, and this does, as Vertex AI Pipelines does:
 - `lifecycle.preCacheCheck` (the FileBasedExampleGen driver TFX adds to
@@ -59,7 +67,12 @@ What the OSS backend does not do, and this does, as Vertex AI Pipelines does:
 
 Not emulated: caching (every task runs), conditions, loops and sub-DAGs
 (NotImplementedError), resources (listed in the result, not enforced), the
-launcher's download of input artifacts to /gcs/... paths (TFX reads URIs).
+launcher's download of input artifacts to /gcs/... paths (TFX reads URIs),
+the upload of the executor log to a remote `executor-logs` URI (written only
+where the URI is a local path), the runtime placeholders of 2.16's
+`resolveInputParameter` (`{{$.pipeline_job_name}}` ...: TFX compiles none),
+and 2.16's refusal of a pipeline root without a bucket scheme (local roots run
+here, as the 2.0.5 driver ran them).
 """
 
 import collections
@@ -141,6 +154,26 @@ def _from_mlmd_value(value: Dict[str, Any]) -> Any:
   return float(v) if kind in ('double_value', 'int_value') else v
 
 
+# The object stores KFP 2.16 knows (objectstore: gs, s3, minio) and the local
+# paths their URIs are mounted at (LocalPathForURI).
+BUCKET_SCHEMES = ('gs', 's3', 'minio')
+EXECUTOR_LOGS = 'executor-logs'
+
+
+def bucket_scheme(uri: str) -> Optional[str]:
+  scheme, sep, _ = uri.partition('://')
+  return scheme if sep and scheme in BUCKET_SCHEMES else None
+
+
+def local_path_for_uri(uri: str) -> Optional[str]:
+  """`/gcs/<bucket>/...` for gs://..., `/s3/...`, `/minio/...`; else None."""
+  scheme = bucket_scheme(uri)
+  if scheme is None:
+    return None
+  return '/' + ('gcs' if scheme == 'gs' else scheme) + '/' + uri.partition(
+      '://')[2]
+
+
 class ArtifactStore:
   """The artifacts a KfpBackend recorded, across its runs (MLMD's role)."""
 
@@ -148,11 +181,19 @@ class ArtifactStore:
     self.artifacts: List[Artifact] = []
 
   def record(self, output_name: str, artifact: pb.RuntimeArtifact,
-             producer: str, run_id: str) -> Artifact:
-    """RecordArtifact: metadata -> custom properties, display_name added."""
+             producer: str, run_id: str,
+             display_name: bool = True) -> Artifact:
+    """RecordArtifact: metadata -> custom properties, display_name added
+    (not by the importer), the store session of a bucket URI (2.16)."""
     props = {k: _to_mlmd_value(k, v)
              for k, v in artifact.metadata.fields.items()}
-    props.setdefault('display_name', {'string_value': output_name})
+    if display_name:
+      props.setdefault('display_name', {'string_value': output_name})
+    scheme = bucket_scheme(artifact.uri)
+    if scheme:
+      props.setdefault('store_session_info', {'string_value': json.dumps(
+          {'Provider': scheme, 'Params': {'fromEnv': 'true'}},
+          separators=(',', ':'))})
     record = Artifact(id=len(self.artifacts) + 1,
                       schema_title=schema_title(artifact.type),
                       uri=artifact.uri, custom_properties=props,
@@ -214,6 +255,16 @@ def parse_filter(query: str) -> List[tuple]:
   return clauses
 
 
+def _copy_log(log_path: str, uri: str) -> None:
+  """The task's log into its executor-logs artifact, where that is a local
+  path (the launcher uploads it to the object store)."""
+  if '://' in uri:
+    return
+  os.makedirs(os.path.dirname(uri), exist_ok=True)
+  with open(log_path, 'rb') as src, open(uri, 'wb') as dst:
+    dst.write(src.read())
+
+
 # --- Tasks -------------------------------------------------------------------
 
 
@@ -238,7 +289,8 @@ class KfpBackend:
                run_id: Optional[str] = None, python: str = sys.executable,
                env: Optional[Mapping[str, str]] = None,
                store: Optional[ArtifactStore] = None,
-               task_timeout_s: float = 1800.0, echo: bool = True):
+               task_timeout_s: float = 1800.0, echo: bool = True,
+               publish_logs: bool = True):
     with open(job_path) as f:
       job_dict = json.load(f)
     self.job = json_format.ParseDict(job_dict, pb.PipelineJob())
@@ -255,6 +307,7 @@ class KfpBackend:
     self.store = store or ArtifactStore()
     self.task_timeout_s = task_timeout_s
     self.echo = echo
+    self.publish_logs = publish_logs
     self.results: Dict[str, TaskResult] = {}
     # Output artifacts of this run: task -> output key -> store ids.
     self._outputs: Dict[str, Dict[str, List[int]]] = {}
@@ -382,20 +435,29 @@ class KfpBackend:
             self.store.to_runtime_artifact(self.store.get(artifact_id)))
     return inputs
 
-  def output_uri(self, task_name: str, output: str) -> str:
-    return '/'.join([self.pipeline_root.rstrip('/'), self.pipeline_name,
-                     self.run_id, task_name, output])
+  def task_root(self, task_name: str) -> str:
+    """`<root>/<pipeline>/<run>/<task>/<uuid>`, new for each execution."""
+    return '/'.join([self.pipeline_root.partition('?')[0].rstrip('/'),
+                     self.pipeline_name, self.run_id, task_name,
+                     str(uuid.uuid4())])
 
   def _provision_outputs(self, name: str, component: pb.ComponentSpec,
                          pod_dir: str) -> pb.ExecutorInput.Outputs:
-    outputs = pb.ExecutorInput.Outputs(
-        output_file=os.path.join(pod_dir, OUTPUT_METADATA_PATH))
+    task_root = self.task_root(name)
+    local = local_path_for_uri(task_root)
+    outputs = pb.ExecutorInput.Outputs(output_file=(
+        os.path.join(pod_dir, local.lstrip('/'), 'output_metadata.json')
+        if local else os.path.join(pod_dir, OUTPUT_METADATA_PATH)))
     for key, definition in component.output_definitions.artifacts.items():
       artifact = outputs.artifacts[key].artifacts.add(
-          uri=self.output_uri(name, key))
+          name=key, uri=f'{task_root}/{key}')
       artifact.type.CopyFrom(definition.artifact_type)
       if definition.HasField('metadata'):
         artifact.metadata.CopyFrom(definition.metadata)
+    if self.publish_logs:
+      logs = outputs.artifacts[EXECUTOR_LOGS].artifacts.add(
+          name=EXECUTOR_LOGS, uri=f'{task_root}/{EXECUTOR_LOGS}-0')
+      logs.type.schema_title = 'system.Artifact'
     for key in component.output_definitions.parameters:
       outputs.parameters[key].output_file = os.path.join(
           pod_dir, OUTPUT_PARAMETERS_DIR, key)
@@ -517,7 +579,9 @@ class KfpBackend:
       artifact = pb.RuntimeArtifact()
       artifact.CopyFrom(artifact_list.artifacts[0])
       produced = executor_output.artifacts.get(key)
-      if produced is not None and produced.artifacts:
+      if key == EXECUTOR_LOGS:
+        _copy_log(log_path, artifact.uri)
+      elif produced is not None and produced.artifacts:
         src = produced.artifacts[0]  # mergeRuntimeArtifacts(src, dst)
         if src.uri:
           artifact.uri = src.uri
@@ -576,6 +640,9 @@ class KfpBackend:
     else:
       raise NotImplementedError(f'{name}: importer uri {source}')
     (key,) = component.output_definitions.artifacts.keys()
+    if not bucket_scheme(uri) and not uri.startswith('mem://'):
+      raise TaskFailed(f'{name}: no provider scheme found in artifact URI '
+                       f'{uri!r}')
     title = schema_title(importer.type_schema)
     found = None if importer.reimport else next(
         (a for a in reversed(self.store.artifacts)
@@ -585,7 +652,8 @@ class KfpBackend:
       artifact.type.CopyFrom(importer.type_schema)
       if importer.HasField('metadata'):
         artifact.metadata.CopyFrom(importer.metadata)
-      found = self.store.record(key, artifact, name, self.run_id)
+      found = self.store.record(key, artifact, name, self.run_id,
+                                display_name=False)
     self._outputs[name] = {key: [found.id]}
     return TaskResult(name=name, kind='importer',
                       outputs={key: [self.store.to_runtime_artifact(found)]},
