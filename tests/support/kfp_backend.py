@@ -557,9 +557,14 @@ class KfpBackend:
     env = {**self.env, **{e.name: e.value for e in container.env}}
     hook = container.lifecycle.pre_cache_check
     if hook.command:
+      # Vertex's hook, which has no executor-logs output (an OSS backend's).
+      hook_input = pb.ExecutorInput()
+      hook_input.CopyFrom(with_defaults)
+      hook_input.outputs.artifacts.pop(EXECUTOR_LOGS, None)
       self._exec(name + ' (preCacheCheck)',
                  self._substitute(list(hook.command) + list(hook.args),
-                                  values), pod_dir, log_path, env)
+                                  self.placeholders(hook_input)),
+                 pod_dir, log_path, env)
     argv = self._substitute(list(container.command) + list(container.args),
                             values)
     self._exec(name, argv, pod_dir, log_path, env)
@@ -575,7 +580,10 @@ class KfpBackend:
           output_parameters[key] = struct_pb2.Value(string_value=f.read())
     outputs = {}
     self._outputs[name] = {}
-    for key, artifact_list in executor_input.outputs.artifacts.items():
+    # The component's outputs first, the backend's log last (MLMD ids).
+    for key, artifact_list in sorted(
+        executor_input.outputs.artifacts.items(),
+        key=lambda item: item[0] == EXECUTOR_LOGS):
       artifact = pb.RuntimeArtifact()
       artifact.CopyFrom(artifact_list.artifacts[0])
       produced = executor_output.artifacts.get(key)
