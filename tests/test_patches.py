@@ -175,3 +175,40 @@ def test_the_direct_runner_runs_in_process_and_downloads_nothing(tmp_path):
   for path in tmp_path.glob('out*'):
     lines += path.read_text().split()
   assert sorted(map(int, lines)) == [2, 4, 6]
+
+
+def test_private_reads_find_the_instance_attributes_they_rely_on():
+  # A Symbol names what a class or module holds; these reads also rely on
+  # instance attributes, which only real objects show.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from components.patches import tensorflow_internals  # pylint: disable=g-import-not-at-top
+  manager = tensorflow_internals.cancellation_manager()
+  iterator = iter(tf.data.Dataset.range(3))
+  assert int(tensorflow_internals.cancellable_next(iterator, manager)) == 0
+  assert int(tensorflow_internals.cancellable_next(iterator, manager)) == 1
+  dense = tf.keras.layers.Dense(1)
+  model = tf.keras.Sequential([tf.keras.Input((2,)), dense])
+  nodes = tensorflow_internals.graph_network_nodes(model)
+  assert dense in {node.layer for depth in nodes.values() for node in depth}
+
+  class Subclassed(tf.keras.Model):
+
+    def call(self, inputs):
+      return inputs
+
+  assert tensorflow_internals.graph_network_nodes(Subclassed()) is None
+  with pytest.raises(patches.PatchError,
+                     match=r"patch 'cancellable_iterator_reads' .* written "
+                     r'for TensorFlow 2\.16 to 2\.21; object objects have '
+                     r'no _iterator_resource in the installed TensorFlow '
+                     r'2\.(16|21)'):
+    tensorflow_internals.cancellable_next(object(), manager)
+
+
+def test_a_private_read_checks_its_patch_once(monkeypatch):
+  checked = []
+  monkeypatch.setattr(patches, 'check', checked.append)
+  monkeypatch.setattr(patches, '_required', set())
+  for _ in range(3):
+    patches.require(patches.SERVICE_SERVER_STOPS)
+  assert checked == [patches.SERVICE_SERVER_STOPS]

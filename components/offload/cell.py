@@ -16,7 +16,11 @@ from typing import Optional
 # The cell's dataset graphs are built by the trainer with tf-keras.
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+# pylint: disable=g-import-not-at-top
+import tensorflow as tf
+
+from components.patches import tensorflow_internals
+# pylint: enable=g-import-not-at-top
 
 # How often the worker tells the dispatcher it is alive, and how long the
 # dispatcher waits before it gives a silent worker's tasks up.
@@ -39,9 +43,7 @@ class Cell:
             heartbeat_interval_ms=_HEARTBEAT_MS))
 
   def stop(self) -> None:
-    # pylint: disable=protected-access
-    self._worker._stop()
-    self._dispatcher._stop()
+    tensorflow_internals.stop_service_servers(self._worker, self._dispatcher)
 
 
 def main(host: Optional[str] = None) -> None:

@@ -21,13 +21,9 @@ import time
 from typing import Any, Callable, Iterator, List, Optional
 
 import tensorflow as tf
-# pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.eager import cancellation
-from tensorflow.python.eager import context
-from tensorflow.python.eager import execute
-# pylint: enable=g-direct-tensorflow-import
 
 from components.offload import pool as pool_lib
+from components.patches import tensorflow_internals
 
 # Seconds a new job has for its first element: the cell deserializes the
 # pipeline and loads what it captures (a transform graph) first.
@@ -64,7 +60,7 @@ class _Pump:
     self.progressed_at = time.monotonic()
     self.finished = False
     self.error: Optional[Exception] = None
-    self._cancel = cancellation.CancellationManager()
+    self._cancel = tensorflow_internals.cancellation_manager()
     self._closed = threading.Event()
     self.stopped = threading.Event()
     self._thread = threading.Thread(target=self._run, args=(source, put),
@@ -75,7 +71,8 @@ class _Pump:
     try:
       iterator = iter(source().map(put))
       while not self._closed.is_set():
-        number = int(self._next(iterator))
+        number = int(tensorflow_internals.cancellable_next(iterator,
+                                                             self._cancel))
         # The consumer takes only the position it expects: a replay is
         # dropped there, and so is a gap, whose cell this pump loses.
         if number < self.expected:
@@ -95,19 +92,6 @@ class _Pump:
       # Set before the iterator is released: releasing a job whose cell is
       # gone waits on the cell (tens of seconds), in this daemon thread.
       self.stopped.set()
-
-  def _next(self, iterator) -> tf.Tensor:
-    """The iterator's next element, a read `close` cancels.
-
-    The op runs with this pump's cancellation manager itself: TF's
-    `CancellationManager.get_cancelable_function` sets a process-wide
-    context while it runs, so every function another thread (the training
-    step) started during a blocked read was cancelled with it."""
-    # pylint: disable=protected-access
-    return execute.execute_with_cancellation(
-        'IteratorGetNext', 1, [iterator._iterator_resource],
-        ('output_types', [tf.int64], 'output_shapes', [[]]),
-        context.context(), self._cancel)[0]
 
   def close(self) -> None:
     self._closed.set()

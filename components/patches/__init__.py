@@ -9,7 +9,9 @@ failing with a `PatchError` that names the supported and the installed
 version when the library is outside that range or a symbol moved, and
 installs the swaps for the
 block, reference-counted across threads: the library's own object comes back
-when the last user leaves, not when the first one does.
+when the last user leaves, not when the first one does. Private reads that
+swap nothing go through `tensorflow_internals`, which `require`s their patch
+(checked once per process) before the read.
 `tests/test_patches.py` checks every patch against the installed libraries.
 
 This module imports no TFX or TensorFlow; each patch imports what it
@@ -24,14 +26,15 @@ import inspect
 import sys
 import threading
 import types
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 # The library versions (major.minor) every patch here was written against,
 # oldest and newest; setup.py declares the same ranges and each end has a lock.
 SUPPORTED_VERSIONS = {'tfx': ('1.16', '1.21'), 'tensorflow': ('2.16', '2.21'),
+                      'tf_keras': ('2.16', '2.21'),
                       'apache_beam': ('2.60', '2.78')}
 _LIBRARY_NAMES = {'tfx': 'TFX', 'tensorflow': 'TensorFlow',
-                  'apache_beam': 'Beam'}
+                  'tf_keras': 'tf-keras', 'apache_beam': 'Beam'}
 
 
 class PatchError(RuntimeError):
@@ -55,13 +58,14 @@ class Patch:
 
   Attributes:
     name: what the patch is called in errors.
-    library: 'tfx', 'tensorflow' or 'apache_beam' (keys of
+    library: 'tfx', 'tensorflow', 'tf_keras' or 'apache_beam' (keys of
       SUPPORTED_VERSIONS).
     why: one line, for the error message.
     symbols: the private symbols it relies on.
     install: swaps the library's object(s); returns the undo. None for
-      patches that only override private methods in a subclass: they are
-      checked, nothing is swapped.
+      patches that only override private methods in a subclass or read
+      private symbols (`tensorflow_internals`): they are checked, nothing is
+      swapped.
   """
   name: str
   library: str
@@ -98,13 +102,18 @@ def supports(library: str, version: str) -> bool:
   return bool(minor) and _minor(oldest) <= minor <= _minor(newest)
 
 
+def _written_for(patch: Patch) -> str:
+  oldest, newest = SUPPORTED_VERSIONS[patch.library]
+  return (f"tfx-hpm's patch {patch.name!r} ({patch.why}) was written for "
+          f'{_LIBRARY_NAMES[patch.library]} {oldest} to {newest}')
+
+
 def check(patch: Patch) -> None:
   """Raises PatchError unless `patch` fits the installed library."""
   oldest, newest = SUPPORTED_VERSIONS[patch.library]
   library = _LIBRARY_NAMES[patch.library]
   version = installed_version(patch.library)
-  where = (f"tfx-hpm's patch {patch.name!r} ({patch.why}) was written for "
-           f'{library} {oldest} to {newest}')
+  where = _written_for(patch)
   if not supports(patch.library, version):
     raise PatchError(f'{where}; installed: {library} {version}. Install '
                      f'{library} {oldest}.x to {newest}.x (setup.py declares '
@@ -126,11 +135,24 @@ def check(patch: Patch) -> None:
                        f'{symbol.params}.')
 
 
+def private_attribute(patch: Patch, owner: Any, name: str) -> Any:
+  """`owner.name`, an instance attribute `patch` relies on (a Symbol names
+  only what a class or module holds); PatchError when it is gone."""
+  try:
+    return getattr(owner, name)
+  except AttributeError as e:
+    raise PatchError(
+        f'{_written_for(patch)}; {type(owner).__qualname__} objects have no '
+        f'{name} in the installed {_LIBRARY_NAMES[patch.library]} '
+        f'{installed_version(patch.library)}.') from e
+
+
 # Re-entrant: installing a patch may import a module that installs one.
 _lock = threading.RLock()
 _users: Dict[str, int] = {}
 _undo: Dict[str, Callable[[], None]] = {}
 _kept: List[Any] = []
+_required: Set[str] = set()
 
 
 def users(patch: Patch) -> int:
@@ -159,6 +181,16 @@ def installed(*patches: Patch) -> Iterator[None]:
         _users[patch.name] -= 1
         if not _users[patch.name]:
           _undo.pop(patch.name, lambda: None)()
+
+
+def require(*patches: Patch) -> None:
+  """Checks `patches` once per process: patches that swap nothing (private
+  reads), checked where they are first used."""
+  with _lock:
+    for patch in patches:
+      if patch.name not in _required:
+        check(patch)
+        _required.add(patch.name)
 
 
 def keep_installed(*patches: Patch) -> None:
@@ -337,6 +369,46 @@ DIRECT_RUNNER_IN_PROCESS = Patch(
             'SwitchingDirectRunner._is_interactive', since='2.78')),
     _direct_runner_in_process)
 
+_EXECUTE = 'tensorflow.python.eager.'
+
+# An offload stream's blocked read of a cell that `close` cancels
+# (`tensorflow_internals.cancellable_next`): tf.data has no public
+# cancellable `next`, and `CancellationManager.get_cancelable_function`
+# cancels every function other threads start meanwhile. Also relies on
+# iterators' instance attribute `_iterator_resource`.
+CANCELLABLE_ITERATOR_READS = Patch(
+    'cancellable_iterator_reads', 'tensorflow',
+    "an offload stream's read of its cell, cancelled by its own manager",
+    (Symbol(_EXECUTE + 'execute:execute_with_cancellation',
+            ('op_name', 'num_outputs', 'inputs', 'attrs', 'ctx',
+             'cancellation_manager', 'name')),
+     Symbol(_EXECUTE + 'cancellation:CancellationManager.start_cancel',
+            ('self',)),
+     Symbol(_EXECUTE + 'context:context', ()),
+     Symbol('tensorflow.python.data.ops.iterator_ops:OwnedIterator')))
+
+# A tf.data service cell's servers stopped in process
+# (`tensorflow_internals.stop_service_servers`): the public servers stop only
+# when the process ends.
+SERVICE_SERVER_STOPS = Patch(
+    'service_server_stops', 'tensorflow',
+    "a tf.data service cell's dispatcher and worker stopped in process",
+    (Symbol('tensorflow.python.data.experimental.service.server_lib:'
+            'DispatchServer._stop', ('self',)),
+     Symbol('tensorflow.python.data.experimental.service.server_lib:'
+            'WorkerServer._stop', ('self',))))
+
+# A graph network's layer nodes by depth (`tensorflow_internals.
+# graph_network_nodes`), which GPipe partitioning walks: tf-keras has no
+# public API for them. Relies on models' instance attributes
+# `_is_graph_network` and `_nodes_by_depth`.
+KERAS_GRAPH_NODES = Patch(
+    'keras_graph_nodes', 'tf_keras',
+    "a Keras graph network's nodes, which GPipe partitioning walks",
+    (Symbol('tf_keras.src.engine.functional:Functional'),
+     Symbol('tf_keras:__internal__.KerasTensor')))
+
 ALL = (SHARDED_TRANSFORM_WRITES, TRANSFORM_EXECUTOR_HOOKS,
        UNZIPPED_WHEEL_INSTALLS, AUTOGRAPH_SKIPS_TF_KERAS, STOCK_FN_ARGS,
-       ARTIFACT_TYPES_BY_TITLE, DIRECT_RUNNER_IN_PROCESS)
+       ARTIFACT_TYPES_BY_TITLE, DIRECT_RUNNER_IN_PROCESS,
+       CANCELLABLE_ITERATOR_READS, SERVICE_SERVER_STOPS, KERAS_GRAPH_NODES)

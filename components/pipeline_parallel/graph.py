@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import tensorflow as tf
 
+from components.patches import tensorflow_internals
+
 _KerasTensor = tf.keras.__internal__.KerasTensor
 
 
@@ -55,17 +57,13 @@ class LayerGraph:
   """
 
   def __init__(self, model: tf.keras.Model):
-    # tf-keras has no public API for a graph network's nodes; these two
-    # attributes have been stable across Keras 2.x.
-    # pylint: disable=protected-access
-    if not getattr(model, '_is_graph_network', False):
+    by_depth = tensorflow_internals.graph_network_nodes(model)
+    if by_depth is None:
       raise ValueError(
           f'model {model.name!r} is a subclassed Keras model; GPipe '
           'partitioning needs a Sequential or Functional model, whose layer '
           'graph is known.')
     self.model = model
-    by_depth = model._nodes_by_depth
-    # pylint: enable=protected-access
     nodes = [node for depth in sorted(by_depth, reverse=True)
              for node in by_depth[depth]]
     tensor_names = {}
