@@ -16,11 +16,18 @@ from typing import Optional
 # The cell's dataset graphs are built by the trainer with tf-keras.
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
-# pylint: disable=g-import-not-at-top
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from components.offload import launch
+
+# A cell process pins itself, before TensorFlow sizes its thread pools.
+if __name__ == '__main__' and os.environ.get(launch.CPUS_ENV):
+  os.sched_setaffinity(0, {int(cpu) for cpu in
+                           os.environ[launch.CPUS_ENV].split(',')})
+
 import tensorflow as tf
 
 from components.patches import tensorflow_internals
-# pylint: enable=g-import-not-at-top
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 # How often the worker tells the dispatcher it is alive, and how long the
 # dispatcher waits before it gives a silent worker's tasks up.

@@ -8,35 +8,67 @@ on instead, at the position the trainer reached).
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
-from typing import Optional, Set
+from typing import Optional, Sequence, Set
+
+from absl import logging
 
 from components.offload.config import OffloadConfig
 
 # Seconds a started cell has to report its address.
 START_TIMEOUT_S = 120
+# The cores a cell process pins itself to, comma-separated, before it
+# imports TensorFlow (which sizes its thread pools by them).
+CPUS_ENV = 'TFX_HPM_CELL_CPUS'
+# Seconds a killed cell process has to end (one in uninterruptible sleep may
+# not): past them it is left, and its stop logged.
+STOP_TIMEOUT_S = 10
 # Seconds a Ray actor has to answer whether it is alive.
 _PING_TIMEOUT_S = 5
 _PING_EVERY_S = 2
 
 
-class LocalCell:
-  """A cell in a child process of this one."""
+class CellStartTimeout(RuntimeError):
+  """A started cell reported no address in time."""
 
-  def __init__(self, name: str, cpus: Optional[Set[int]]):
+
+class LocalCell:
+  """A cell in a child process of this one, on `cpus` (None: wherever).
+
+  The child pins itself (`CPUS_ENV`): `preexec_fn` in a threaded
+  parent may deadlock the child, Python's documentation warns. Starting waits
+  at most `start_timeout_s` for the address; `command` replaces the cell's
+  (tests start processes that never serve)."""
+
+  def __init__(self, name: str, cpus: Optional[Set[int]],
+               start_timeout_s: float = START_TIMEOUT_S,
+               command: Optional[Sequence[str]] = None):
+    env = {**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'}
+    env.pop(CPUS_ENV, None)
+    if cpus:
+      env[CPUS_ENV] = ','.join(str(cpu) for cpu in sorted(cpus))
+    self._name = name
     self._process = subprocess.Popen(
-        [sys.executable, '-m', 'components.offload.cell'],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-        env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
-    line = self._process.stdout.readline()
+        list(command or [sys.executable, '-m', 'components.offload.cell']),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    self.pid = self._process.pid
+    try:
+      line = _first_line(self._process, start_timeout_s)
+    except BaseException:
+      self.stop()
+      raise
     if not line:
       raise RuntimeError(f'Offload cell {name} exited before it served '
                          f'(exit code {self._process.wait()}).')
-    self.address = json.loads(line)['address']
-    self.pid = self._process.pid
+    try:
+      self.address = json.loads(line)['address']
+    except (ValueError, KeyError) as e:
+      self.stop()
+      raise RuntimeError(f'Offload cell {name} printed {line[:200]!r}, not '
+                         'its address.') from e
 
   def gone(self) -> Optional[str]:
     """Why the cell is gone; None while its process runs."""
@@ -44,9 +76,37 @@ class LocalCell:
     return None if code is None else f'its process is gone (exit {code})'
 
   def stop(self) -> None:
+    """Kills the process and waits for it, `STOP_TIMEOUT_S` at most."""
     if self._process.poll() is None:
       self._process.kill()
-    self._process.wait()
+    try:
+      self._process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+      logging.warning('Offload cell %s (pid %d) did not end %d s after its '
+                      'kill; left to the system.', self._name, self.pid,
+                      STOP_TIMEOUT_S)
+    for pipe in (self._process.stdin, self._process.stdout):
+      pipe.close()
+
+
+def _first_line(process: subprocess.Popen, timeout_s: float) -> str:
+  """The first line `process` prints ('' when it exits first); raises
+  CellStartTimeout after `timeout_s`."""
+  deadline, line = time.monotonic() + timeout_s, b''
+  descriptor = process.stdout.fileno()
+  while not line.endswith(b'\n'):
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+      raise CellStartTimeout(
+          f'Offload cell (pid {process.pid}) printed no address in '
+          f'{timeout_s:g} s.')
+    readable, _, _ = select.select([descriptor], [], [], remaining)
+    if readable:
+      chunk = os.read(descriptor, 4096)
+      if not chunk:
+        break
+      line += chunk
+  return line.decode(errors='replace').strip()
 
 
 class RayCell:

@@ -4,6 +4,7 @@ at the consumer's position, sizing by the auto-scaler rule."""
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -118,16 +119,24 @@ def test_a_replayed_job_is_dropped_up_to_the_position_trained(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('start_cell, why', [
+    # Pinned to a core this machine does not have: the cell exits.
+    (lambda name: launch.LocalCell(name, cpus={4096}), 'exited before it '
+     'served'),
+    # A process that never prints an address: its start times out.
+    (lambda name: launch.LocalCell(
+        name, None, start_timeout_s=2,
+        command=[sys.executable, '-c', 'import time; time.sleep(600)']),
+     'printed no address in 2 s')], ids=['exits', 'silent'])
 def test_a_cell_that_cannot_start_leaves_its_partitions_to_the_trainer(
-    shards, local_rows):
+    shards, local_rows, start_cell, why):
   files, order = shards
-  # Pinned to a core this machine does not have: the process cannot start.
-  offload = served.Offload(
-      OffloadConfig(cells=1), PARTITIONS, BATCH,
-      start_cell=lambda name: launch.LocalCell(name, cpus={4096}))
+  offload = served.Offload(OffloadConfig(cells=1), PARTITIONS, BATCH,
+                           start_cell=start_cell)
   assert served_rows(files, order, offload) == local_rows
   record = offload.describe()
   assert [e['event'] for e in record['events']] == ['start_failed']
+  assert why in record['events'][0]['why']
   assert set(record['partitions'].values()) == {'local'}
 
 
