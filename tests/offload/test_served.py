@@ -22,29 +22,39 @@ def test_cells_serve_the_rows_of_the_local_reader(shards, local_rows):
   files, order = shards
   offloads = []
 
-  def serve_of(config, partitions):
+  def serve_of(config, partitions, consumer_examples_per_s):
     def make(_):
-      offloads.append(served.Offload(config, partitions, BATCH, 1e9))
+      offloads.append(served.Offload(config, partitions, BATCH,
+                                     consumer_examples_per_s))
       return offloads[-1].serve
     return make
 
+  auto = OffloadConfig(cells='auto', measure_s=1)
   try:
-    # `auto`: a consumer faster than any cell, bounded to 2 cells.
-    assert update_rows(files, order, pipelines=1, serve_of=serve_of(
-        OffloadConfig(cells='auto', measure_s=1), 2)) == local_rows
+    # `auto`: a consumer faster than any cell, bounded to 2 cells; one of 1
+    # example a second, which any cell outruns: 1 cell.
+    assert update_rows(files, order, pipelines=1,
+                       serve_of=serve_of(auto, 2, 1e9)) == local_rows
+    assert update_rows(files, order, pipelines=1,
+                       serve_of=serve_of(auto, 2, 1.0)) == local_rows
     assert update_rows(files, order, pipelines=2, start=13, serve_of=serve_of(
-        OffloadConfig(cells=1), PARTITIONS)) == local_rows[13:]
+        OffloadConfig(cells=1), PARTITIONS, None)) == local_rows[13:]
   finally:
     for offload in offloads:
       offload.close()
-  record = offloads[0].describe()
-  assert record['choice']['cells'] == 2
-  assert 'bounded by the 2 partitions' in record['choice']['reason']
-  assert record['choice']['cell_examples_per_s'] > 0
-  assert sorted(record['cells']) == ['cell-0', 'cell-1']
-  assert record['partitions'] == {'0': 'cell-0', '1': 'cell-1',
-                                  '2': 'cell-0', '3': 'cell-1'}
-  assert not record['lost']
+  fast, slow = offloads[0].describe(), offloads[1].describe()
+  assert fast['choice']['cells'] == 2
+  assert 'bounded by the 2 partitions' in fast['choice']['reason']
+  assert sorted(fast['cells']) == ['cell-0', 'cell-1']
+  assert fast['partitions'] == {'0': 'cell-0', '1': 'cell-1',
+                                '2': 'cell-0', '3': 'cell-1'}
+  assert not fast['lost']
+  # The rule ran on the rate the cell was measured at.
+  rate = slow['choice']['cell_examples_per_s']
+  assert slow['choice']['reason'] == (
+      f'ceil(1 x 1.25 / {rate:,.0f} examples/s a cell) = 1')
+  assert sorted(slow['cells']) == ['cell-0']
+  assert set(slow['partitions'].values()) == {'cell-0'}
 
 
 @pytest.mark.slow
