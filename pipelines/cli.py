@@ -123,7 +123,8 @@ def pipeline_from_args(args: argparse.Namespace):
       distribution.setdefault('global_batch_size', args.gpipe_batch_size)
       factories['extra_trainer_inputs'] = taxi_pipeline.gpipe_partitioner(
           args.gpipe_stages, args.gpipe_batch_size)
-    factories.update(taxi_pipeline.hpm_factories(distribution=distribution))
+    factories.update(taxi_pipeline.hpm_factories(
+        distribution=distribution, train_steps=args.train_steps))
   return taxi_pipeline.create_pipeline(
       pipeline_name=args.pipeline_name,
       pipeline_root=pipeline_root,

@@ -274,7 +274,8 @@ def trainer_replica_partitions(distribution: Optional[Dict] = None) -> int:
 
 def hpm_factories(distribution: Optional[Dict] = None,
                   tuning: Optional[Dict] = None,
-                  fault_tolerance: Optional[Dict] = None
+                  fault_tolerance: Optional[Dict] = None,
+                  train_steps: Optional[int] = None
                  ) -> Dict[str, Callable]:
   """`create_pipeline` keyword arguments that use the tfx-hpm components.
 
@@ -283,7 +284,9 @@ def hpm_factories(distribution: Optional[Dict] = None,
   trainer's batch and streams: `tuning['trainer_batch_size']` defaults to
   `trainer_reader_batch(distribution)`, `trainer_data_partitions` to
   `trainer_replica_partitions(distribution)`, and a `batch_size` that
-  differs from the trainer's is flagged in the tuning report.
+  differs from the trainer's is flagged in the tuning report. With the
+  Trainer's `train_steps`, `trainer_examples` defaults to train_steps x that
+  batch: the tuning then spends no more than the reading can save.
   """
   # Imported lazily so a stock-only pipeline never imports our components.
   from components import HighPerfTrainer, OptimizedTransform  # pylint: disable=g-import-not-at-top
@@ -292,6 +295,9 @@ def hpm_factories(distribution: Optional[Dict] = None,
   tuning.setdefault('trainer_batch_size', trainer_reader_batch(distribution))
   tuning.setdefault('trainer_data_partitions',
                     trainer_replica_partitions(distribution))
+  if train_steps is not None:
+    tuning.setdefault('trainer_examples',
+                      train_steps * tuning['trainer_batch_size'])
 
   def make_transform(examples, schema, module_file):
     return OptimizedTransform(

@@ -37,6 +37,15 @@ class TuningConfig(JsonConfig):
       batch times gradient-accumulation steps, per input pipeline);
       `pipelines.taxi_pipeline.hpm_factories` sets it from the trainer's
       distribution config.
+    trainer_examples: Examples the trainer reads in all, per input pipeline
+      (its train steps times `trainer_batch_size`); `hpm_factories` sets it
+      from the Trainer's train_args. A tuned reader can save at most the
+      default reader's time for them, so the tuning spends at most
+      `max_spend_fraction` of that time (`time_budget_s` stays the upper
+      bound); where that is less than one candidate's measurement, it keeps
+      the defaults after the first, short one. None: unknown, the tuning
+      spends up to `time_budget_s`.
+    max_spend_fraction: The most of that time (0 < f <= 1) the tuning spends.
     trainer_data_partitions: Streams of the trainer's data order one
       replica's batch is cut from (its data partitions over its replicas;
       1 by default): the tuner reads that many, as the trainer does.
@@ -83,6 +92,8 @@ class TuningConfig(JsonConfig):
   ram_budget_bytes: Optional[int] = None
   batch_size: Optional[int] = None
   trainer_batch_size: Optional[int] = None
+  trainer_examples: Optional[int] = None
+  max_spend_fraction: float = 0.1
   trainer_data_partitions: int = 1
   cache: str = 'auto'
   cache_dir: Optional[str] = None
@@ -126,11 +137,15 @@ class TuningConfig(JsonConfig):
     if not _is_int(self.max_candidates) or self.max_candidates < 1:
       raise ValueError('max_candidates must be a positive int, got '
                        f'{self.max_candidates!r}.')
-    for name in ('batch_size', 'trainer_batch_size'):
+    for name in ('batch_size', 'trainer_batch_size', 'trainer_examples'):
       value = getattr(self, name)
       if value is not None and (not _is_int(value) or value < 1):
         raise ValueError(f'{name} must be a positive int or None, got '
                          f'{value!r}.')
+    if not _is_number(self.max_spend_fraction) or not (
+        0 < self.max_spend_fraction <= 1):
+      raise ValueError('max_spend_fraction must be a number in (0, 1], got '
+                       f'{self.max_spend_fraction!r}.')
     if not _is_int(self.trainer_data_partitions, 1):
       raise ValueError('trainer_data_partitions must be a positive int, got '
                        f'{self.trainer_data_partitions!r}.')

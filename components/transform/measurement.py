@@ -134,6 +134,11 @@ class Clock:
                                 time.monotonic() - started)
     return rate
 
+  def limit(self, budget_s: float) -> None:
+    """Brings the deadline forward to `budget_s` after the start."""
+    self.deadline = min(self.deadline,
+                        self.start + budget_s - _REPORT_RESERVE_S)
+
   def fits(self, measurements: int) -> bool:
     return self.left() >= measurements * self.measurement_cost
 

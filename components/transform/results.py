@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 SEARCHED = 'searched'
 STOPPED_EARLY = 'stopped early: training is not input-bound'
 REUSED = 'reused the previous tuning (verified)'
+KEPT_DEFAULTS = 'kept the defaults: a search cannot pay for itself'
 
 DatasetFn = Callable[[], 'tf.data.Dataset']
 

@@ -7,6 +7,11 @@ deadline, the most informative measurements first (see `tune`). The parts:
 (what it measures on), `decisions` (cache, placement, input-bound, the
 search space; no measurement).
 
+A search costs more than it saves where the trainer reads little: the
+tuning spends at most `max_spend_fraction` of the default reader's time for
+the trainer's `trainer_examples`, and keeps the defaults after one short
+measurement where that cannot pay for a candidate.
+
 The tuner also weighs the consumer: the model's training step rate (see
 `consumer`). When the default reader delivers at least `input_bound_ratio`
 times what the model consumes, training is not input-bound and no search can
@@ -27,8 +32,8 @@ from components.transform import decisions
 from components.transform import measurement
 from components.transform.measurement import Clock
 from components.transform.results import (
-    REUSED, SEARCHED, STOPPED_EARLY, ConsumerFn, ConsumerRate, DatasetFn,
-    Measurement, Previous, StageRate, TuningResult)
+    KEPT_DEFAULTS, REUSED, SEARCHED, STOPPED_EARLY, ConsumerFn, ConsumerRate,
+    DatasetFn, Measurement, Previous, StageRate, TuningResult)
 from components.transform import sources as sources_lib
 from components.transform.sources import Source
 
@@ -53,9 +58,11 @@ def tune(tuning: TuningConfig,
 
   Order, most informative first: the default pipeline (materialized unless
   on the fly is requested or the only path), on a batch of the trainer's
-  size; the consumer. Training not input-bound (`tuning.early_stop`): stop
-  with the defaults. Else a `previous` tuning of the same data is measured
-  once and kept unless slower than the defaults. Else the search: the
+  size; what the trainer's reading allows the tuning to spend (too little
+  for a candidate: keep the defaults); the consumer. Training not
+  input-bound (`tuning.early_stop`): stop with the defaults. Else a
+  `previous` tuning of the same data is measured once and kept unless
+  slower than the defaults. Else the search: the
   on-the-fly pipeline (always when it is the only or the requested
   placement, in 'auto' only if the budget leaves room for loading the
   transform graph); the references; a greedy search over the knobs at the
@@ -106,16 +113,23 @@ def tune(tuning: TuningConfig,
   defaults[first].note = 'quick measurement (the input-bound check)'
   probe = kept[0]
 
-  # 2. The consumer, and whether training is input-bound at all.
-  search.weigh_consumer(consumer, probe, mismatches, defaults[first])
-
-  # 3. Dataset size, then the cache decision (no measurement needed).
+  # 2. Dataset size, then the cache decision (no measurement needed).
   bytes_per_example = measurement.dense_bytes(probe) / max(
       measurement.rows(probe), 1)
   if num_examples is None:
     num_examples = measurement.estimate_num_examples(
         sources[first].files, sources[first].compression)
   search.decide_cache(num_examples, bytes_per_example)
+
+  # 3. What the trainer's reading lets the tuning spend.
+  if not search.pays_for_itself(defaults[first]):
+    search.mismatch = '; '.join(mismatches) or None
+    return search.result(sources[first], defaults[first], KEPT_DEFAULTS,
+                         f'{first}: the default (a search cannot pay for '
+                         'itself)')
+
+  # 4. The consumer, and whether training is input-bound at all.
+  search.weigh_consumer(consumer, probe, mismatches, defaults[first])
 
   if tuning.early_stop and search.input_bound is False:
     notes.append('Stopped early with the default pipeline: training is not '
@@ -128,7 +142,7 @@ def tune(tuning: TuningConfig,
   # compares with it, so it is measured again at full length.
   defaults[first] = search.run(sources[first], {})
 
-  # 4. A previous tuning of the same data: one measurement to verify it.
+  # 5. A previous tuning of the same data: one measurement to verify it.
   if previous is not None:
     reused = _verify_previous(previous, sources, defaults, search.run, clock,
                               notes)
@@ -137,21 +151,21 @@ def tune(tuning: TuningConfig,
           sources[reused.placement], reused, REUSED,
           f'{reused.placement}: as in {previous.description}')
 
-  # 5. The other placement, then where the transform runs.
+  # 6. The other placement, then where the transform runs.
   placement, placement_reason = search.choose_placement(defaults)
   source = sources[placement]
 
-  # 6. References, for the report.
+  # 7. References, for the report.
   reference_results = search.references(references or {})
 
-  # 7. Greedy search over the knobs, each trial at the best config so far.
+  # 8. Greedy search over the knobs, each trial at the best config so far.
   best = search.greedy(source, defaults[placement])
 
-  # 8. With time left: the stage rates of the chosen path, then the other's
+  # 9. With time left: the stage rates of the chosen path, then the other's
   # (they explain the choice; the search makes it, so it goes first).
   stages = search.stage_rates(source, defaults)
 
-  # 9. Later epochs from the memory cache, when filling it fits the budget.
+  # 10. Later epochs from the memory cache, when filling it fits the budget.
   later = search.later_epochs_rate(source, best)
   return search.result(source, best, SEARCHED, placement_reason,
                        reference_results, stages, later)
@@ -195,6 +209,35 @@ class _Search:
         'deterministic order (allow_nondeterministic=False)')
     self.candidates.append(m)
     return m
+
+  def pays_for_itself(self, default: Measurement) -> bool:
+    """Whether a search can pay for itself: the most it may spend,
+    `max_spend_fraction` of the default reader's time for the trainer's
+    reading, covers what has been spent and two more measurements (the
+    default's at full length and one candidate). The deadline comes forward
+    to that spend; a note says so."""
+    examples = self.tuning.trainer_examples
+    if examples is None:
+      return True
+    reading_s = examples / max(default.examples_per_sec, 1.0)
+    affordable_s = self.tuning.max_spend_fraction * reading_s
+    needed_s = self.clock.elapsed() + 2 * self.clock.measurement_cost
+    spend = (f'the trainer reads {examples:,} examples, {reading_s:,.2f} s '
+             f"at the default reader's {default.examples_per_sec:,.0f} "
+             f'examples/s, so a search may spend at most '
+             f'{self.tuning.max_spend_fraction:.0%} of that, '
+             f'{affordable_s:,.2f} s')
+    if affordable_s < needed_s:
+      self.notes.append(
+          f'Kept the default pipeline after one measurement: {spend}, less '
+          f'than {needed_s:,.2f} s (spent so far and two more '
+          'measurements).')
+      return False
+    if affordable_s < self.tuning.time_budget_s:
+      self.clock.limit(affordable_s)
+      self.notes.append(f'Search budget {affordable_s:,.1f} s: {spend} '
+                        f'(time_budget_s={self.tuning.time_budget_s:g}).')
+    return True
 
   def weigh_consumer(self, consumer: Union[None, ConsumerRate, ConsumerFn],
                      probe: Any, mismatches: List[str],

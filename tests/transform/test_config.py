@@ -27,6 +27,12 @@ def _channels():
     ({'ram_budget_bytes': 0}, r'ram_budget_bytes must be a positive int'),
     ({'batch_size': 0}, r'batch_size must be a positive int or None, got 0'),
     ({'trainer_batch_size': -1}, r'trainer_batch_size must be a positive int'),
+    ({'trainer_examples': 0}, r'trainer_examples must be a positive int or '
+     'None, got 0'),
+    ({'max_spend_fraction': 0}, r'max_spend_fraction must be a number in '
+     r'\(0, 1\], got 0'),
+    ({'max_spend_fraction': 1.5}, r'max_spend_fraction .*, got 1.5'),
+    ({'max_spend_fraction': float('nan')}, r'max_spend_fraction .*, got nan'),
     ({'input_bound_ratio': 0}, r'input_bound_ratio must be a positive number'),
     ({'early_stop': 1}, r'early_stop must be a bool'),
     ({'reuse': 'no'}, r'reuse must be a bool'),
@@ -178,6 +184,13 @@ def test_hpm_factories_pass_the_trainer_batch_into_tuning(distribution,
       transform.exec_properties[spec_keys.TUNING_KEY])
   assert tuning.trainer_batch_size == batch
   assert tuning.measure_batch_size == batch and tuning.batch_mismatch() is None
+  assert tuning.trainer_examples is None  # The train steps are not known.
+  make = taxi_pipeline.hpm_factories(distribution=distribution,
+                                     train_steps=1000)['make_transform']
+  assert TuningConfig.from_json(make(
+      _channels()['examples'], _channels()['schema'],
+      'm.py').exec_properties[spec_keys.TUNING_KEY]).trainer_examples == (
+          1000 * batch)
   # A measurement batch of the user's that differs is kept, and flagged.
   make = taxi_pipeline.hpm_factories(distribution=distribution,
                                      tuning={'batch_size': 512})[

@@ -13,6 +13,7 @@ from components.data.input_pipeline import InputPipelineConfig
 from components.transform.config import TuningConfig
 from components.transform import consumer as consumer_lib
 from components.transform import decisions
+from components.transform import measurement
 from components.transform import report
 from components.transform import tuner
 from tests.support import transform_data
@@ -217,6 +218,49 @@ def test_slow_consumer_stops_early_with_the_defaults(patterns, tmp_path):
   text = report.render_markdown(result, {})
   assert 'training is **not input-bound**' in text
   assert tuner.STOPPED_EARLY in text
+
+
+def test_a_search_that_cannot_pay_for_itself_keeps_the_defaults(patterns):
+  # 64 examples: a fraction of a millisecond of reading, nothing to save.
+  fast = tuner.ConsumerRate(1e12, 'a consumer faster than any reader', 64)
+  result = _tune(patterns, time_budget_s=6.0, consumer=fast,
+                 trainer_examples=64)
+  assert result.decision == tuner.KEPT_DEFAULTS
+  assert [c.changes for c in result.candidates] == [{}]
+  assert result.consumer is None  # Not measured either.
+  assert result.config.cache == 'memory'  # The cache decision still holds.
+  assert any(n.startswith('Kept the default pipeline after one measurement: '
+                          'the trainer reads 64 examples') for n in
+             result.notes)
+  assert tuner.KEPT_DEFAULTS in report.render_markdown(result, {})
+
+
+@pytest.mark.parametrize('trainer_examples, pays, budget_s', [
+    (10, False, None),  # 0.01 s of reading: not one candidate's worth.
+    (30_000, True, 3.0),  # 30 s of reading: 10% of it, under the 8 s.
+    (10**6, True, None),  # 1,000 s: the 8 s budget is the bound.
+])
+def test_the_search_spends_a_fraction_of_what_the_reading_costs(
+    trainer_examples, pays, budget_s):
+  config = TuningConfig(trainer_examples=trainer_examples,
+                        measure_seconds=0.3, time_budget_s=8.0)
+  clock = measurement.Clock(config.time_budget_s, config.measure_seconds)
+  deadline = clock.deadline
+  search = tuner._Search(config, clock, {}, 2, [])  # pylint: disable=protected-access
+  default = tuner.Measurement('default', 'materialized', 1000.0, {})
+  assert search.pays_for_itself(default) is pays
+  if budget_s is None:
+    assert clock.deadline == deadline
+  else:
+    assert clock.deadline == pytest.approx(deadline - 8.0 + budget_s)
+    assert search.notes == [
+        'Search budget 3.0 s: the trainer reads 30,000 examples, 30.00 s at '
+        "the default reader's 1,000 examples/s, so a search may spend at "
+        'most 10% of that, 3.00 s (time_budget_s=8).']
+  if not pays:
+    assert search.notes[0].startswith(
+        'Kept the default pipeline after one measurement: the trainer reads '
+        '10 examples, 0.01 s')
 
 
 def test_fast_consumer_searches(patterns):
