@@ -42,8 +42,8 @@ def test_auto_measures_without_training_and_keeps_the_faster(tmp_path, data):
   choice = auto['xla']
   assert choice['source'] == 'auto'
   assert set(choice['seconds_per_step']) == {'on', 'off'}
-  faster = choice['seconds_per_step']['on'] < choice['seconds_per_step']['off']
-  assert choice['enabled'] == faster
+  # Which one wins is the rule's, tested on a clock that cannot vary
+  # (test_measure_keeps_the_faster_and_needs_every_worker).
   assert auto['timing']['xla_probe_s'] > 0
   # The probe's steps were undone: the run equals one that never measured.
   _, fixed_tensors = _run(str(tmp_path / 'fixed'), data,
