@@ -7,6 +7,9 @@ optimizer step of each process consumed. `hparams['step_sleep_seconds']`
 slows steps down so that a test can signal a process mid-training;
 while the file `hparams['hold_file']` exists, a step that has logged waits
 (a test holds training until it has changed the cluster).
+`overflow_at_steps` lists optimizer iterations whose forward pass is scaled
+by 1e5, past float16's range (on replica `overflow_replica` only, where
+given): a loss-scaling test's overflows, at known steps.
 `seeded_initializers=False` and `dropout > 0` give the model the randomness
 that `distribution.seed` has to pin down. `dtype_policy` and `jit_compile`
 are the module's own precision and XLA choices (None: it makes none).
@@ -29,7 +32,10 @@ FEATURE_SPEC = {
 DEFAULT_HPARAMS = {'learning_rate': 0.05, 'hidden_units': 8, 'id_log': None,
                    'step_sleep_seconds': 0.0, 'hold_file': None,
                    'seeded_initializers': True, 'dropout': 0.0,
-                   'dtype_policy': None, 'jit_compile': None}
+                   'dtype_policy': None, 'jit_compile': None,
+                   'overflow_at_steps': (), 'overflow_replica': None}
+# The factor of an overflowing step: float16's largest value is 65,504.
+OVERFLOW_FACTOR = 1e5
 
 
 class RecordIds(tf.keras.layers.Layer):
@@ -69,6 +75,28 @@ class RecordIds(tf.keras.layers.Layer):
       return tf.identity(x)
 
 
+class OverflowAt(tf.keras.layers.Layer):
+  """Scales `x` by OVERFLOW_FACTOR at the given steps (and replica) in
+  training; passes it through otherwise."""
+
+  def __init__(self, steps, replica, step_fn, **kwargs):
+    super().__init__(**kwargs)
+    self._steps = [int(s) for s in steps]
+    self._replica = replica
+    self._step_fn = step_fn
+
+  def call(self, x, training=None):
+    if not training:
+      return x
+    overflow = tf.reduce_any(tf.equal(
+        tf.cast(self._step_fn(), tf.int64), self._steps))
+    if self._replica is not None:
+      context = tf.distribute.get_replica_context()
+      replica = context.replica_id_in_sync_group if context else 0
+      overflow = tf.logical_and(overflow, tf.equal(replica, self._replica))
+    return x * tf.where(overflow, OVERFLOW_FACTOR, 1.0)
+
+
 def build_model(hparams=None):
   hparams = {**DEFAULT_HPARAMS, **(hparams or {})}
   if hparams['dtype_policy']:
@@ -79,6 +107,12 @@ def build_model(hparams=None):
   hidden = RecordIds(hparams['id_log'], lambda: optimizer.iterations,
                      hparams['step_sleep_seconds'],
                      hparams['hold_file'])([x, ids])
+  if hparams['overflow_at_steps']:
+    hidden = OverflowAt(hparams['overflow_at_steps'],
+                        hparams['overflow_replica'],
+                        lambda: optimizer.iterations,
+                        # In float32: the next layer's float16 cast overflows.
+                        dtype='float32')(hidden)
   seeded = hparams['seeded_initializers']
   hidden = tf.keras.layers.Dense(
       hparams['hidden_units'], activation='relu',

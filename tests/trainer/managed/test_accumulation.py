@@ -17,6 +17,8 @@ TRAIN_STEPS = 6
 RTOL, ATOL = 2e-5, 1e-6
 ITERATIONS = 'optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE'
 STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
+LOSS_SCALE = ('optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/'
+              'VARIABLE_VALUE')
 
 
 def _train(root, data, **kwargs):
@@ -69,8 +71,9 @@ TOLERANCES = {'float32': (RTOL, ATOL), 'mixed_float16': (2e-2, 2e-3)}
 def test_mirrored_accumulation_equals_one_device_large_batch(tmp_path, data,
                                                              precision):
   """2 replicas x 2 examples x 2 micro-steps == 1 replica x 8 examples,
-  in float32 and in float16 with loss scaling (every replica skips or
-  applies an update alike, the scale is the same).
+  in float32 and in float16 with loss scaling. In float16 update 3
+  overflows on replica 1 only (on the one device, its whole batch): every
+  replica skips it alike and the scale halves once, as on one device.
 
   With the same data partitions (the two replicas' count) the examples of an
   update do not depend on how they are batched, so both runs train on the
@@ -83,6 +86,9 @@ def test_mirrored_accumulation_equals_one_device_large_batch(tmp_path, data,
                      accumulation=2, logical_cpu_devices=2)
   for task in (one, two):
     task.distribution.update(data_partitions=2, precision=precision)
+  if precision == 'mixed_float16':
+    one.hparams['overflow_at_steps'] = two.hparams['overflow_at_steps'] = [3]
+    two.hparams['overflow_replica'] = 1
   for task in (one, two):
     root = task.model_run_dir.rsplit('/', 1)[0]
     assert tt.run_child(task, root) == 0, tt.child_log(root)
@@ -91,7 +97,9 @@ def test_mirrored_accumulation_equals_one_device_large_batch(tmp_path, data,
   for step in range(TRAIN_STEPS):
     assert sorted(ids_one[(step, 0)]) == sorted(ids_two[(step, 0)] +
                                                 ids_two[(step, 1)])
-  _assert_close(tt.latest_checkpoint_tensors(two.checkpoint_dir),
-                tt.latest_checkpoint_tensors(one.checkpoint_dir),
+  two_tensors = tt.latest_checkpoint_tensors(two.checkpoint_dir)
+  _assert_close(two_tensors, tt.latest_checkpoint_tensors(one.checkpoint_dir),
                 *TOLERANCES[precision])
+  if precision == 'mixed_float16':
+    assert two_tensors[LOSS_SCALE] == 2**14
   assert tt.read_result(two)['precision']['policy'] == precision

@@ -58,14 +58,14 @@ def _train_with_fit(model, dataset):
   return model
 
 
-def _train_managed(model, dataset, accumulation_steps=1):
+def _train_managed(model, dataset, accumulation_steps=1, steps=STEPS):
   strategy = tf.distribute.get_strategy()
   replica_step = accumulation.replica_step_fn(
       model, accumulation_steps, BATCH, BATCH // accumulation_steps)
   runner = step_runners.SynchronousSteps(
       strategy, lambda context: dataset, replica_step,
       tf.Variable(0, dtype=tf.int64))
-  runner(0, STEPS)
+  runner(0, steps)
   return model
 
 
@@ -109,9 +109,34 @@ def test_gradients_below_float16s_range_train_only_with_loss_scaling():
   np.testing.assert_array_equal(unscaled.get_weights()[0], initial)
 
 
-def test_float16_accumulation_unscales_once():
-  """4 micro-steps of 4 examples, each scaled, unscaled once: the update of
-  the 16-example batch (float16 arithmetic: within its rounding)."""
+def test_overflowing_micro_steps_skip_their_whole_update_and_halve_once():
+  """Two of the first update's 4 micro-steps overflow float16 at the initial
+  scale: the whole update is skipped (the other micro-steps' gradients are
+  not applied alone) and the scale halves once, not once per micro-step;
+  the next update trains."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(2 * BATCH, 8)).astype('f4')
+  y = (x @ rng.normal(size=(8,))).astype('f4')
+  micro = BATCH // 4
+  for overflowing in (1, 3):
+    y[overflowing * micro:(overflowing + 1) * micro] *= 1e6
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+  model = _build(5)
+  initial = model.get_weights()
+  _train_managed(model, dataset, accumulation_steps=4, steps=1)
+  assert _scale(model) == 2**14
+  for after, before in zip(model.get_weights(), initial):
+    np.testing.assert_array_equal(after, before)
+  _train_managed(model, dataset.skip(1), accumulation_steps=4, steps=1)
+  assert _scale(model) == 2**14
+  assert not np.array_equal(model.get_weights()[0], initial[0])
+
+
+def test_float16_accumulation_equals_the_whole_batch():
+  """4 micro-steps of 4 examples, each scaled, then unscaled: the update of
+  the 16-example batch (float16 arithmetic: within its rounding). Unscaling
+  once or per micro-step is the same sum here; the overflow test above
+  tells a per-micro-step scaler apart (it would halve twice)."""
   dataset = _batches(target_scale=1.0)
   whole = _train_managed(_build(5), dataset)
   accumulated = _train_managed(_build(5), dataset, accumulation_steps=4)
@@ -281,31 +306,43 @@ def test_layers_in_float16_under_a_plain_optimizer_get_loss_scaling():
 RESUME_STEPS = 24
 
 
+# Step 9's forward pass overflows: the scale halves between the checkpoint
+# at step 8 and the kill at step 11, before the checkpoint at 12.
+OVERFLOW_STEP = 9
+
+
 def _float16_task(root, data):
   task = tt.make_task(root, data, train_steps=RESUME_STEPS,
                       per_replica_batch_size=2,
                       fault_tolerance={'save_every_steps': 4},
-                      hparams={'step_sleep_seconds': 0.05})
+                      hparams={'step_sleep_seconds': 0.05,
+                               'overflow_at_steps': [OVERFLOW_STEP]})
   task.distribution['precision'] = 'mixed_float16'
   return task
 
 
 @pytest.mark.slow
 def test_float16_kill_and_resume_is_bit_exact(tmp_path, data):
+  """Killed between the scale's change (step 9) and the next checkpoint
+  (12): the resume from 8 replays the overflow. Killed again after 12: the
+  resume from 12 starts at the changed scale, which the checkpoint holds."""
   baseline = _float16_task(str(tmp_path / 'baseline'), data)
   assert tt.run_child(baseline, str(tmp_path / 'baseline')) == 0, (
       tt.child_log(str(tmp_path / 'baseline')))
   expected = tt.final_tensors(baseline)
-  assert LOSS_SCALE in expected and expected[GOOD_STEPS] == RESUME_STEPS
+  # Halved once, at the overflow; the good steps counted from the step after.
+  assert expected[LOSS_SCALE] == 2**14
+  assert expected[GOOD_STEPS] == RESUME_STEPS - OVERFLOW_STEP - 1
 
   root = str(tmp_path / 'killed')
   task = _float16_task(root, data)
-  _, code = tt.kill_at_step(task, root, 11, signal.SIGKILL)
-  assert code == -signal.SIGKILL
+  for step in (11, 14):
+    _, code = tt.kill_at_step(task, root, step, signal.SIGKILL)
+    assert code == -signal.SIGKILL
   assert tt.run_child(task, root) == 0, tt.child_log(root)
   result = tt.read_result(task)
-  [event] = result['resume_events']
-  assert event['event'] == 'resumed' and 0 < event['from_step'] <= 12
+  assert [(e['event'], e['from_step']) for e in result['resume_events']] == [
+      ('resumed', 8), ('resumed', 12)]
   tensors = tt.final_tensors(task)
   assert sorted(tensors) == sorted(expected)
   for name, value in expected.items():
