@@ -22,7 +22,7 @@ import dataclasses
 import os
 import statistics
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 import tensorflow as tf
 
@@ -167,9 +167,20 @@ def with_choice(runner, choice: XlaChoice):
   return CompileErrorsNamed(runner, choice) if choice.enabled else runner
 
 
-def _is_compile_error(error: Exception) -> bool:
-  text = str(error)
-  return 'unsupported operations' in text or 'xla' in text.lower()
+# What TF's XLA bridge (tf2xla, `xla_ops.cc`) says of a step it could not
+# compile; a runtime error of a compiled step says none of them.
+_COMPILE_ORIGINS = ('Detected unsupported operations when trying to compile',
+                    'tf2xla conversion failed',
+                    'XLA compilation requires',
+                    'must be a compile-time constant')
+
+
+def _is_compile_error(error: Exception, first_call: bool) -> bool:
+  """A compile error: raised by the call that compiles the step (the first
+  of its length), of the types TF's XLA bridge raises, naming the bridge."""
+  return (first_call and isinstance(error, (tf.errors.InvalidArgumentError,
+                                            tf.errors.UnimplementedError))
+          and any(origin in str(error) for origin in _COMPILE_ORIGINS))
 
 
 class CompileErrorsNamed:
@@ -179,12 +190,17 @@ class CompileErrorsNamed:
     self._runner = runner
     self._choice = choice
     self.traced_function = runner.traced_function
+    # The step functions that have compiled: each compiles on its first
+    # call (`traced_function(k)` names the one that runs k steps).
+    self._compiled: Set[str] = set()
 
   def __call__(self, current: int, k: int):
     try:
-      return self._runner(current, k)
-    except tf.errors.InvalidArgumentError as error:
-      if not _is_compile_error(error):
+      result = self._runner(current, k)
+    except (tf.errors.InvalidArgumentError,
+            tf.errors.UnimplementedError) as error:
+      first_call = self.traced_function(k) not in self._compiled
+      if not _is_compile_error(error, first_call):
         raise
       fix = ('remove jit_compile=True from the module\'s compile()'
              if self._choice.source == 'module' else
@@ -192,3 +208,5 @@ class CompileErrorsNamed:
       raise TrainingConfigError(
           f'XLA cannot compile the training step ({_why(error)}): {fix}.'
       ) from error
+    self._compiled.add(self.traced_function(k))
+    return result

@@ -151,3 +151,55 @@ def test_multi_worker_float16_with_auto_equals_its_choice(tmp_path, data):
   assert set(auto['xla']['seconds_per_step']) == {'on', 'off'}
   for name, value in runs['fixed']['tensors'].items():
     np.testing.assert_array_equal(auto['tensors'][name], value, err_msg=name)
+
+
+class _Runner:
+  """A step runner of one traced function, as the managed loop's are."""
+
+  def __init__(self, step):
+    self._step = step
+
+  @staticmethod
+  def traced_function(k):
+    del k
+    return 'k_steps'
+
+  def __call__(self, current, k):
+    return current + k, self._step(tf.constant(float(current)))
+
+
+def _named(step):
+  return xla.CompileErrorsNamed(
+      _Runner(step), xla.XlaChoice(True, 'config', "distribution.xla='on'"))
+
+
+def test_a_step_xla_cannot_compile_is_a_config_error():
+  @tf.function(jit_compile=True)
+  def step(x):
+    return tf.py_function(lambda v: v, [x], tf.float32)
+
+  with pytest.raises(failures.TrainingConfigError,
+                     match=r'XLA cannot compile the training step '
+                     r'\(.*unsupported operations.*EagerPyFunc'):
+    _named(step)(0, 1)
+
+
+def test_a_runtime_error_that_mentions_xla_is_not_a_compile_error():
+  """Not by the word: a data check whose message names an 'xla_...' feature
+  stays the error it is (the old rule made it a config error, never
+  retried, naming the wrong fix)."""
+
+  @tf.function
+  def step(x):
+    with tf.control_dependencies([tf.debugging.assert_less(
+        x, 1.0, message='feature xla_score out of range')]):
+      return tf.identity(x)
+
+  runner = _named(step)
+  with pytest.raises(tf.errors.InvalidArgumentError, match='xla_score'):
+    runner(5, 1)
+  # After a call that ran, the same function's errors are run-time ones,
+  # whatever they say.
+  assert runner(0, 1)[0] == 1
+  with pytest.raises(tf.errors.InvalidArgumentError, match='xla_score'):
+    runner(5, 1)
