@@ -97,7 +97,7 @@ class DistributionConfig(JsonConfig):
 
   Attributes:
     strategy: One of `strategies()`; `auto` decides from the environment (see
-      `strategy.choose_strategy`).
+      `strategies.choice.choose_strategy`).
     mode: `managed` (the module provides `build_model`, the executor owns the
       loop), `run_fn` (the stock contract) or `auto`: managed when the module
       has `build_model` and no `run_fn` parameter was given.
@@ -106,7 +106,7 @@ class DistributionConfig(JsonConfig):
       strategies); `in_process` trains inside the executor's process, for
       orchestrators that already run one pod per task and set TF_CONFIG;
       `ray` runs each task of the cluster in a Ray actor on an existing Ray
-      cluster, across its nodes (see `ray_launcher`); `auto` (the default)
+      cluster, across its nodes (`cluster.ray_backend`); `auto` (the default)
       is `local`, or `in_process` where an output or the checkpoint root
       lives in one process (`ram://`), which child processes cannot see
       (see `resolve.resolve_launcher`).

@@ -4,8 +4,8 @@ The executor resolves everything a training process needs into a
 `TrainingTask` (files, dirs, configs, the stable checkpoint dir), decides the
 strategy (`auto` rules, recorded with the reason on `model_run`), and trains:
 in supervised child processes on this machine (launcher `local`), in Ray
-actors across a Ray cluster's nodes (launcher `ray`, see `ray_launcher`) or in
-its own process (launcher `in_process`, and `auto` where an output lives in
+actors across a Ray cluster's nodes (launcher `ray`, `cluster.ray_backend`) or
+in its own process (launcher `in_process`, and `auto` where an output lives in
 this process only, recorded with the reason on `model_run`). It then checks
 the exported model and records the training result on `model_run`.
 """

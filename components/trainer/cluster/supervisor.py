@@ -1,7 +1,7 @@
 """One supervisor for a training cluster: attempts, outcomes, what comes next.
 
-A backend starts one attempt of the cluster (`launcher`: child processes on
-this machine; `ray_launcher`: Ray actors across a Ray cluster's nodes) and
+A backend starts one attempt of the cluster (`local_backend`: child processes on
+this machine; `ray_backend`: Ray actors across a Ray cluster's nodes) and
 reports each task's state; `supervise` is the one loop that watches an
 attempt, judges its outcome and decides what follows: done, relaunch (while
 `max_restarts` lasts; a task that exits PREEMPTED_EXIT_CODE stopped at a
