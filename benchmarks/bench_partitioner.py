@@ -68,7 +68,7 @@ MEMORY_MICROBATCHES = 8
 SCHEDULE_STAGES = (2, 4)
 SCHEDULE_MICROBATCHES = (4, 8, 16)
 SCHEDULE_CHART_CASE = (4, 8)  # (K, M) whose measured schedules are charted.
-SCHEDULE_CHART = 'partitioner_schedules.png'
+SCHEDULE_CHART = f'{report.results_name("partitioner")}_schedules.png'
 
 
 # ---------------------------------------------------------------- models

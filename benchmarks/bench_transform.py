@@ -27,7 +27,8 @@ Side by side, in one run, on the Chicago taxi data shipped with tfx:
    taxi train split (many epochs, so the cache counts) and on the >= 1M copy
    (the first epoch); each run a fresh process.
 Writes benchmarks/results/transform.md and copies the default job's tuning
-report next to it (transform_tuning_report.md, transform_candidates.png).
+report next to it (transform_tuning_report.md, transform_candidates.png;
+on the other lane transform-tfx1.21_...).
 """
 
 import argparse
@@ -56,6 +57,9 @@ TRAINER_BATCH = 32
 # at a small batch Python's per-batch cost would be most of the time).
 READER_BATCHES = ((BATCH_SIZE, 'python'), (TRAINER_BATCH, 'in-graph'))
 TRANSFORM_ROUNDS = 3
+# The tuning's own report beside this lane's results (its candidates.png
+# likewise): transform_tuning_report.md on the plain-names lane.
+TUNING_REPORT = f'{report.results_name("transform")}_tuning_report.md'
 READER_ROUNDS = 3
 # Transform variants, in the order each round runs them. 'reused' is the
 # second run of 'searching' in that run's root.
@@ -588,7 +592,7 @@ def render(transforms, readers, trainer, trainer_data, num_examples,
       '## Tuned config (default job)',
       '',
       'Chosen by OptimizedTransform on the (unscaled) train split; its '
-      'report: [transform_tuning_report.md](transform_tuning_report.md).',
+      f'report: [{TUNING_REPORT}]({TUNING_REPORT}).',
       '',
       '```json',
       tuned_config.to_json(),
@@ -639,9 +643,11 @@ def main(results_dir: str = 'benchmarks/results',
                 os.getloadavg()[0])
   os.makedirs(results_dir, exist_ok=True)
   shutil.copy(os.path.join(tuned_uri, 'report.md'),
-              os.path.join(results_dir, 'transform_tuning_report.md'))
+              os.path.join(results_dir, TUNING_REPORT))
   shutil.copy(os.path.join(tuned_uri, 'candidates.png'),
-              os.path.join(results_dir, 'transform_candidates.png'))
+              os.path.join(results_dir,
+                           f'{report.results_name("transform")}'
+                           '_candidates.png'))
   return report.write(results_dir, 'transform',
                       'OptimizedTransform vs stock Transform', body)
 
