@@ -57,9 +57,11 @@ TRAINER_BATCH = 32
 # at a small batch Python's per-batch cost would be most of the time).
 READER_BATCHES = ((BATCH_SIZE, 'python'), (TRAINER_BATCH, 'in-graph'))
 TRANSFORM_ROUNDS = 3
-# The tuning's own report beside this lane's results (its candidates.png
-# likewise): transform_tuning_report.md on the plain-names lane.
+# The tuning's own report and chart beside this lane's results:
+# transform_tuning_report.md and transform_candidates.png on the plain-names
+# lane.
 TUNING_REPORT = f'{report.results_name("transform")}_tuning_report.md'
+TUNING_CHART = f'{report.results_name("transform")}_candidates.png'
 READER_ROUNDS = 3
 # Transform variants, in the order each round runs them. 'reused' is the
 # second run of 'searching' in that run's root.
@@ -645,9 +647,7 @@ def main(results_dir: str = 'benchmarks/results',
   shutil.copy(os.path.join(tuned_uri, 'report.md'),
               os.path.join(results_dir, TUNING_REPORT))
   shutil.copy(os.path.join(tuned_uri, 'candidates.png'),
-              os.path.join(results_dir,
-                           f'{report.results_name("transform")}'
-                           '_candidates.png'))
+              os.path.join(results_dir, TUNING_CHART))
   return report.write(results_dir, 'transform',
                       'OptimizedTransform vs stock Transform', body)
 

@@ -183,9 +183,9 @@ def test_private_reads_find_the_instance_attributes_they_rely_on():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from components.patches import tensorflow_internals  # pylint: disable=g-import-not-at-top
   manager = tensorflow_internals.cancellation_manager()
-  iterator = iter(tf.data.Dataset.range(3))
-  assert int(tensorflow_internals.cancellable_next(iterator, manager)) == 0
-  assert int(tensorflow_internals.cancellable_next(iterator, manager)) == 1
+  read = tensorflow_internals.cancellable_reader(
+      iter(tf.data.Dataset.range(3)), manager)
+  assert int(read()) == 0 and int(read()) == 1
   dense = tf.keras.layers.Dense(1)
   model = tf.keras.Sequential([tf.keras.Input((2,)), dense])
   nodes = tensorflow_internals.graph_network_nodes(model)
@@ -202,7 +202,7 @@ def test_private_reads_find_the_instance_attributes_they_rely_on():
                      r'for TensorFlow 2\.16 to 2\.21; object objects have '
                      r'no _iterator_resource in the installed TensorFlow '
                      r'2\.(16|21)'):
-    tensorflow_internals.cancellable_next(object(), manager)
+    tensorflow_internals.cancellable_reader(object(), manager)
 
 
 def test_a_private_read_checks_its_patch_once(monkeypatch):

@@ -55,20 +55,20 @@ class LocalCell:
         list(command or [sys.executable, '-m', 'components.offload.cell']),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     self.pid = self._process.pid
-    try:
+    try:  # Every way a start fails leaves no process behind.
       line = _first_line(self._process, start_timeout_s)
+      if not line:
+        raise RuntimeError(
+            f'Offload cell {name} exited before it served (exit code '
+            f'{self._process.wait(timeout=STOP_TIMEOUT_S)}).')
+      try:
+        self.address = json.loads(line)['address']
+      except (ValueError, KeyError) as e:
+        raise RuntimeError(f'Offload cell {name} printed {line[:200]!r}, '
+                           'not its address.') from e
     except BaseException:
       self.stop()
       raise
-    if not line:
-      raise RuntimeError(f'Offload cell {name} exited before it served '
-                         f'(exit code {self._process.wait()}).')
-    try:
-      self.address = json.loads(line)['address']
-    except (ValueError, KeyError) as e:
-      self.stop()
-      raise RuntimeError(f'Offload cell {name} printed {line[:200]!r}, not '
-                         'its address.') from e
 
   def gone(self) -> Optional[str]:
     """Why the cell is gone; None while its process runs."""

@@ -70,9 +70,9 @@ class _Pump:
   def _run(self, source, put):
     try:
       iterator = iter(source().map(put))
+      read = tensorflow_internals.cancellable_reader(iterator, self._cancel)
       while not self._closed.is_set():
-        number = int(tensorflow_internals.cancellable_next(iterator,
-                                                             self._cancel))
+        number = int(read())
         # The consumer takes only the position it expects: a replay is
         # dropped there, and so is a gap, whose cell this pump loses.
         if number < self.expected:

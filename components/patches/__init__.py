@@ -372,7 +372,7 @@ DIRECT_RUNNER_IN_PROCESS = Patch(
 _EXECUTE = 'tensorflow.python.eager.'
 
 # An offload stream's blocked read of a cell that `close` cancels
-# (`tensorflow_internals.cancellable_next`): tf.data has no public
+# (`tensorflow_internals.cancellable_reader`): tf.data has no public
 # cancellable `next`, and `CancellationManager.get_cancelable_function`
 # cancels every function other threads start meanwhile. Also relies on
 # iterators' instance attribute `_iterator_resource`.

@@ -5,15 +5,16 @@ Nothing here is swapped: each function checks its patch (once per process,
 `PatchError` naming the supported versions, not an AttributeError deep in
 training.
 
-- `cancellable_next(iterator, manager)`: an offload stream's next element,
-  a read `manager.start_cancel()` ends (`CANCELLABLE_ITERATOR_READS`).
+- `cancellable_reader(iterator, manager)`: an offload stream's reads of its
+  next elements, each ended by `manager.start_cancel()`
+  (`CANCELLABLE_ITERATOR_READS`).
 - `stop_service_servers(*servers)`: a tf.data service cell's dispatcher and
   worker stopped in process (`SERVICE_SERVER_STOPS`).
 - `graph_network_nodes(model)`: a Functional or Sequential model's nodes by
   depth, None for a subclassed model (`KERAS_GRAPH_NODES`).
 """
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 # pylint: disable=g-direct-tensorflow-import
@@ -30,19 +31,27 @@ def cancellation_manager() -> cancellation.CancellationManager:
   return cancellation.CancellationManager()
 
 
-def cancellable_next(iterator: Any,
-                     manager: cancellation.CancellationManager) -> tf.Tensor:
-  """The next scalar int64 of `iterator`, read with `manager` itself:
-  `CancellationManager.get_cancelable_function` sets a process-wide context
-  while it runs, so every function another thread (the training step)
-  started during a blocked read would be cancelled with it."""
+def cancellable_reader(iterator: Any,
+                       manager: cancellation.CancellationManager
+                      ) -> Callable[[], tf.Tensor]:
+  """A function reading `iterator`'s next scalar int64 with `manager`
+  itself: `CancellationManager.get_cancelable_function` sets a process-wide
+  context while it runs, so every function another thread (the training
+  step) started during a blocked read would be cancelled with it. The patch
+  and the iterator's resource are checked once, here, not per element; the
+  function holds the iterator (its resource lives as long)."""
   patches.require(patches.CANCELLABLE_ITERATOR_READS)
   resource = patches.private_attribute(patches.CANCELLABLE_ITERATOR_READS,
                                        iterator, '_iterator_resource')
-  return execute.execute_with_cancellation(
-      'IteratorGetNext', 1, [resource],
-      ('output_types', [tf.int64], 'output_shapes', [[]]),
-      context.context(), manager)[0]
+
+  def read(held=iterator) -> tf.Tensor:
+    del held
+    return execute.execute_with_cancellation(
+        'IteratorGetNext', 1, [resource],
+        ('output_types', [tf.int64], 'output_shapes', [[]]),
+        context.context(), manager)[0]
+
+  return read
 
 
 def stop_service_servers(*servers: Any) -> None:

@@ -100,9 +100,9 @@ def tune(tuning: TuningConfig,
                        tuning, feature_spec, materialized_patterns,
                        transform_graph_uri, raw_file_patterns,
                        compression_type, raw_compression_type),
-                   cores or os.cpu_count() or 1, list(notes or []))
-  mismatches = [m for m in [tuning.batch_mismatch(),
-                             *(batch_mismatches or [])] if m]
+                   cores or os.cpu_count() or 1, list(notes or []),
+                   [m for m in [tuning.batch_mismatch(),
+                                *(batch_mismatches or [])] if m])
   sources, clock, notes = search.sources, search.clock, search.notes
 
   # 1. The default pipeline of the first path, keeping its first batch.
@@ -123,13 +123,12 @@ def tune(tuning: TuningConfig,
 
   # 3. What the trainer's reading lets the tuning spend.
   if not search.pays_for_itself(defaults[first]):
-    search.mismatch = '; '.join(mismatches) or None
     return search.result(sources[first], defaults[first], KEPT_DEFAULTS,
                          f'{first}: the default (a search cannot pay for '
                          'itself)')
 
   # 4. The consumer, and whether training is input-bound at all.
-  search.weigh_consumer(consumer, probe, mismatches, defaults[first])
+  search.weigh_consumer(consumer, probe, defaults[first])
 
   if tuning.early_stop and search.input_bound is False:
     notes.append('Stopped early with the default pipeline: training is not '
@@ -176,7 +175,8 @@ class _Search:
   notes for the report and the decisions taken."""
 
   def __init__(self, tuning: TuningConfig, clock: Clock,
-               sources: Dict[str, Source], cores: int, notes: List[str]):
+               sources: Dict[str, Source], cores: int, notes: List[str],
+               mismatches: List[str]):
     self.tuning = tuning
     self.clock = clock
     self.sources = sources
@@ -187,7 +187,8 @@ class _Search:
     self.consumer: Optional[ConsumerRate] = None
     self.input_bound: Optional[bool] = None
     self.input_bound_reason = ''
-    self.mismatch: Optional[str] = None
+    # Why the measured batch may not be the trainer's (the report's flag).
+    self.mismatches = mismatches
     self.num_examples = 0
     self.cache = 'none'
     self.cache_reason = ''
@@ -240,16 +241,14 @@ class _Search:
     return True
 
   def weigh_consumer(self, consumer: Union[None, ConsumerRate, ConsumerFn],
-                     probe: Any, mismatches: List[str],
-                     default: Measurement) -> None:
+                     probe: Any, default: Measurement) -> None:
     """The consumer's rate (on the default reader's first batch), and
     whether training is input-bound at all."""
     self.consumer = _consumer_rate(consumer, probe, self.notes)
     if self.consumer is not None and self.consumer.batch_size != self.batch:
-      mismatches.append(
+      self.mismatches.append(
           f'the consumer rate ({self.consumer.source}) is at batch '
           f'{self.consumer.batch_size}, the reader measured at {self.batch}')
-    self.mismatch = '; '.join(mismatches) or None
     self.input_bound, self.input_bound_reason = decisions.input_bound(
         self.tuning, default, self.consumer)
 
@@ -369,7 +368,7 @@ class _Search:
         notes=self.notes, load_average=os.getloadavg()[0], cores=self.cores,
         consumer=self.consumer, input_bound=self.input_bound,
         input_bound_reason=self.input_bound_reason, decision=decision,
-        batch_mismatch=self.mismatch)
+        batch_mismatch='; '.join(self.mismatches) or None)
 
 
 def _final_config(source: Source, best: Measurement, tuning: TuningConfig,

@@ -246,7 +246,7 @@ def test_the_search_spends_a_fraction_of_what_the_reading_costs(
                         measure_seconds=0.3, time_budget_s=8.0)
   clock = measurement.Clock(config.time_budget_s, config.measure_seconds)
   deadline = clock.deadline
-  search = tuner._Search(config, clock, {}, 2, [])  # pylint: disable=protected-access
+  search = tuner._Search(config, clock, {}, 2, [], [])  # pylint: disable=protected-access
   default = tuner.Measurement('default', 'materialized', 1000.0, {})
   assert search.pays_for_itself(default) is pays
   if budget_s is None:
