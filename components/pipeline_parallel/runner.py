@@ -252,14 +252,16 @@ class PipelineRunner:
         upstream = sent_grads.pop((s + 1, m), {})
         input_grads, stage_grads, loss_share = self._step.backward(
             stage, stashed.pop((m, s)), upstream, micro_labels[m])
-        for accumulator, grad in zip(accumulators[s], stage_grads):
-          if first_backward[s]:
-            accumulator.assign(grad)
-          else:
-            accumulator.assign_add(grad)
+        # The device's next task waits for these sums: otherwise, on a busy
+        # machine, several micro-batches' gradients wait for their adds at
+        # once and the peak depends on the scheduler.
+        sums = [
+            (accumulator.assign if first_backward[s] else
+             accumulator.assign_add)(grad, read_value=False)
+            for accumulator, grad in zip(accumulators[s], stage_grads)]
         first_backward[s] = False
         if loss_share is not None:
           local_losses.append(loss_share)
         sent_grads[(s, m)] = input_grads
-        last_task[s] = [*stage_grads, *input_grads.values()]
+        last_task[s] = [*sums, *input_grads.values()]
     return local_losses

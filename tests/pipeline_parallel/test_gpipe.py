@@ -482,8 +482,9 @@ def test_remat_and_1f1b_each_lower_the_measured_peak_memory(worker_results):
   and one micro-batch's activations; 1F1B (no remat) keeps 2 micro-batches on
   stage 0 and 1 on stage 1 (2 x 4 + 1 x 5 layer outputs, 18% of GPipe's).
   Summing gradients in a way that kept every micro-batch's gradients alive
-  (as an AddN would) would add ~8 x 2 MiB to each. Stated margin: under half
-  of GPipe's peak.
+  (as an AddN would) would add ~8 x 2 MiB to each; so would a device
+  starting its next backward before its gradient sums are added (seen under
+  load in CI). Stated margin: under half of GPipe's peak.
   """
   peaks = worker_results['transient_peak_bytes']
   assert peaks['never'] > 6 * 2**20, peaks
