@@ -179,7 +179,8 @@ def pytest_collection_modifyitems(items):
 # clusters), longest first. pytest-xdist hands files out by test count, which
 # would leave these few-test files for last and one worker running them alone.
 LONG_FILES = (
-    'tests/test_gcs_pipeline.py', 'tests/test_notebook.py',
+    'tests/test_tfx_conformance.py', 'tests/test_gcs_pipeline.py',
+    'tests/test_notebook.py',
     'tests/test_kubeflow_run.py', 'tests/trainer/cluster/test_ray_backend.py',
     'tests/trainer/test_pipeline.py', 'tests/test_dropin_pipelines.py',
     'tests/transform/test_pipeline.py', 'tests/trainer/managed/test_resume.py',
