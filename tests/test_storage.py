@@ -42,6 +42,7 @@ from components import storage
 from components.trainer.checkpoint import store as store_lib
 from components.trainer.cluster import tf_cluster
 from components.trainer import executor as trainer_executor
+from components.trainer.launchers import backends
 from components.trainer import model_run as trainer_model_run
 from components.trainer import spec_keys as trainer_keys
 from components.trainer.config import DistributionConfig
@@ -299,7 +300,7 @@ def test_trainer_executor_runs_with_only_the_stock_exec_properties(tmp_path):
   assert 'shared storage' in model_run.get_string_custom_property(
       'launcher_reason')
   assert model_run.get_int_custom_property('train_steps') == 4
-  logs = os.path.join(model_run.uri, trainer_executor.CLUSTER_LOG_DIR,
+  logs = os.path.join(model_run.uri, backends.CLUSTER_LOG_DIR,
                       'attempt-0')
   assert os.listdir(logs) == ['trainer.log']
   assert tf.saved_model.load(os.path.join(
@@ -391,7 +392,7 @@ def test_stock_properties_on_ram_train_in_the_executors_process(tmp_path):
   assert model_run.get_int_custom_property('train_steps') == 4
   # No cluster was started, so no cluster logs.
   assert not os.path.exists(os.path.join(
-      model_run.uri, trainer_executor.CLUSTER_LOG_DIR))
+      model_run.uri, backends.CLUSTER_LOG_DIR))
   decision = storage.read_json(os.path.join(
       model_run.uri, trainer_model_run.DECISION_FILE))
   assert decision['launcher'] == 'in_process'

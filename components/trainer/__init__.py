@@ -4,6 +4,7 @@ Layers, each importing only those under it (`.importlinter` enforces it):
 
   component                  the TFX component and its spec
   executor                   TFX's executor: resolves, launches, records
+  launchers.backends         one class per launcher, each with its `run`
   model_run | resolve        what MLMD records; the executor's decisions
   process.entry              what each training process runs
   managed | fn_args          the managed loop; run_fn mode's `fn_args`
@@ -17,8 +18,10 @@ Layers, each importing only those under it (`.importlinter` enforces it):
                              loader
   strategies.registry        one entry per strategy: its capabilities;
   | spec_keys                the keys our spec adds to the stock Trainer's
+  launchers.registry         one entry per launcher: its capabilities
 
-`strategies` and `process` each span two layers: a strategy's entry is
-read by everything, the choice needs the config; a process's context is
-read by the loop that its entry runs.
+`strategies`, `launchers` and `process` each span two layers: a strategy's
+or a launcher's entry is read by everything, the choice needs the config
+and a backend runs the processes; a process's context is read by the loop
+that its entry runs.
 """

@@ -13,13 +13,10 @@ from components.json_config import is_int, is_number
 from components.offload.config import OffloadConfig
 from components.trainer.common import membership
 from components.trainer.common import cpu_threads
+from components.trainer.launchers import registry as launchers
 from components.trainer.strategies import registry
 
-LAUNCHERS = ('auto', 'in_process', 'local', 'ray')
-# Launchers that start the cluster's processes themselves from num_workers /
-# num_ps ('auto' is 'local' unless outputs live in one process).
-CLUSTER_LAUNCHERS = ('auto', 'local', 'ray')
-# Placement-group strategies for launcher 'ray': SPREAD puts each task on
+# Placement-group strategies on a Ray cluster: SPREAD puts each task on
 # another node where it can, PACK fills nodes first (both are soft: a task
 # lands where resources remain when nodes are short).
 RAY_PLACEMENTS = ('SPREAD', 'PACK')
@@ -208,7 +205,7 @@ class DistributionConfig(JsonConfig):
     """Raises ValueError on the first inconsistency; returns self."""
     check_choice('strategy', self.strategy, strategies())
     check_choice('mode', self.mode, MODES)
-    check_choice('launcher', self.launcher, LAUNCHERS)
+    check_choice('launcher', self.launcher, (AUTO,) + launchers.names())
     for name in ('num_workers', 'gradient_accumulation_steps'):
       check_int(name, getattr(self, name), minimum=1)
     for name in ('num_ps', 'logical_cpu_devices', 'train_epochs'):
@@ -253,9 +250,12 @@ class DistributionConfig(JsonConfig):
       raise ValueError(f'ray={self.ray!r} must be an object with keys from '
                        f'{[f.name for f in dataclasses.fields(RayConfig)]}.')
     self.ray.validate()
-    if self.launcher != 'ray' and self.ray != RayConfig():
-      raise ValueError(f'ray={self.ray.to_dict()} needs launcher=\'ray\', not '
-                       f'launcher={self.launcher!r}.')
+    if not launchers.on_ray_cluster(self.launcher) and (
+        self.ray != RayConfig()):
+      raise ValueError(
+          f'ray={self.ray.to_dict()} needs a launcher on a Ray cluster '
+          f'({launchers.names(ray_cluster=True)}), not '
+          f'launcher={self.launcher!r}.')
 
   def _validate_offload(self) -> None:
     if not isinstance(self.offload, OffloadConfig):
@@ -320,19 +320,20 @@ class DistributionConfig(JsonConfig):
           'coordinator).')
 
   def _validate_cluster(self) -> None:
-    if self.launcher == 'in_process' and (self.num_workers != 1 or
-                                          self.num_ps != 0):
+    if not launchers.starts_processes(self.launcher) and (
+        self.num_workers != 1 or self.num_ps != 0):
       raise ValueError(
-          f'num_workers={self.num_workers}, num_ps={self.num_ps} need '
-          "launcher='local': with launcher='in_process' the orchestrator's "
-          'TF_CONFIG defines the cluster; allowed here: num_workers=1, '
-          'num_ps=0.')
+          f'num_workers={self.num_workers}, num_ps={self.num_ps} need a '
+          f'launcher that starts processes '
+          f'({launchers.names(starts_processes=True)}): with '
+          f'launcher={self.launcher!r} the orchestrator\'s TF_CONFIG defines '
+          'the cluster; allowed here: num_workers=1, num_ps=0.')
     spec = None if self.strategy == AUTO else registry.get(self.strategy)
     mismatch = spec and spec.mismatch(self.num_workers, self.num_ps)
     if mismatch:
       raise ValueError(f'{mismatch}.')
     if (spec and spec.cluster == registry.PARAMETER_SERVERS and
-        self.launcher in CLUSTER_LAUNCHERS and not self.num_ps):
+        launchers.starts_processes(self.launcher) and not self.num_ps):
       raise ValueError(
           f'strategy={self.strategy!r} with launcher={self.launcher!r} needs '
           f'num_ps >= 1, got num_ps={self.num_ps}.')
@@ -363,7 +364,8 @@ class DistributionConfig(JsonConfig):
     if self.strategy == AUTO:
       return None
     spec = registry.get(self.strategy)
-    if spec.cluster == registry.WORKERS and self.launcher in CLUSTER_LAUNCHERS:
+    if spec.cluster == registry.WORKERS and launchers.starts_processes(
+        self.launcher):
       return self.num_workers
     if spec.logical_cpu_replicas:
       return self.logical_cpu_devices or None

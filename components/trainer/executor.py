@@ -2,24 +2,20 @@
 
 The executor resolves everything a training process needs into a
 `TrainingTask` (files, dirs, configs, the stable checkpoint dir), decides the
-strategy (`auto` rules, recorded with the reason on `model_run`), and trains:
-in supervised child processes on this machine (launcher `local`), in Ray
-actors across a Ray cluster's nodes (launcher `ray`, `cluster.ray_backend`) or
-in its own process (launcher `in_process`, and `auto` where an output lives in
+strategy (`auto` rules, recorded with the reason on `model_run`), and trains
+through its launcher's backend (`launchers`): in supervised child processes
+on this machine (`local`), in Ray actors across a Ray cluster's nodes (`ray`)
+or in its own process (`in_process`, and `auto` where an output lives in
 this process only, recorded with the reason on `model_run`). It then checks
 the exported model and records the training result on `model_run`.
 """
 
 import hashlib
 import os
-import shutil
-import sys
-import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from absl import logging
-import tensorflow as tf
 from tfx import types
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_executor
@@ -35,21 +31,18 @@ from components.records import tuned_input_pipeline
 from components import storage
 from components.trainer.checkpoint.config import FaultToleranceConfig
 from components.trainer.checkpoint import location
-from components.trainer.checkpoint import records
-from components.trainer.cluster import local_backend
-from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
 from components.trainer import config as config_lib
 from components.trainer.common import progress
 from components.trainer import model_run as model_run_lib
-from components.trainer.process import entry
 from components.trainer.common.task import TrainingTask
+from components.trainer.launchers import backends
+from components.trainer.launchers import registry as launcher_registry
 from components.trainer import resolve
 from components.trainer import spec_keys
 from components.trainer.strategies import choice as strategy_lib
 from components.trainer import user_module
 
-CLUSTER_LOG_DIR = 'cluster_logs'
 # This node's pipeline name and id where the executor's context has none:
 # TFX's Kubeflow V2 entrypoint gives executors no pipeline or node, so
 # kubeflow.runner sets these in the compiled task's container env.
@@ -117,17 +110,6 @@ def _check_elastic_mode(config: config_lib.DistributionConfig,
         f'{config.num_workers}.')
 
 
-def _upload_cluster_logs(local_logs: str, logs: str) -> None:
-  """Copies the processes' logs to model_run, warning where it cannot."""
-  try:
-    storage.upload_tree(local_logs, logs)
-  except (OSError, tf.errors.OpError) as upload_error:
-    # E.g. the location is full: the training's own error stays the one
-    # raised.
-    logging.warning('Could not upload the cluster logs to %s: %s', logs,
-                    upload_error)
-
-
 class Executor(base_executor.BaseExecutor):
   """Trains with the configured (or automatically chosen) strategy."""
 
@@ -147,15 +129,8 @@ class Executor(base_executor.BaseExecutor):
     # root, below) fails now, naming the path and the storage's error.
     storage.check_writable(model_run.uri, 'model_run output')
 
-    try:
-      self._do(input_dict, output_dict, exec_properties, config,
-               fault_tolerance, model_run)
-    finally:
-      # The Ray connection (made when the environment is detected) ends
-      # with the component.
-      if config.launcher == 'ray':
-        from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
-        ray_backend.disconnect()
+    self._do(input_dict, output_dict, exec_properties, config,
+             fault_tolerance, model_run)
 
   def _do(self, input_dict, output_dict, exec_properties, config,
           fault_tolerance, model_run) -> None:
@@ -188,14 +163,20 @@ class Executor(base_executor.BaseExecutor):
       _check_elastic_mode(config, mode)
       config, launcher_reason = self._resolve_launcher(
           config, fault_tolerance, stock_args)
-      config = self._resolve_strategy(config, input_dict, model_run,
-                                      launcher_reason)
-      task = self._make_task(input_dict, output_dict, props, config,
-                             fault_tolerance, module_identity, mode,
-                             stock_args)
-      storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
-      task.save(os.path.join(task.model_run_dir, tf_cluster.TASK_FILE_NAME))
-      launch, result = self._launch(task, config, fault_tolerance, began)
+      backend = backends.for_config(config)
+      try:
+        config = self._resolve_strategy(config, input_dict, model_run,
+                                        launcher_reason)
+        task = self._make_task(input_dict, output_dict, props, config,
+                               fault_tolerance, module_identity, mode,
+                               stock_args)
+        storage.check_writable(task.checkpoint_dir, 'checkpoint directory')
+        task.save(os.path.join(task.model_run_dir,
+                               tf_cluster.TASK_FILE_NAME))
+        launch, result = self._launch(backend, task, config,
+                                      fault_tolerance, began)
+      finally:
+        backend.close()
     self._record_outputs(model_run, task, launch, result)
 
   def _resolve_launcher(self, config: config_lib.DistributionConfig,
@@ -230,13 +211,14 @@ class Executor(base_executor.BaseExecutor):
                                   launcher_reason)
     return config
 
-  def _launch(self, task: TrainingTask,
+  @staticmethod
+  def _launch(backend: backends.Backend, task: TrainingTask,
               config: config_lib.DistributionConfig,
               fault_tolerance: FaultToleranceConfig, began: float
              ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """Trains; (the launch record, the result the chief wrote)."""
     prepared = time.monotonic()
-    launch = self._train(task, config, fault_tolerance)
+    launch = backend.run(task, config, fault_tolerance)
     # The component's fixed cost around the training processes.
     launch['timing'] = {
         'executor_before_launch_s': round(prepared - began, 3),
@@ -323,106 +305,12 @@ class Executor(base_executor.BaseExecutor):
     training process before it builds the model: the op pool of a fresh
     process (`in_process` leaves the executor's alone), `precision`."""
     threads_auto = (config.intra_op_threads == config_lib.AUTO and
-                    config.launcher != 'in_process')
+                    launcher_registry.get(config.launcher).starts_processes)
     if mode != 'managed' or not (threads_auto or
                                  config.precision == config_lib.AUTO):
       return None
     module = user_module.load(module_file, module_path)
     return user_module.count_weights(module, hparams)
-
-  def _train(self, task: TrainingTask,
-             config: config_lib.DistributionConfig,
-             fault_tolerance: FaultToleranceConfig
-            ) -> Dict[str, Any]:
-    """Trains; returns the launch record (the chief wrote the result)."""
-    if config.launcher == 'in_process':
-      entry.run_in_process(task, config)
-      return {'launcher': 'in_process'}
-    unshared = {k: v for k, v in task.output_dirs().items()
-                if storage.is_process_local(v)}
-    if unshared:
-      raise ValueError(
-          f'launcher={config.launcher!r} trains in child processes, which '
-          f'cannot see {unshared}: that filesystem lives in one process. Use '
-          "launcher='in_process', or storage that processes share.")
-    # Processes read their task and write their logs locally (a log being
-    # written cannot live on an object store); the logs are uploaded to
-    # model_run when the cluster stops, also when it failed.
-    local_dir = tempfile.mkdtemp(prefix='hpm-launch-')
-    task_path = os.path.join(local_dir, tf_cluster.TASK_FILE_NAME)
-    task.save(task_path)
-    local_logs = os.path.join(local_dir, CLUSTER_LOG_DIR)
-    logs = os.path.join(task.model_run_dir, CLUSTER_LOG_DIR)
-
-    def read_progress():
-      # The chief's progress marker: the launcher logs it every few
-      # seconds, so this component's log shows training as it runs.
-      return records.read_progress(task.checkpoint_dir)
-
-    try:
-      if config.launcher == 'ray':
-        launch = self._run_on_ray(task, config, fault_tolerance, local_logs,
-                                  read_progress)
-      else:
-        launch = self._run_locally(task_path, config, fault_tolerance,
-                                   local_logs, read_progress)
-    except supervisor.ClusterFailedError as e:
-      # The same error, naming the uploaded logs instead of the local ones.
-      error = type(e)(str(e).replace(local_logs, logs), e.failure,
-                      e.relaunches)
-      model_run_lib.record_failure(task.model_run_dir, error)
-      raise error from e
-    finally:
-      _upload_cluster_logs(local_logs, logs)
-      shutil.rmtree(local_dir, ignore_errors=True)
-    return {'launcher': config.launcher,
-            **launch.relocated(local_logs, logs).to_dict()}
-
-  @staticmethod
-  def _run_locally(task_path: str, config: config_lib.DistributionConfig,
-                   fault_tolerance: FaultToleranceConfig, local_logs: str,
-                   read_progress: Callable[[], Optional[Dict[str, Any]]]
-                  ) -> supervisor.LaunchResult:
-    """The cluster as child processes of this one, supervised."""
-
-    def argv_for_role(role):
-      return [sys.executable, '-m', 'components.trainer.process.entry',
-              '--task', task_path, '--role', role]
-
-    return local_backend.run_supervised(
-        lambda attempt: tf_cluster.cluster_processes(
-            config.strategy, config.num_workers, config.num_ps,
-            argv_for_role),
-        local_logs,
-        timeout_s=fault_tolerance.timeout_s,
-        max_restarts=fault_tolerance.max_restarts,
-        hang_timeout_s=fault_tolerance.hang_timeout_s,
-        read_progress=read_progress)
-
-  @staticmethod
-  def _run_on_ray(task: TrainingTask, config: config_lib.DistributionConfig,
-                  fault_tolerance: FaultToleranceConfig, local_logs: str,
-                  read_progress: Callable[[], Optional[Dict[str, Any]]]
-                 ) -> supervisor.LaunchResult:
-    """The cluster as Ray actors; each task gets the task file on its node."""
-    from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
-
-    def argv_for_role(role):
-      return [ray_backend.PYTHON, '-m', 'components.trainer.process.entry',
-              '--task', ray_backend.TASK_FILE, '--role', role]
-
-    return ray_backend.run_on_ray(
-        config.strategy, config.num_workers, config.num_ps, argv_for_role,
-        task.to_json(), local_logs,
-        placement_strategy=config.ray.placement,
-        resources=config.ray.task_resources(),
-        local_paths=task.local_output_dirs(),
-        min_workers=config.min_workers,
-        timeout_s=fault_tolerance.timeout_s,
-        max_restarts=fault_tolerance.max_restarts,
-        hang_timeout_s=fault_tolerance.hang_timeout_s,
-        rescale_check_s=fault_tolerance.rescale_check_s,
-        read_progress=read_progress)
 
   def _pipeline_name(self) -> str:
     info = self._context and self._context.pipeline_info

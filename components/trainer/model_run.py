@@ -19,6 +19,7 @@ import tensorflow as tf
 from components import storage
 from components.trainer.cluster import supervisor
 from components.trainer import config as config_lib
+from components.trainer.launchers import registry as launchers
 from components.trainer.strategies import choice as strategy_lib
 
 DECISION_FILE = 'distribution_decision.json'
@@ -49,7 +50,7 @@ def record_decision(model_run,
   model_run.set_string_custom_property('strategy_reason', reason)
   model_run.set_string_custom_property('launcher', config.launcher)
   model_run.set_string_custom_property('launcher_reason', launcher_reason)
-  if config.launcher == 'ray':
+  if launchers.on_ray_cluster(config.launcher):
     from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
     model_run.set_string_custom_property(
         'ray_address', ray_backend.resolve_address(config.ray.address))

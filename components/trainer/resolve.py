@@ -13,6 +13,7 @@ from components.trainer.config import AUTO
 from components.json_config import check_choice
 from components.trainer.config import DistributionConfig
 from components.trainer.config import MODES
+from components.trainer.launchers import registry as launchers
 
 def resolve_launcher(config: DistributionConfig,
                      process_local: Dict[str, str]
@@ -27,14 +28,14 @@ def resolve_launcher(config: DistributionConfig,
   if config.launcher != AUTO:
     return config, 'requested'
   if not process_local:
-    return (dataclasses.replace(config, launcher='local'),
+    return (dataclasses.replace(config, launcher=launchers.LOCAL.name),
             'outputs and checkpoints are shared storage: training runs in '
             'supervised child processes')
   if config.num_workers != 1 or config.num_ps:
-    return (dataclasses.replace(config, launcher='local'),
+    return (dataclasses.replace(config, launcher=launchers.LOCAL.name),
             f'num_workers={config.num_workers}, num_ps={config.num_ps} need '
             f'child processes, though {process_local} live in this process')
-  return (dataclasses.replace(config, launcher='in_process'),
+  return (dataclasses.replace(config, launcher=launchers.IN_PROCESS.name),
           f'{sorted(process_local)} at {sorted(process_local.values())} '
           'live in this process (child processes cannot see them): training '
           "runs in the executor's process")

@@ -110,7 +110,8 @@ def test_many_workers_need_a_multi_worker_strategy():
 def test_in_process_takes_the_cluster_from_tf_config():
   message = _error(launcher='in_process', strategy='multi_worker_mirrored',
                    num_workers=2)
-  assert "launcher='local'" in message and 'TF_CONFIG' in message
+  assert "starts processes (('local', 'ray'))" in message
+  assert 'TF_CONFIG' in message
 
 
 def test_logical_cpus_only_for_local_replica_strategies():
@@ -161,8 +162,8 @@ _ELASTIC = {'strategy': 'multi_worker_mirrored', 'launcher': 'ray',
      'num_workers=2]'),
     ({'min_workers': 1.0}, 'min_workers=1.0 must be an integer'),
     ({'min_workers': 1, 'launcher': 'local'},
-     "needs launcher='ray' (a Ray cluster can lose nodes), not "
-     "launcher='local'"),
+     "needs a launcher on a Ray cluster ('ray',) (its nodes can be lost), "
+     "not launcher='local'"),
     ({'min_workers': 1, 'strategy': 'parameter_server', 'num_ps': 1},
      "needs strategy in ('auto', 'multi_worker_mirrored') without parameter "
      "servers, not strategy='parameter_server', num_ps=1"),

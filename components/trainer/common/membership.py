@@ -18,6 +18,8 @@ import dataclasses
 import time
 from typing import List, Optional
 
+from components.trainer.launchers import registry as launchers
+
 from absl import logging
 
 from components.trainer.strategies import registry
@@ -51,11 +53,12 @@ def check(*, num_workers: int, min_workers: Optional[int], num_ps: int,
         f'min_workers={min_workers} < num_workers={num_workers} needs '
         f'strategy in {elastic_strategies()} without parameter servers, not '
         f'strategy={strategy!r}, num_ps={num_ps}.')
-  if launcher != 'ray':
+  if not launchers.on_ray_cluster(launcher):
     raise ValueError(
-        f'min_workers={min_workers} < num_workers={num_workers} needs '
-        f"launcher='ray' (a Ray cluster can lose nodes), not "
-        f'launcher={launcher!r}; or set min_workers={num_workers}.')
+        f'min_workers={min_workers} < num_workers={num_workers} needs a '
+        f'launcher on a Ray cluster {launchers.names(ray_cluster=True)} (its '
+        f'nodes can be lost), not launcher={launcher!r}; or set '
+        f'min_workers={num_workers}.')
   micro_batches = num_workers * accumulation
   for workers in range(min_workers, num_workers):
     if micro_batches % workers:

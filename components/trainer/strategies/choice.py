@@ -12,6 +12,7 @@ from typing import Any, Dict, Tuple
 from components import devices
 from components.trainer.common import tf_config as tf_config_lib
 from components.trainer.config import DistributionConfig
+from components.trainer.launchers import registry as launchers
 from components.trainer.strategies import registry
 
 
@@ -44,10 +45,10 @@ def detect_environment(config: DistributionConfig,
   Ray cluster is contacted (the first place an unreachable address fails)
   and its nodes that can hold a task counted.
   """
-  tf_config = (tf_config_lib.from_env() if config.launcher == 'in_process'
-               else {})
+  tf_config = ({} if launchers.starts_processes(config.launcher)
+               else tf_config_lib.from_env())
   ray_nodes = 0
-  if config.launcher == 'ray':
+  if launchers.on_ray_cluster(config.launcher):
     from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
     ray_backend.connect(config.ray.address)
     ray_nodes = len(ray_backend.task_nodes(config.ray.task_resources()))
@@ -102,9 +103,10 @@ def _candidates(config: DistributionConfig, env: Environment):
   if config.num_workers > 1:
     yield ('multi_worker_mirrored',
            f'num_workers={config.num_workers} was requested and num_ps=0.')
-  if config.launcher == 'ray' and env.ray_nodes > 1:
+  if launchers.on_ray_cluster(config.launcher) and env.ray_nodes > 1:
     yield ('multi_worker_mirrored',
-           f"launcher='ray' on a Ray cluster of {env.ray_nodes} nodes and no "
+           f'launcher={config.launcher!r} on a Ray cluster of '
+           f'{env.ray_nodes} nodes and no '
            f'TF_CONFIG: one worker per node ({env.ray_nodes} workers).')
   if env.num_gpus > 1:
     yield 'mirrored', f'{env.num_gpus} GPUs on one worker.'
@@ -136,8 +138,9 @@ def resolve(config: DistributionConfig,
              if registry.get(name).logical_cpu_replicas and not env.num_gpus
              else 0)
   workers = config.num_workers
-  if (config.strategy == 'auto' and config.launcher == 'ray' and
-      workers == 1 and registry.get(name).cluster == registry.WORKERS):
+  if (config.strategy == 'auto' and workers == 1 and
+      launchers.on_ray_cluster(config.launcher) and
+      registry.get(name).cluster == registry.WORKERS):
     workers = env.ray_nodes
   resolved = dataclasses.replace(config, strategy=name, num_workers=workers,
                                  logical_cpu_devices=logical)

@@ -12,6 +12,8 @@ import glob
 import os
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
+from components.trainer.launchers import registry as launchers
+
 # The processes of a strategy's cluster.
 ONE_PROCESS = 'one_process'  # No TF cluster: one process holds every replica.
 WORKERS = 'workers'  # Identical workers that all-reduce.
@@ -215,13 +217,13 @@ def _tpu_unavailable(config, environment) -> Optional[str]:
 
 
 def _parameter_server_unavailable(config, environment) -> Optional[str]:
-  if config.launcher != 'in_process' or (environment.cluster_size('ps') and
-                                         environment.cluster_size('worker')):
+  if launchers.starts_processes(config.launcher) or (
+      environment.cluster_size('ps') and environment.cluster_size('worker')):
     return None
-  return ("strategy='parameter_server' with launcher='in_process' needs a "
-          'TF_CONFIG with ps and worker tasks from the orchestrator; found '
-          f'cluster {environment.tf_config.get("cluster", {})}. Use '
-          "launcher='local' to start a local cluster.")
+  return (f"strategy='parameter_server' with launcher={config.launcher!r} "
+          'needs a TF_CONFIG with ps and worker tasks from the orchestrator; '
+          f'found cluster {environment.tf_config.get("cluster", {})}. Use '
+          f'launcher={launchers.LOCAL.name!r} to start a local cluster.')
 
 
 register(StrategySpec('one_device', ONE_PROCESS, _one_device,
