@@ -105,7 +105,8 @@ def test_bad_ray_options_are_named(values, expected):
 def test_ray_options_need_launcher_ray():
   message = _error(launcher='local', ray={'placement': 'PACK'})
   assert "'placement': 'PACK'" in message
-  assert "launcher='ray'" in message and "launcher='local'" in message
+  assert "a launcher on a Ray cluster (('ray',))" in message
+  assert "launcher='local'" in message
 
 
 def test_ray_options_round_trip():
