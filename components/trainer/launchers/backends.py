@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable, Dict, Optional, Type
+from typing import Any, Callable, Dict, List, Optional, Type
 
 from absl import logging
 import tensorflow as tf
@@ -109,11 +109,7 @@ class Local(_ChildProcesses):
 
   def _supervise(self, task, config, fault_tolerance, task_path, local_logs,
                  read_progress):
-
-    def argv_for_role(role):
-      return [sys.executable, '-m', 'components.trainer.process.entry',
-              '--task', task_path, '--role', role]
-
+    argv_for_role = _entry_argv(sys.executable, task_path)
     return local_backend.run_supervised(
         lambda attempt: tf_cluster.cluster_processes(
             config.strategy, config.num_workers, config.num_ps,
@@ -133,13 +129,9 @@ class Ray(_ChildProcesses):
   def _supervise(self, task, config, fault_tolerance, task_path, local_logs,
                  read_progress):
     from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
-
-    def argv_for_role(role):
-      return [ray_backend.PYTHON, '-m', 'components.trainer.process.entry',
-              '--task', ray_backend.TASK_FILE, '--role', role]
-
     return ray_backend.run_on_ray(
-        config.strategy, config.num_workers, config.num_ps, argv_for_role,
+        config.strategy, config.num_workers, config.num_ps,
+        _entry_argv(ray_backend.PYTHON, ray_backend.TASK_FILE),
         task.to_json(), local_logs,
         placement_strategy=config.ray.placement,
         resources=config.ray.task_resources(),
@@ -154,6 +146,12 @@ class Ray(_ChildProcesses):
   def close(self) -> None:
     from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
     ray_backend.disconnect()
+
+
+def _entry_argv(python: str, task_file: str) -> Callable[[str], List[str]]:
+  """role -> the command line of a training process of that role."""
+  return lambda role: [python, '-m', 'components.trainer.process.entry',
+                       '--task', task_file, '--role', role]
 
 
 _BACKENDS: Dict[str, Type[Backend]] = {
