@@ -218,7 +218,8 @@ def test_no_baseline_compiles_without_resolver_tasks(tmp_path):
       '"min_workers": 3}'], 'min_workers=3 must be an integer in [1, '
      'num_workers=2]'),
     (['--distribution', '{"strategy": "multi_worker_mirrored", '
-      '"num_workers": 2, "min_workers": 1}'], "launcher='ray'"),
+      '"num_workers": 2, "min_workers": 1}'],
+     "a launcher on a Ray cluster ('ray',)"),
 ], ids=lambda v: v if isinstance(v, str) else ' '.join(v))
 def test_bad_flags_fail_before_compiling(tmp_path, capsys, flags, message):
   output = tmp_path / 'never.json'

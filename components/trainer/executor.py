@@ -305,7 +305,7 @@ class Executor(base_executor.BaseExecutor):
     training process before it builds the model: the op pool of a fresh
     process (`in_process` leaves the executor's alone), `precision`."""
     threads_auto = (config.intra_op_threads == config_lib.AUTO and
-                    launcher_registry.get(config.launcher).starts_processes)
+                    launcher_registry.starts_processes(config.launcher))
     if mode != 'managed' or not (threads_auto or
                                  config.precision == config_lib.AUTO):
       return None
