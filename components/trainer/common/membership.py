@@ -18,10 +18,9 @@ import dataclasses
 import time
 from typing import List, Optional
 
-from components.trainer.launchers import registry as launchers
-
 from absl import logging
 
+from components.trainer.launchers import registry as launchers
 from components.trainer.strategies import registry
 
 

@@ -160,11 +160,11 @@ _BACKENDS: Dict[str, Type[Backend]] = {
 
 def for_config(config: config_lib.DistributionConfig) -> Backend:
   """The backend of the config's launcher (resolved: not `auto`)."""
-  name = registry.get(config.launcher).name
-  if name not in _BACKENDS:
-    raise NotImplementedError(f'launcher {name!r} is registered but has no '
-                              'backend class in launchers.backends.')
-  return _BACKENDS[name]()
+  spec = registry.get(config.launcher)
+  if spec.name not in _BACKENDS:
+    raise NotImplementedError(f'launcher {spec.name!r} is registered but has '
+                              'no backend class in launchers.backends.')
+  return _BACKENDS[spec.name]()
 
 
 def _upload_cluster_logs(local_logs: str, logs: str) -> None:
