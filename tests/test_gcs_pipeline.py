@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from components.partitioner import report
 from components.records import partition_plan
+from components.records import training_result
 from components.records import tuned_input_pipeline
 from components.trainer.checkpoint import store as checkpoint_store
 from components.trainer.common import tf_config as tf_config_lib
@@ -296,21 +297,19 @@ def test_hpm_pipeline_with_gpipe_on_gcs(tmp_path, gcs_bucket, gcs_data_root):
   assert tf.io.gfile.exists(f'{tuned.uri}/config.json')
 
   # The trainer executed the plan: the plan's schedule over its stages.
-  with tf.io.gfile.GFile(
-      f"{mlmd.latest_artifact(metadata_path, 'ModelRun').uri}"
-      '/training_result.json') as f:
-    result = json.load(f)
-  assert result['pipeline_parallel'] == {
+  result = training_result.read(
+      mlmd.latest_artifact(metadata_path, 'ModelRun').uri).loop
+  assert result.pipeline_parallel == {
       'num_stages': 2, 'num_microbatches': plan['num_microbatches'],
       'schedule': plan['schedule'], 'data_parallel_replicas': 1,
       'boundaries': plan['boundaries'], 'remat': plan['remat']}
-  assert result['steps'] == TRAIN_STEPS
+  assert result.steps == TRAIN_STEPS
   # The trainer's reader ran the config the tuner chose and measured.
   tuned_config = tuned_input_pipeline.read(tuned.uri).to_dict()
-  if result['cache_fallback'] is None:
-    assert result['input_pipeline'] == tuned_config
+  if result.cache_fallback is None:
+    assert result.input_pipeline == tuned_config
   else:
-    assert {**result['input_pipeline'], 'cache': tuned_config['cache']} == (
+    assert {**result.input_pipeline, 'cache': tuned_config['cache']} == (
         tuned_config)
 
 
@@ -397,10 +396,9 @@ def test_hpm_multi_worker_resumes_from_gcs_after_worker_killed(
   assert event['from_step'] > 0 and event['from_step'] % SAVE_EVERY_STEPS == 0
   assert event['from_step'] < TRAIN_STEPS
 
-  with tf.io.gfile.GFile(f'{model_run.uri}/training_result.json') as f:
-    result = json.load(f)
-  assert result['steps'] == TRAIN_STEPS, result  # Exact across attempts.
-  assert result['start_step'] == event['from_step'], result
+  result = training_result.read(model_run.uri).loop
+  assert result.steps == TRAIN_STEPS, result  # Exact across attempts.
+  assert result.start_step == event['from_step'], result
   with tf.io.gfile.GFile(f'{model_run.uri}/launch.json') as f:
     [restart] = json.load(f)['relaunches']
   assert restart['process'] == 'worker-1', restart

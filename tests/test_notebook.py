@@ -25,6 +25,7 @@ import nbformat
 from nbclient import NotebookClient
 import pytest
 
+from components.records import training_result
 from tests.support import mlmd
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -171,9 +172,8 @@ def test_trainer_notebook_trains_kills_resumes_and_evaluates():
   assert re.search(r'optimizer steps: (\d+) of \1 ', text), text
   [model_run] = glob.glob(os.path.join(
       root, 'Trainer_resumed', 'model_run', '*', 'training_result.json'))
-  with open(model_run) as f:
-    result = json.load(f)
-  assert [e['event'] for e in result['resume_events']] == ['resumed']
+  result = training_result.read(os.path.dirname(model_run))
+  assert [e['event'] for e in result.resume_events] == ['resumed']
   with open(os.path.join(os.path.dirname(model_run), 'launch.json')) as f:
     launch = json.load(f)
   assert launch['relaunches'][0]['exit_code'] == -9  # SIGKILL

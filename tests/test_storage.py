@@ -265,9 +265,8 @@ def test_trainer_executor_runs_with_every_output_on_ram(tmp_path, monkeypatch):
   serving = os.path.join(model_uri, 'Format-Serving')
   loaded = tf.saved_model.load(serving)
   assert 'serving_default' in loaded.signatures
-  result = storage.read_json(os.path.join(model_run_uri,
-                                          'training_result.json'))
-  assert result['steps'] == 4 and result['exported'] is True
+  result = training_result.read(model_run_uri)
+  assert result.steps == 4 and result.loop.exported is True
   decision = storage.read_json(os.path.join(
       model_run_uri, trainer_model_run.DECISION_FILE))
   assert decision['strategy'] == 'one_device'
@@ -520,7 +519,7 @@ def test_transform_tuning_runs_with_every_input_and_output_on_ram(
   # A training result of another batch: its rate is not the consumer's.
   training_uri = os.path.join(root, 'Trainer', 'model_run', '1')
   training_result.publish_steady_rate(
-      root, {'examples_per_sec': 100.0, 'global_batch_size': 8}, training_uri)
+      root, training_result.SteadyRate(100.0, 8, training_uri))
   batch = 16
   graph_dir = str(tmp_path / 'transform_graph')
   _write_transform_graph(preprocessing_module, local_examples, graph_dir)

@@ -6,15 +6,19 @@ reports of itself and of the task as it resolved it, with the managed loop's
 (`write`). `launch.json`: how the executor ran the processes (launcher,
 attempts, relaunches and their causes, membership changes, the executor's
 own timing), written once by the executor (`write_launch`). `read` and
-`read_launch` are the readers and check the format version. Readers outside
+`read_launch` are the readers and check the format version; `read` gives the
+typed `TrainingResult` back. Fields marked `_mlmd` are what the trainer
+records on its ModelRun artifact (`mlmd_properties`). Readers outside
 the trainer read the newest training's rate, which the trainer's executor
 publishes under the pipeline root (`publish_steady_rate`,
 `newest_steady_rate`), instead of searching its folders. No TFX import.
 """
 
 import dataclasses
+import json
+import math
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -38,6 +42,41 @@ def path(model_run_dir: str) -> str:
   return os.path.join(model_run_dir, FILE_NAME)
 
 
+# Where a field goes on the ModelRun artifact: an int, a finite float, or a
+# JSON string (set only where not empty), under the field's name unless
+# `name` says another.
+_MLMD_KEY = 'mlmd'
+INT, FLOAT, JSON, STRING = 'int', 'float', 'json', 'string'
+
+
+def _mlmd(kind: str, name: str = '', **field_args):
+  return dataclasses.field(metadata={_MLMD_KEY: (kind, name)}, **field_args)
+
+
+MlmdValue = Union[int, float, str]
+
+
+def _mlmd_properties(record) -> Iterator[Tuple[str, MlmdValue]]:
+  """(property, value) of `record`'s `_mlmd` fields that have a value of
+  their kind: MLMD's SQLite refuses NaN (an attempt that resumed at its last
+  step has no loss), and an empty JSON value says nothing."""
+  for field in dataclasses.fields(record):
+    if _MLMD_KEY not in field.metadata:
+      continue
+    kind, name = field.metadata[_MLMD_KEY]
+    value = _json_value(getattr(record, field.name))
+    name = name or field.name
+    if kind == INT and isinstance(value, int) and not isinstance(value, bool):
+      yield name, value
+    elif kind == FLOAT and isinstance(value, (int, float)) and math.isfinite(
+        value):
+      yield name, float(value)
+    elif kind == JSON and value:
+      yield name, json.dumps(value, sort_keys=True)
+    elif kind == STRING and isinstance(value, str):
+      yield name, value
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopReport:
   """What the managed loop reports of its attempt: the steps and their rate,
@@ -48,11 +87,11 @@ class LoopReport:
   start_step: int
   steps_this_attempt: int
   # The last call's mean loss; NaN where the attempt ran no step.
-  train_loss: float
+  train_loss: float = _mlmd(FLOAT)
   preempted: bool
   # The steady rate: after the first call (which traces), unless that call
   # was all there was (`rate_includes_first_step`).
-  examples_per_sec: float
+  examples_per_sec: float = _mlmd(FLOAT)
   rate_includes_first_step: bool
   # Seconds from the loop's start to the first call's end, and the wall
   # clock (time.time) then.
@@ -60,14 +99,14 @@ class LoopReport:
   first_step_time: Optional[float]
   # Steps per call: the length chosen (None while 'auto' still measures),
   # and the steps run at each length ('length': steps).
-  steps_per_execution: Optional[int]
-  steps_by_call_length: Dict[str, int]
+  steps_per_execution: Optional[int] = _mlmd(INT)
+  steps_by_call_length: Dict[str, int] = _mlmd(JSON)
   # This attempt's accumulation, and the examples of one optimizer update.
   gradient_accumulation_steps: int
   examples_per_step: int
   # The dtype policy and the XLA setting, who chose them and why.
-  precision: Dict[str, Any]
-  xla: Dict[str, Any]
+  precision: Dict[str, Any] = _mlmd(JSON)
+  xla: Dict[str, Any] = _mlmd(JSON)
   eval: Dict[str, float]
   exported: bool
   serving_model_dir: Optional[str]
@@ -75,7 +114,7 @@ class LoopReport:
   checkpoints_saved: int
   checkpoint_s: float
   resume_events: List[Dict[str, Any]]
-  warm_start: Optional[Dict[str, Any]]
+  warm_start: Optional[Dict[str, Any]] = _mlmd(JSON)
   # Each split's shard index, the data order trained in (None: no index,
   # or parameter servers), the input pipeline config the reader ran (the
   # tuned one, its cache as it fit), why the memory cache fell back, and the
@@ -84,21 +123,23 @@ class LoopReport:
   data_order: Optional[Dict[str, Any]]
   input_pipeline: Dict[str, Any]
   cache_fallback: Optional[str]
-  unreadable_records: List[Dict[str, Any]]
+  unreadable_records: List[Dict[str, Any]] = _mlmd(JSON)
   # The GPipe stages' shape; None without a partition plan.
   pipeline_parallel: Optional[Dict[str, Any]]
   # The cells that served the partitions (`offload`): their config, the
   # `auto` choice, each cell's address, every start, loss and move, and
   # where each partition ended; None where the trainer read them itself.
-  offload: Optional[Dict[str, Any]]
+  offload: Optional[Dict[str, Any]] = _mlmd(JSON)
   wall_s: float
   # Seconds of each part outside the steps, so that the component's fixed
   # cost can be told apart.
   timing: Dict[str, Optional[float]]
   # 'auto' only (left out of the file otherwise): each length it chose, and
   # the comparison training ended in.
-  steps_per_execution_auto: Optional[List[Dict[str, Any]]] = None
-  steps_per_execution_auto_pending: Optional[Dict[str, Any]] = None
+  steps_per_execution_auto: Optional[List[Dict[str, Any]]] = _mlmd(
+      JSON, default=None)
+  steps_per_execution_auto_pending: Optional[Dict[str, Any]] = _mlmd(
+      JSON, default=None)
 
   @classmethod
   def of_steps(cls, summary: Mapping[str, Any],
@@ -130,28 +171,31 @@ class TrainingResult:
   """training_result.json: what the chief training process reports of
   itself and of the task as it resolved it, and in managed mode the loop's
   report, whose keys the file holds beside these."""
-  mode: str  # 'managed' or 'run_fn'.
+  mode: str = _mlmd(STRING, 'training_mode')  # 'managed' or 'run_fn'.
   # The strategy's registry name ('one_device', 'multi_worker_mirrored').
   strategy: str
   # The step reached; run_fn mode: the train steps it was asked for.
   steps: Optional[int]
-  num_replicas: int
-  num_workers: int
+  num_replicas: int = _mlmd(INT)
+  num_workers: int = _mlmd(INT)
   per_replica_batch_size: int
-  global_batch_size: int
-  train_steps: int
+  global_batch_size: int = _mlmd(INT)
+  train_steps: int = _mlmd(INT)
   eval_steps: int
   seed: Optional[int]
   deterministic: bool
   # The op pool the process got, and why (`cpu_threads.configure`).
-  intra_op_threads: Dict[str, Any]
+  intra_op_threads: Dict[str, Any] = _mlmd(JSON)
   # Seconds from the end of the set-up to the end of training (managed:
   # with eval and export).
-  train_wall_s: float
+  train_wall_s: float = _mlmd(FLOAT)
   # The process's fixed cost before training (in the file's `timing`, with
   # the loop's parts): imports (TensorFlow), and the strategy's set-up.
   worker_imports_s: float
   worker_setup_s: float
+  # The chief process's peak resident memory, what a machine or pod for
+  # this training must hold (None in results written before it was).
+  peak_rss_bytes: Optional[int] = _mlmd(INT, default=None)
   loop: Optional[LoopReport] = None
 
   @property
@@ -159,14 +203,73 @@ class TrainingResult:
     """Training stopped at a checkpoint after a preemption notice."""
     return bool(self.loop and self.loop.preempted)
 
+  @property
+  def resume_events(self) -> List[Dict[str, Any]]:
+    """Where training resumed, and what each crash cost (none in run_fn
+    mode, which checkpoints itself)."""
+    return self.loop.resume_events if self.loop else []
+
+  @property
+  def timing(self) -> Dict[str, Optional[float]]:
+    """Seconds of each part outside the steps: the process's, the loop's."""
+    return {'worker_imports_s': self.worker_imports_s,
+            'worker_setup_s': self.worker_setup_s,
+            **(self.loop.timing if self.loop else {})}
+
+  def mlmd_properties(self) -> Iterator[Tuple[str, MlmdValue]]:
+    """What the ModelRun artifact records of this result: its `_mlmd`
+    fields and the loop's, each as its MLMD value."""
+    yield from _mlmd_properties(self)
+    if self.loop:
+      yield from _mlmd_properties(self.loop)
+
   def to_dict(self) -> Dict[str, Any]:
     """The file's keys (the loop's report's among them) as JSON values."""
     loop = self.loop.to_dict() if self.loop else {}
     own = _json_fields(self, leave_out='loop')
-    timing = {'worker_imports_s': own.pop('worker_imports_s'),
-              'worker_setup_s': own.pop('worker_setup_s'),
-              **loop.get('timing', {})}
-    return {**loop, **own, 'timing': timing}
+    del own['worker_imports_s'], own['worker_setup_s']
+    return {**loop, **own, 'timing': _json_value(self.timing)}
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> 'TrainingResult':
+    """The result of the file's keys (`to_dict`'s).
+
+    Raises:
+      FormatError: A key of the result is missing, or one is not the
+        result's.
+    """
+    unknown = set(values) - _FILE_KEYS
+    if unknown:
+      raise FormatError(f'A training result with keys {sorted(unknown)}, '
+                        f'which format version {FORMAT_VERSION} does not '
+                        'have.')
+    timing = dict(values.get('timing') or {})
+    process_timing = {name: timing.pop(name, None)
+                      for name in ('worker_imports_s', 'worker_setup_s')}
+    loop = None
+    if values.get('mode') == 'managed':
+      loop = LoopReport(**_fields_of(LoopReport, {**values, 'timing': timing}))
+    return cls(**_fields_of(cls, {**values, **process_timing},
+                            leave_out='loop'), loop=loop)
+
+
+_FILE_KEYS = frozenset(
+    [f.name for f in dataclasses.fields(LoopReport)] +
+    [f.name for f in dataclasses.fields(TrainingResult)] + [VERSION_KEY])
+
+
+def _fields_of(record_type, values: Mapping[str, Any],
+               leave_out: str = '') -> Dict[str, Any]:
+  """The values of `record_type`'s fields (a field with a default may be
+  missing)."""
+  fields = [f for f in dataclasses.fields(record_type) if f.name != leave_out]
+  missing = [f.name for f in fields if f.name not in values and
+             f.default is dataclasses.MISSING]
+  if missing:
+    raise FormatError(f'A training result without {missing}: not one '
+                      f'{record_type.__name__} of format version '
+                      f'{FORMAT_VERSION}.')
+  return {f.name: values[f.name] for f in fields if f.name in values}
 
 
 def _json_fields(record, leave_out: str = '') -> Dict[str, Any]:
@@ -205,13 +308,16 @@ def read_launch(model_run_dir: str) -> Optional[Dict[str, Any]]:
   return _read_versioned(os.path.join(model_run_dir, LAUNCH_FILE_NAME))
 
 
-def read(model_run_dir: str) -> Optional[Dict[str, Any]]:
-  """The training result of `model_run_dir`; None where there is none.
+def read(model_run_dir: str) -> Optional[TrainingResult]:
+  """The training result of `model_run_dir`; None where there is none: the
+  one reader of the file, for the executor, tests and benchmarks.
 
   Raises:
-    FormatError: Not a JSON object, or of another format version.
+    FormatError: Not a JSON object, of another format version, or without
+      a key of the result.
   """
-  return _read_versioned(path(model_run_dir))
+  values = _read_versioned(path(model_run_dir))
+  return None if values is None else TrainingResult.from_dict(values)
 
 
 def _read_versioned(file_path: str) -> Optional[Dict[str, Any]]:
@@ -237,30 +343,24 @@ class SteadyRate:
   model_run_dir: str
 
 
-def steady_rate(result: Dict[str, Any],
+def steady_rate(result: TrainingResult,
                 model_run_dir: str) -> Optional[SteadyRate]:
   """The rate of a result that has one (a managed-loop training)."""
-  rate = result.get('examples_per_sec')
-  batch = result.get('global_batch_size')
-  if not (isinstance(rate, (int, float)) and rate > 0 and
-          isinstance(batch, int)):
+  loop = result.loop
+  if loop is None or not (math.isfinite(loop.examples_per_sec) and
+                          loop.examples_per_sec > 0):
     return None
-  per_step = result.get('examples_per_step') or batch * int(
-      result.get('gradient_accumulation_steps') or 1)
-  replicas = max(int(result.get('num_replicas') or 1), 1)
-  return SteadyRate(float(rate), int(per_step) // replicas, model_run_dir)
+  replicas = max(result.num_replicas, 1)
+  return SteadyRate(float(loop.examples_per_sec),
+                    loop.examples_per_step // replicas, model_run_dir)
 
 
-def publish_steady_rate(pipeline_root: str, result: Dict[str, Any],
-                        model_run_dir: str) -> None:
-  """Makes a managed training's rate the pipeline's newest (STEADY_RATE_PATH
-  under the pipeline root), for the next OptimizedTransform; a result
-  without a steady rate leaves the last one."""
-  rate = steady_rate(result, model_run_dir)
-  if rate:
-    storage.write_json(os.path.join(pipeline_root, STEADY_RATE_PATH),
-                       {**dataclasses.asdict(rate),
-                        VERSION_KEY: FORMAT_VERSION})
+def publish_steady_rate(pipeline_root: str, rate: SteadyRate) -> None:
+  """Makes a managed training's `rate` (`steady_rate`) the pipeline's newest
+  (STEADY_RATE_PATH under the pipeline root), for the next
+  OptimizedTransform."""
+  storage.write_json(os.path.join(pipeline_root, STEADY_RATE_PATH),
+                     {**dataclasses.asdict(rate), VERSION_KEY: FORMAT_VERSION})
 
 
 def newest_steady_rate(pipeline_root: str) -> Optional[SteadyRate]:

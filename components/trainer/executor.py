@@ -215,7 +215,7 @@ class Executor(base_executor.BaseExecutor):
   def _launch(backend: backends.Backend, task: TrainingTask,
               config: config_lib.DistributionConfig,
               fault_tolerance: FaultToleranceConfig, began: float
-             ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+             ) -> Tuple[Dict[str, Any], training_result.TrainingResult]:
     """Trains; (the launch record, the result the chief wrote)."""
     prepared = time.monotonic()
     launch = backend.run(task, config, fault_tolerance)
@@ -232,19 +232,22 @@ class Executor(base_executor.BaseExecutor):
     return launch, result
 
   def _record_outputs(self, model_run: types.Artifact, task: TrainingTask,
-                      launch: Dict[str, Any], result: Dict[str, Any]) -> None:
+                      launch: Dict[str, Any],
+                      result: training_result.TrainingResult) -> None:
     """Checks the exported model; records the result on model_run."""
     if not fileio.exists(task.serving_model_dir):
       raise RuntimeError(f'Training finished but wrote no model to '
                          f'{task.serving_model_dir}.')
     model_run_lib.record_result(model_run, result, launch)
-    training_result.publish_steady_rate(
-        self._pipeline_root(task.model_run_dir), result, task.model_run_dir)
+    rate = training_result.steady_rate(result, task.model_run_dir)
+    if rate:  # Else the pipeline's newest rate stays the last training's.
+      training_result.publish_steady_rate(
+          self._pipeline_root(task.model_run_dir), rate)
     placement = launch.get('placement')
     if placement:
       model_run_lib.record_placement(model_run, placement)
     logging.info('HighPerfTrainer done: model %s, result %s',
-                 task.serving_model_dir, result)
+                 task.serving_model_dir, result.to_dict())
 
   def _make_task(self, input_dict, output_dict, props, config,
                  fault_tolerance, module_identity, mode,

@@ -9,7 +9,6 @@ training's `failure.json`.
 
 import dataclasses
 import json
-import math
 import os
 from typing import Any, Dict
 
@@ -17,6 +16,7 @@ from absl import logging
 import tensorflow as tf
 
 from components import storage
+from components.records import training_result
 from components.trainer.cluster import supervisor
 from components.trainer import config as config_lib
 from components.trainer.launchers import registry as launchers
@@ -65,36 +65,17 @@ def record_decision(model_run,
       'environment': dataclasses.asdict(env), 'config': config.to_dict()})
 
 
-def record_result(model_run, result: Dict[str, Any],
+def record_result(model_run, result: training_result.TrainingResult,
                   launch: Dict[str, Any]) -> None:
-  """The training result's key numbers, resume events and warm start; the
-  launch's relaunches and membership changes."""
-  for key in ('num_replicas', 'global_batch_size', 'train_steps'):
-    if isinstance(result.get(key), int):
-      model_run.set_int_custom_property(key, result[key])
-  for key in ('examples_per_sec', 'train_loss', 'train_wall_s'):
-    # Not NaN: an attempt that resumed at the last step trains none and has
-    # no loss, and MLMD's SQLite refuses NaN (its run would fail).
-    if isinstance(result.get(key), (int, float)) and math.isfinite(
-        result[key]):
-      model_run.set_float_custom_property(key, float(result[key]))
-  model_run.set_string_custom_property('training_mode', result['mode'])
-  # Steps per call, and for 'auto' each measurement and its reason.
-  if isinstance(result.get('steps_per_execution'), int):
-    model_run.set_int_custom_property('steps_per_execution',
-                                      result['steps_per_execution'])
-  for key in ('steps_per_execution_auto', 'steps_per_execution_auto_pending',
-              'steps_by_call_length'):
-    if result.get(key):
-      model_run.set_string_custom_property(key, json.dumps(result[key]))
-  # The dtype policy and XLA setting trained with, who chose them and why.
-  for key in ('precision', 'xla'):
-    if result.get(key):
-      model_run.set_string_custom_property(
-          key, json.dumps(result[key], sort_keys=True))
-  if result.get('intra_op_threads'):  # What the op pool got, and why.
-    model_run.set_string_custom_property(
-        'intra_op_threads', json.dumps(result['intra_op_threads']))
+  """The training result's fields marked for MLMD (`mlmd_properties`), its
+  resume events, and the launch's relaunches and membership changes."""
+  for name, value in result.mlmd_properties():
+    if isinstance(value, int):
+      model_run.set_int_custom_property(name, value)
+    elif isinstance(value, float):
+      model_run.set_float_custom_property(name, value)
+    else:
+      model_run.set_string_custom_property(name, value)
   # `restarts`: relaunches after failures (what max_restarts bounds);
   # preemptions and membership changes are counted apart.
   counts = supervisor.count_by_cause([
@@ -105,26 +86,12 @@ def record_result(model_run, result: Dict[str, Any],
                                     counts[supervisor.PREEMPTION])
   model_run.set_int_custom_property('membership_relaunches',
                                     counts[supervisor.MEMBERSHIP])
-  # Data files read only up to their first unreadable record (opt-in).
-  if result.get('unreadable_records'):
-    model_run.set_string_custom_property(
-        'unreadable_records', json.dumps(result['unreadable_records']))
-  # The cells that served the partitions: each start, loss and move.
-  if result.get('offload'):
-    model_run.set_string_custom_property(
-        'offload', json.dumps(result['offload'], sort_keys=True))
-  # Where a fresh managed training started from the base model.
-  if result.get('warm_start'):
-    model_run.set_string_custom_property(
-        'warm_start', json.dumps(result['warm_start'], sort_keys=True))
   # An elastic cluster's worker-count changes: when, why, from and to.
   membership = launch.get('membership') or []
   model_run.set_string_custom_property('membership', json.dumps(membership))
-  if isinstance(result.get('num_workers'), int):
-    model_run.set_int_custom_property('num_workers', result['num_workers'])
   # Where training resumed from, and what each crash cost (issue: resume
   # events live on the artifact, not only in training_result.json).
-  events = result.get('resume_events') or []
+  events = result.resume_events
   model_run.set_string_custom_property('resume_events', json.dumps(events))
   model_run.set_int_custom_property('resumes', sum(
       1 for e in events if e.get('event') == 'resumed'))

@@ -56,8 +56,8 @@ def test_opted_in_training_reads_past_a_damaged_file_and_records_it(
   result = training.run_managed_training(
       task, tf.distribute.OneDeviceStrategy('/cpu:0'))
 
-  assert result['steps'] == TRAIN_STEPS
-  [skip] = result['unreadable_records']
+  assert result.steps == TRAIN_STEPS
+  [skip] = result.unreadable_records
   assert (skip['path'], skip['position'], skip['skipped']) == (
       damaged, position, in_file - position)
   assert skip['error']
@@ -74,4 +74,4 @@ def test_opted_in_training_reads_past_a_damaged_file_and_records_it(
   monkeypatch.setattr(unreadable, 'scan', no_scan)
   again = training.run_managed_training(
       task, tf.distribute.OneDeviceStrategy('/cpu:0'))
-  assert again['unreadable_records'] == result['unreadable_records']
+  assert again.unreadable_records == result.unreadable_records

@@ -43,9 +43,9 @@ def test_written_with_its_version_and_read_back(tmp_path):
     assert json.load(f)[training_result.VERSION_KEY] == (
         training_result.FORMAT_VERSION)
   result = training_result.read(str(tmp_path))
-  assert (result['steps'], result['mode'], result['strategy']) == (
-      3, 'run_fn', 'one_device')
-  assert result['timing'] == {'worker_imports_s': 2.0, 'worker_setup_s': 0.1}
+  assert result == _result()
+  assert result.timing == {'worker_imports_s': 2.0, 'worker_setup_s': 0.1}
+  assert result.loop is None and result.resume_events == []
   assert training_result.read(str(tmp_path / 'none')) is None
 
 
@@ -53,29 +53,52 @@ def test_the_loop_report_is_in_the_file_beside_the_process_facts(tmp_path):
   result = _result(mode='managed', loop=_loop_report())
   assert not result.preempted
   training_result.write(str(tmp_path), result)
-  written = training_result.read(str(tmp_path))
-  assert written['examples_per_sec'] == 40.0
-  assert written['train_loss'] == 0.5 and written['eval'] == {'loss': 0.25}
-  assert written['strategy'] == 'one_device'
-  assert written['timing'] == {'worker_imports_s': 2.0, 'worker_setup_s': 0.1,
-                               'train_s': 1.0, 'first_call_s': 0.2}
+  with open(tmp_path / training_result.FILE_NAME) as f:
+    keys = json.load(f)
+  # One flat object: the loop's keys beside the process's.
+  assert keys['examples_per_sec'] == 40.0 and keys['strategy'] == 'one_device'
+  assert 'loop' not in keys
   # 'auto''s measurements only where steps_per_execution was 'auto'.
-  assert 'steps_per_execution_auto' not in written
-  assert 'loop' not in written
+  assert 'steps_per_execution_auto' not in keys
+  written = training_result.read(str(tmp_path))
+  assert written.loop.train_loss == 0.5 and written.loop.eval == {
+      'loss': 0.25}
+  assert written.timing == {'worker_imports_s': 2.0, 'worker_setup_s': 0.1,
+                            'train_s': 1.0, 'first_call_s': 0.2}
+  assert written.to_dict() == result.to_dict()
   auto = _loop_report(steps_per_execution_auto=[])
   assert auto.to_dict()['steps_per_execution_auto'] == []
   assert _result(loop=_loop_report(preempted=True)).preempted
 
 
+def test_the_fields_marked_for_mlmd_are_its_properties():
+  """Ints and finite floats as they are, JSON values where not empty, the
+  mode under its property's name; a NaN loss (no step run) is left out."""
+  properties = dict(_result(mode='managed', loop=_loop_report(
+      train_loss=float('nan'), warm_start={'weights': 2},
+      steps_per_execution_auto=[])).mlmd_properties())
+  assert properties == {
+      'training_mode': 'managed', 'num_replicas': 1, 'num_workers': 1,
+      'global_batch_size': 4, 'train_steps': 3, 'train_wall_s': 1.5,
+      'intra_op_threads': '{"threads": 0}', 'examples_per_sec': 40.0,
+      'steps_per_execution': 1, 'steps_by_call_length': '{"1": 3}',
+      'precision': '{"policy": "float32"}', 'xla': '{"enabled": false}',
+      'warm_start': '{"weights": 2}'}
+  assert dict(_result().mlmd_properties())['training_mode'] == 'run_fn'
+
+
 def test_a_result_without_a_version_is_version_1(tmp_path):
   """What the trainer wrote before the version was recorded."""
-  (tmp_path / training_result.FILE_NAME).write_text('{"steps": 3}')
-  assert training_result.read(str(tmp_path)) == {'steps': 3}
+  keys = _result().to_dict()
+  (tmp_path / training_result.FILE_NAME).write_text(json.dumps(keys))
+  assert training_result.read(str(tmp_path)) == _result()
 
 
 @pytest.mark.parametrize('content, found', [
     ({'steps': 3, 'format_version': 2}, 'format_version=2'),
     ([1, 2], 'format_version=None'),
+    ({'steps': 3}, "without ['mode', 'strategy'"),
+    ({**_result().to_dict(), 'launch': {}}, "with keys ['launch']"),
 ])
 def test_another_format_is_a_clear_error(tmp_path, content, found):
   (tmp_path / training_result.FILE_NAME).write_text(json.dumps(content))
@@ -84,18 +107,19 @@ def test_another_format_is_a_clear_error(tmp_path, content, found):
   assert found in str(error.value) and 'format version 1' in str(error.value)
 
 
-def test_the_newest_published_rate_is_read_and_a_result_without_one_keeps_it(
-    tmp_path):
+def test_a_managed_trainings_rate_is_published_and_read_back(tmp_path):
   root = str(tmp_path)
   assert training_result.newest_steady_rate(root) is None
-  training_result.publish_steady_rate(
-      root, {'examples_per_sec': 100.0, 'global_batch_size': 32}, 'run/1')
   # run_fn mode: no steady rate of the managed loop.
-  training_result.publish_steady_rate(root, {'mode': 'run_fn'}, 'run/2')
-  assert training_result.newest_steady_rate(root) == (
-      training_result.SteadyRate(100.0, 32, 'run/1'))
-  training_result.publish_steady_rate(
-      root, {'examples_per_sec': 50.0, 'global_batch_size': 64,
-             'num_replicas': 2}, 'run/3')
-  assert training_result.newest_steady_rate(root) == (
-      training_result.SteadyRate(50.0, 32, 'run/3'))
+  assert training_result.steady_rate(_result(), 'run/1') is None
+  two_replicas = _result(mode='managed', num_replicas=2,
+                         loop=_loop_report(examples_per_sec=50.0,
+                                           examples_per_step=64))
+  rate = training_result.steady_rate(two_replicas, 'run/2')
+  # Each replica's reader reads half of an update's examples.
+  assert rate == training_result.SteadyRate(50.0, 32, 'run/2')
+  training_result.publish_steady_rate(root, rate)
+  assert training_result.newest_steady_rate(root) == rate
+  newer = training_result.SteadyRate(70.0, 16, 'run/3')
+  training_result.publish_steady_rate(root, newer)
+  assert training_result.newest_steady_rate(root) == newer

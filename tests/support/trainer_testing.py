@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
+from components.records import training_result
 from components.trainer.checkpoint import records as run_records
 from components.trainer.checkpoint import store as checkpoint_store
 from components.trainer.cluster import local_backend
@@ -321,10 +322,8 @@ def final_tensors(task: TrainingTask) -> Dict[str, np.ndarray]:
   return latest_checkpoint_tensors(task.checkpoint_dir)
 
 
-def read_result(task: TrainingTask) -> dict:
-  with tf.io.gfile.GFile(
-      os.path.join(task.model_run_dir, 'training_result.json')) as f:
-    return json.load(f)
+def read_result(task: TrainingTask) -> training_result.TrainingResult:
+  return training_result.read(task.model_run_dir)
 
 
 def main(task_path: str) -> int:

@@ -24,6 +24,7 @@ from tfx import v1 as tfx
 from tfx.types import standard_component_specs
 
 from components import HighPerfTrainer
+from components.records import training_result
 from pipelines import taxi_pipeline
 from tests.support import mlmd
 from tests.support import output_conformance
@@ -156,10 +157,8 @@ def test_warm_start_begins_near_the_previous_models_loss(runs):
   warm = json.loads(second.custom_properties['warm_start'].string_value)
   assert warm['base_model'] == os.path.join(first_model.uri, 'Format-Serving')
   assert warm['weights'] > 0
-  with open(os.path.join(first.uri, 'training_result.json')) as f:
-    first_result = json.load(f)
   fresh_start = _first_logged_loss(first.uri)
-  trained = first_result['train_loss']
+  trained = training_result.read(first.uri).loop.train_loss
   warm_start = _first_logged_loss(second.uri)
   print(f'first logged loss: fresh {fresh_start:.3f}, warm {warm_start:.3f};'
         f' the base model ended at {trained:.3f}')

@@ -91,14 +91,15 @@ def _assert_trained_and_blessed(run, model_run, strategy: str, replicas: int,
   with open(os.path.join(model_run.uri, 'distribution_decision.json')) as f:
     decision = json.load(f)
   assert decision['strategy'] == strategy and decision['reason']
-  with open(os.path.join(model_run.uri, 'training_result.json')) as f:
-    result = json.load(f)
-  assert result['num_replicas'] == replicas
-  assert result['train_steps'] == train_steps
+  result = training_result.read(model_run.uri)
+  assert result.num_replicas == replicas
+  assert result.train_steps == train_steps
   # The op pool each training process got, and why, on model_run too.
-  assert result['intra_op_threads']['reason']
+  assert result.intra_op_threads['reason']
   assert json.loads(props['intra_op_threads'].string_value) == (
-      result['intra_op_threads'])
+      result.intra_op_threads)
+  # What a machine for this training must hold, on model_run too.
+  assert props['peak_rss_bytes'].int_value == result.peak_rss_bytes > 2**20
   return result
 
 
@@ -121,8 +122,8 @@ def test_parameter_server_trains_taxi_and_is_blessed(shared_taxi_root,
   model_run = _latest_model_run(shared_taxi_root)
   result = _assert_trained_and_blessed(run, model_run, 'parameter_server', 1,
                                        'managed', PS_TRAIN_STEPS)
-  assert result['steps'] == PS_TRAIN_STEPS  # Optimizer updates done.
-  assert 0 < result['train_loss'] < 10
+  assert result.steps == PS_TRAIN_STEPS  # Optimizer updates done.
+  assert 0 < result.loop.train_loss < 10
   assert training_result.read_launch(model_run.uri)['attempts'] == 1
   logs = os.listdir(os.path.join(model_run.uri, 'cluster_logs', 'attempt-0'))
   assert sorted(logs) == ['chief.log', 'ps-0.log', 'worker-0.log',
@@ -156,26 +157,25 @@ def test_in_process_launcher_trains_in_the_executor(shared_taxi_root,
   model_run = _latest_model_run(shared_taxi_root)
   result = _assert_trained_and_blessed(run, model_run, 'one_device', 1,
                                        'managed')
-  assert result['steps'] == TRAIN_STEPS and 0 < result['train_loss'] < 10
+  assert result.steps == TRAIN_STEPS and 0 < result.loop.train_loss < 10
   # What ran at each call length, on model_run too.
-  assert sum(result['steps_by_call_length'].values()) == TRAIN_STEPS
+  assert sum(result.loop.steps_by_call_length.values()) == TRAIN_STEPS
   assert json.loads(model_run.custom_properties[
-      'steps_by_call_length'].string_value) == result['steps_by_call_length']
+      'steps_by_call_length'].string_value) == result.loop.steps_by_call_length
   assert model_run.custom_properties['launcher'].string_value == 'in_process'
   assert model_run.custom_properties['seed'].int_value == 11
   assert model_run.custom_properties['deterministic'].int_value == 0
-  assert (result['seed'], result['deterministic']) == (11, False)
+  assert (result.seed, result.deterministic) == (11, False)
   # The process is the pipeline's: its op pool is not the Trainer's to set.
-  assert result['intra_op_threads']['threads'] == 0
-  assert "'in_process'" in result['intra_op_threads']['reason']
-  assert 'launch' not in result
+  assert result.intra_op_threads['threads'] == 0
+  assert "'in_process'" in result.intra_op_threads['reason']
   assert training_result.read_launch(model_run.uri)['launcher'] == (
       'in_process')
   assert not os.path.exists(os.path.join(model_run.uri, 'cluster_logs'))
   # The rate the next OptimizedTransform reads: published under the root.
   rate = training_result.newest_steady_rate(shared_taxi_root)
   assert (rate.model_run_dir, rate.examples_per_sec) == (
-      model_run.uri, result['examples_per_sec'])
+      model_run.uri, result.loop.examples_per_sec)
 
 
 @pytest.mark.extended

@@ -80,11 +80,9 @@ def test_previous_training_rate_and_reader_batch(tmp_path):
   root = str(tmp_path)
   assert history.previous_training(root) is None
   run_dir = tmp_path / 'Trainer' / 'model_run' / '7'
-  training_result.publish_steady_rate(root, {
-      'examples_per_sec': 28000.0, 'global_batch_size': 64,
-      'num_replicas': 2, 'gradient_accumulation_steps': 2,
-      'examples_per_step': 128}, str(run_dir))
+  training_result.publish_steady_rate(root, training_result.SteadyRate(
+      examples_per_sec=28000.0, reader_batch=64, model_run_dir=str(run_dir)))
   found = history.previous_training(root)
   assert found.examples_per_sec == 28000.0
-  assert found.reader_batch == 64  # Each replica reads 32 x 2 micro-steps.
+  assert found.reader_batch == 64
   assert found.uri == str(run_dir)

@@ -1,6 +1,7 @@
 """Managed mode: the trainer owns the loop; the module only builds a model.
 
-`training` builds the parts and wires them; `datasets` (what it reads),
+`training` runs the phases (build, restore, train, evaluate and export), each
+returning a complete record the next takes; `datasets` (what it reads),
 `accumulation` (the per-replica update), `step_runners` (k steps per call:
 synchronous, parameter servers, GPipe), `call_size` (choosing k), `driver`
 (the loop: calls, saves, preemption, progress), `votes`, `preemption`,

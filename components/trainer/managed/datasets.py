@@ -24,7 +24,7 @@ from components.data import unreadable
 from components.trainer.common import task as task_lib
 from components.trainer.common.split_source import split_source
 from components.trainer.common.task import TrainingTask
-from components.trainer.config import DistributionConfig
+from components.trainer.process.context import ProcessContext
 
 # Seed of the data order without distribution.seed; fixed so that every
 # attempt replays the same order.
@@ -151,19 +151,45 @@ def train_dataset_fn(task: TrainingTask, data: TrainingData,
   return dataset_fn
 
 
-def attempt_order(task: TrainingTask, data: TrainingData, check: 'DataCheck',
-                  distribution: DistributionConfig, *, asynchronous: bool,
-                  examples_per_step: int, partitions: int, replicas: int,
-                  start: int, recorded: Optional[Dict[str, Any]]
+@dataclasses.dataclass(frozen=True)
+class AttemptData:
+  """What an attempt reads: the data (its memory cache as it fit this
+  process), what `check_data` found, the data order (None: parameter
+  servers, or train files that are not one folder to index), and why the
+  memory cache fell back, if it did."""
+  data: TrainingData
+  check: 'DataCheck'
+  order: Optional[data_order.DataOrder]
+  cache_fallback: Optional[str]
+
+
+def attempt_data(context: ProcessContext, data: TrainingData,
+                 check: 'DataCheck', start: int,
+                 recorded: Optional[Dict[str, Any]]) -> AttemptData:
+  """What the attempt that starts at update `start` reads: `data` with its
+  cache fit to this process's share, and the data order, which a resume
+  (`start` > 0) checks against `recorded`, the order its checkpoint was
+  trained in."""
+  data, cache_fallback = fit_cache(data, check, 1 / context.workers)
+  return AttemptData(data=data, check=check,
+                     order=attempt_order(context, data, check, start,
+                                         recorded),
+                     cache_fallback=cache_fallback)
+
+
+def attempt_order(context: ProcessContext, data: TrainingData,
+                  check: 'DataCheck', start: int,
+                  recorded: Optional[Dict[str, Any]]
                  ) -> Optional[data_order.DataOrder]:
   """The data order this attempt trains in: None for parameter servers
-  (`asynchronous`) and for train files that are not one folder to index;
-  else `partitions` partitions of the update's `examples_per_step`, shared
-  evenly by the `replicas`. A resume (`start` > 0) checks it against
-  `recorded`, the order its checkpoint was trained in; an elastic cluster
-  cannot train without one."""
-  if asynchronous:
+  and for train files that are not one folder to index; else the context's
+  partitions of an update's examples, shared evenly by its replicas. An
+  elastic cluster cannot train without one."""
+  if context.spec.asynchronous:
     return None
+  distribution = context.config
+  examples_per_step = context.examples_per_step
+  partitions, replicas = context.data_partitions, context.replicas
   if examples_per_step % partitions or partitions % replicas:
     raise ValueError(
         f'The data order has {partitions} partitions (distribution.'
@@ -177,41 +203,39 @@ def attempt_order(task: TrainingTask, data: TrainingData, check: 'DataCheck',
       raise ValueError(
           'An elastic cluster (min_workers < num_workers) trains in the '
           'data order over a shard index, and the train files '
-          f'{task.train_files} are not one folder to index: pass the '
-          "patterns of one split folder (TFX's 'Split-<name>/*').")
+          f'{context.task.train_files} are not one folder to index: pass '
+          "the patterns of one split folder (TFX's 'Split-<name>/*').")
     return None
   if start and recorded:
-    data_order.check_resumable(recorded, order.state(), task.checkpoint_dir)
+    data_order.check_resumable(recorded, order.state(),
+                               context.task.checkpoint_dir)
   return order
 
 
-def attempt_train_dataset_fn(task: TrainingTask, data: TrainingData,
-                             check: 'DataCheck',
-                             order: Optional[data_order.DataOrder], *,
-                             asynchronous: bool, examples_per_step: int,
-                             start: int, train_steps: int,
-                             seed: Optional[int], serve=None
+def attempt_train_dataset_fn(context: ProcessContext, attempt: AttemptData,
+                             start: int, serve=None
                             ) -> Callable[[tf.distribute.InputContext],
                                           tf.data.Dataset]:
   """The `dataset_fn` of an attempt that starts at update `start`.
 
-  Parameter-server workers (`asynchronous`) each stream their own shuffle
-  over at least PS_SHUFFLE_BATCHES batches from the beginning (there is no
-  global order to resume); the synchronous strategies train `order` from
+  Parameter-server workers each stream their own shuffle over at least
+  PS_SHUFFLE_BATCHES batches from the beginning (there is no global order to
+  resume); the synchronous strategies train the attempt's order from
   `start` (its partitions from `serve`, where given), else (no order) the
-  shuffle of `seed`, skipped to `start`.
+  shuffle of `distribution.seed`, skipped to `start`.
   """
-  if asynchronous:
+  task, data = context.task, attempt.data
+  if context.spec.asynchronous:
     config = dataclasses.replace(data.config, shuffle_buffer_batches=max(
         PS_SHUFFLE_BATCHES, data.config.shuffle_buffer_batches))
-    return train_dataset_fn(task, data, examples_per_step, 0,
+    return train_dataset_fn(task, data, context.examples_per_step, 0,
                             PER_WORKER_SEED, config)
-  if order is not None:
-    return ordered_train_dataset_fn(check, data, order, start, train_steps,
-                                    serve)
-  return train_dataset_fn(task, data, examples_per_step, start,
-                          data_seed(seed), data.config,
-                          check.readable_records)
+  if attempt.order is not None:
+    return ordered_train_dataset_fn(attempt.check, data, attempt.order, start,
+                                    context.train_steps, serve)
+  return train_dataset_fn(task, data, context.examples_per_step, start,
+                          data_seed(context.config.seed), data.config,
+                          attempt.check.readable_records)
 
 
 def sample_features(task: TrainingTask, data: TrainingData):
@@ -223,12 +247,12 @@ def sample_features(task: TrainingTask, data: TrainingData):
   return features
 
 
-def eval_dataset_fn(task: TrainingTask, data: TrainingData, global_batch: int,
-                    readable_records: Optional[Dict[str, int]] = None
+def eval_dataset_fn(context: ProcessContext, attempt: AttemptData
                    ) -> Optional[Callable[[tf.distribute.InputContext],
                                           tf.data.Dataset]]:
   """A `dataset_fn` of the eval split, unshuffled, for
-  `distribute_datasets_from_function`.
+  `distribute_datasets_from_function`; damaged files are read up to their
+  readable prefix (`check_data`).
 
   Each input pipeline reads its own share (files, or batches with fewer
   files than pipelines) as the train split does: tf.data's auto-sharding of
@@ -237,6 +261,9 @@ def eval_dataset_fn(task: TrainingTask, data: TrainingData, global_batch: int,
   partial pass over a memory cache would only be discarded (and TF warns
   that it is).
   """
+  task, data = context.task, attempt.data
+  global_batch = context.global_batch
+  readable_records = attempt.check.readable_records
   if not task.eval_steps or not task.eval_files:
     return None
 

@@ -46,10 +46,19 @@ class ProcessContext:
     return self.config.global_batch(self.replicas)
 
   @property
+  def train_steps(self) -> int:
+    return int(self.task.train_steps)
+
+  @property
   def accumulation(self) -> int:
     """This attempt's accumulation (an elastic cluster below full size
     accumulates more; the config keeps the full size's)."""
     return membership.accumulation_at(self.config, self.workers)
+
+  @property
+  def examples_per_step(self) -> int:
+    """The examples of one optimizer update."""
+    return self.global_batch * self.accumulation
 
   @property
   def data_partitions(self) -> int:

@@ -18,6 +18,7 @@ import here: managed-mode processes start fast.
 import argparse
 import logging as std_logging
 import os
+import resource
 import sys
 import time
 from typing import Optional
@@ -113,7 +114,10 @@ def train(task: TrainingTask, shared_process: bool = False,
       deterministic=config.deterministic, intra_op_threads=threads,
       train_wall_s=time.time() - start,
       worker_imports_s=round(_IMPORT_SECONDS, 3),
-      worker_setup_s=round(setup_s, 3), loop=loop)
+      worker_setup_s=round(setup_s, 3),
+      # Linux counts ru_maxrss in KiB.
+      peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+      loop=loop)
   if context.is_chief:
     training_result.write(task.model_run_dir, result)
   return result

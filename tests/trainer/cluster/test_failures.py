@@ -245,8 +245,8 @@ def test_a_damaged_or_missing_shard_fails_at_once_naming_it_then_resumes(
     f.write(good_bytes)
   _train(task, root)
   result = tt.read_result(task)
-  assert result['steps'] == TRAIN_STEPS
-  assert result['start_step'] == (kept[-1] if kept else 0)
+  assert result.steps == TRAIN_STEPS
+  assert result.loop.start_step == (kept[-1] if kept else 0)
   _assert_same_tensors(task, baseline)
 
 
@@ -261,7 +261,7 @@ def test_a_shard_changed_since_the_last_attempt_fails_before_any_step(
   first = _task(root, data)
   first.train_steps = 8
   _train(first, root)
-  indexed = tt.read_result(first)['shard_index']['train']
+  indexed = tt.read_result(first).loop.shard_index['train']
   assert indexed['records'] == NUM_EXAMPLES
   assert indexed['source'].startswith('built now (')
   shard = sorted(tf.io.gfile.glob(data['pattern']))[1]
@@ -321,7 +321,7 @@ def test_a_full_checkpoint_location_says_so_keeps_the_last_good_one_and_resumes(
     os.remove(filler[0])  # Space freed.
     _train(task, root)
     result = tt.read_result(task)
-    assert result['start_step'] == 4 and result['steps'] == TRAIN_STEPS
+    assert result.loop.start_step == 4 and result.steps == TRAIN_STEPS
     _assert_same_tensors(task, baseline)
 
 
@@ -351,7 +351,7 @@ def test_a_read_only_checkpoint_location_fails_at_once_and_loses_nothing(
     subprocess.run(['mount', '-o', 'remount,rw', disk], check=True)
     _train(task, root)
     result = tt.read_result(task)
-    assert result['start_step'] == TRAIN_STEPS // 2
+    assert result.loop.start_step == TRAIN_STEPS // 2
     _assert_same_tensors(task, baseline)
     shutil.rmtree(checkpoints)
 
@@ -381,6 +381,6 @@ def test_a_full_model_location_fails_the_export_at_once_and_resumes_to_it(
     os.remove(filler)
     _train(task, root)
     result = tt.read_result(task)
-    assert result['start_step'] == result['steps'] == TRAIN_STEPS
-    assert result['exported']
+    assert result.loop.start_step == result.steps == TRAIN_STEPS
+    assert result.loop.exported
     _assert_same_tensors(task, baseline)

@@ -58,9 +58,9 @@ def test_two_replica_strategy_splits_batches_and_resumes_exactly_after_sigkill(
   baseline = task_in('baseline')
   assert tt.run_child(baseline, str(tmp_path / 'baseline')) == 0
   result = tt.read_result(baseline)
-  assert result['num_replicas'] == 2 and result['examples_per_step'] == 8
-  assert result['steps'] == train_steps and result['exported'] is True
-  assert set(result['eval']) == {'loss', 'binary_accuracy'}
+  assert result.num_replicas == 2 and result.loop.examples_per_step == 8
+  assert result.steps == train_steps and result.loop.exported is True
+  assert set(result.loop.eval) == {'loss', 'binary_accuracy'}
   baseline_ids = tt.ids_by_step(tt.read_id_log(baseline.hparams['id_log']))
   assert all(len(ids) == 4 for ids in baseline_ids.values())
   tt.assert_each_id_once(baseline, train_steps, replicas=2)
@@ -73,7 +73,7 @@ def test_two_replica_strategy_splits_batches_and_resumes_exactly_after_sigkill(
   assert code == -signal.SIGKILL
   assert tt.run_child(task, root) == 0, tt.child_log(root)
 
-  [event] = tt.read_result(task)['resume_events']
+  [event] = tt.read_result(task).resume_events
   assert event['event'] == 'resumed' and 0 < event['from_step'] <= (
       kill_step + 1)
   expected = tt.final_tensors(baseline)
@@ -152,8 +152,8 @@ def test_mwms_worker_killed_then_stopped_cluster_relaunches_each_time(
   assert 'No new training step' in hung.log_tail
   assert stopped['pid'] != killed['pid']
   result = tt.read_result(task)
-  assert result['steps'] == 16 and result['num_replicas'] == 2
-  events = result['resume_events']
+  assert result.steps == 16 and result.num_replicas == 2
+  events = result.resume_events
   assert [e['event'] for e in events] == ['resumed', 'resumed']
   assert all(e['from_step'] % 4 == 0 for e in events)
   assert 0 < events[0]['from_step'] <= kill_step + 1
@@ -205,9 +205,9 @@ def test_elastic_cluster_of_2_runs_on_1_and_back_with_the_same_updates(
   assert [r.exit_code for r in launch.relaunches] == [
       -signal.SIGKILL, preemption.PREEMPTED_EXIT_CODE]
   result = tt.read_result(task)
-  assert (result['num_workers'], result['gradient_accumulation_steps'],
-          result['examples_per_step']) == (2, 1, 4)
-  assert [e['event'] for e in result['resume_events']] == [
+  assert (result.num_workers, result.loop.gradient_accumulation_steps,
+          result.loop.examples_per_step) == (2, 1, 4)
+  assert [e['event'] for e in result.resume_events] == [
       'resumed', 'preempted', 'resumed']
 
   def attempt_of(pid):
@@ -248,7 +248,7 @@ def test_mwms_sigterm_checkpoints_on_every_worker_and_loses_nothing(
   # Both workers saved at the agreed step and exited "preempted".
   assert launch.attempts == 2
   assert launch.relaunches[0].exit_code == preemption.PREEMPTED_EXIT_CODE
-  events = tt.read_result(task)['resume_events']
+  events = tt.read_result(task).resume_events
   assert [e['event'] for e in events] == ['preempted', 'resumed']
   assert events[1]['from_step'] == events[0]['at_step']
   assert events[1]['steps_lost'] == 0
@@ -296,8 +296,8 @@ def test_ps_survives_the_loss_of_a_worker(tmp_path, data):
         process.kill()
         process.wait()
   result = tt.read_result(task)
-  assert result['steps'] == 40 and result['resume_events'] == []
-  assert result['exported'] is True
+  assert result.steps == 40 and result.resume_events == []
+  assert result.loop.exported is True
   tensors = tt.final_tensors(task)
   assert tensors[STEP] == 40 and tensors[ITERATIONS] == 40
   with open(os.path.join(root, 'chief.log'), errors='replace') as f:
@@ -318,8 +318,8 @@ def test_ps_coordinator_killed_cluster_relaunches_and_resumes(
 
   assert launch.attempts == 2 and launch.relaunches[0].process == 'chief'
   result = tt.read_result(task)
-  [event] = result['resume_events']
+  [event] = result.resume_events
   assert event['event'] == 'resumed' and event['from_step'] in (10, 20)
-  assert result['start_step'] == event['from_step']
+  assert result.loop.start_step == event['from_step']
   tensors = tt.final_tensors(task)
   assert tensors[STEP] == 30 and tensors[ITERATIONS] == 30

@@ -315,10 +315,10 @@ def test_mwms_over_two_ray_hosts_matches_the_local_launcher(
     assert 'MultiWorkerMirroredStrategy with cluster_spec' in text, text
     assert 'Traceback' not in text, text
   result = tt.read_result(task)
-  assert result['steps'] == 16 and result['num_replicas'] == 2
+  assert result.steps == 16 and result.num_replicas == 2
   _assert_equal_tensors(tt.final_tensors(task), local_baseline)
   # The chief's cell served its partition from a host of its own.
-  offload = result['offload']
+  offload = result.loop.offload
   assert offload['partitions'] == {'0': 'cell-0'} and not offload['lost']
   cell_host = offload['cells']['cell-0'].rsplit(':', 1)[0]
   assert cell_host not in {where['node_ip']
@@ -463,8 +463,8 @@ def test_killed_actor_dead_host_and_partition_the_cluster_resumes_each_time(
   _assert_on_two_hosts(launch.placement, cluster, dead=[dead])
   assert not cluster.hosts[dead].pids() and not _training_processes(cluster)
   result = tt.read_result(task)
-  assert result['steps'] == 16 and result['num_replicas'] == 2
-  events = result['resume_events']
+  assert result.steps == 16 and result.num_replicas == 2
+  events = result.resume_events
   assert [e['event'] for e in events] == ['resumed'] * 3, events
   assert all(e['from_step'] % 4 == 0 for e in events), events
   for event, step in zip(events, steps.values()):
@@ -587,13 +587,13 @@ def test_sigterm_reaches_the_workers_through_ray_and_a_rerun_resumes(
     _run_on_ray_acting(task, root, preempt_the_driver_at_step_5)
   # Both workers checkpointed at the notice's step and exited "preempted";
   # no training process is left on any host.
-  assert tt.read_result(task)['preempted'] is True
+  assert tt.read_result(task).preempted is True
   assert not _training_processes(cluster)
 
   launch = ray_training.run_on_ray(task, root)
   assert launch.attempts == 1
   _assert_on_two_hosts(launch.placement, cluster)
-  events = tt.read_result(task)['resume_events']
+  events = tt.read_result(task).resume_events
   assert [e['event'] for e in events] == ['preempted', 'resumed'], events
   assert events[1]['from_step'] == events[0]['at_step'] >= 5
   assert events[1]['steps_lost'] == 0
@@ -744,7 +744,7 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
   assert {labels[launch.placement[name]['node_id']]
           for name in ('ps-0', 'worker-0', 'worker-1')} == set(NODES)
   result = tt.read_result(task)
-  assert result['steps'] == 30 and result['exported'] is True
+  assert result.steps == 30 and result.loop.exported is True
   tensors = tt.final_tensors(task)
   assert tensors[STEP] == 30 and tensors[ITERATIONS] == 30
   with open(os.path.join(root, 'logs', 'attempt-0', 'ps-0.log')) as f:
@@ -793,6 +793,6 @@ def test_mwms_with_offload_cells_trains_what_its_own_readers_do(
       env.setenv(key, value)
     tt.run_cluster(task, root, max_restarts=0, timeout_s=CLUSTER_TIMEOUT_S)
   _assert_equal_tensors(tt.final_tensors(task), local_baseline)
-  offload = tt.read_result(task)['offload']
+  offload = tt.read_result(task).loop.offload
   # The chief's partition (of 2) came from its cell.
   assert offload['partitions'] == {'0': 'cell-0'} and not offload['lost']

@@ -41,13 +41,13 @@ def test_accumulation_equals_the_larger_batch(tmp_path, data):
   accumulated, accumulated_weights = _train(
       str(tmp_path / 'accumulated'), data, per_replica_batch_size=2,
       accumulation=4)
-  assert accumulated['examples_per_step'] == big['examples_per_step'] == 8
-  assert accumulated['steps'] == big['steps'] == TRAIN_STEPS
+  assert accumulated.examples_per_step == big.examples_per_step == 8
+  assert accumulated.steps == big.steps == TRAIN_STEPS
   # One optimizer update per 4 micro-steps: Adam saw 6 iterations.
   assert accumulated_weights[ITERATIONS] == TRAIN_STEPS
   assert accumulated_weights[STEP] == TRAIN_STEPS
   _assert_close(accumulated_weights, big_weights)
-  np.testing.assert_allclose(accumulated['train_loss'], big['train_loss'],
+  np.testing.assert_allclose(accumulated.train_loss, big.train_loss,
                              rtol=RTOL)
 
 
@@ -102,4 +102,4 @@ def test_mirrored_accumulation_equals_one_device_large_batch(tmp_path, data,
                 *TOLERANCES[precision])
   if precision == 'mixed_float16':
     assert two_tensors[LOSS_SCALE] == 2**14
-  assert tt.read_result(two)['precision']['policy'] == precision
+  assert tt.read_result(two).loop.precision['policy'] == precision

@@ -162,7 +162,7 @@ def test_accumulation_in_float16_equals_the_larger_batch(tmp_path, data):
   small, small_tensors = _managed_run(
       str(tmp_path / 'small'), data, precision='mixed_float16',
       per_replica_batch_size=2, accumulation=4)
-  assert big['precision'] == small['precision'] == {
+  assert big.precision == small.precision == {
       'policy': 'mixed_float16', 'source': 'config', 'loss_scaling': True,
       'reason': "distribution.precision='mixed_float16'"}
   assert small_tensors[ITERATIONS] == big_tensors[ITERATIONS] == 6
@@ -177,10 +177,10 @@ def test_accumulation_in_float16_equals_the_larger_batch(tmp_path, data):
 def test_the_modules_policy_wins_over_the_config(tmp_path, data):
   result, _ = _managed_run(str(tmp_path), data, precision='mixed_float16',
                            hparams={'dtype_policy': 'mixed_bfloat16'})
-  assert result['precision']['policy'] == 'mixed_bfloat16'
-  assert result['precision']['source'] == 'module'
-  assert not result['precision']['loss_scaling']
-  assert "'mixed_float16' not applied" in result['precision']['reason']
+  assert result.precision['policy'] == 'mixed_bfloat16'
+  assert result.precision['source'] == 'module'
+  assert not result.precision['loss_scaling']
+  assert "'mixed_float16' not applied" in result.precision['reason']
   assert tf.keras.mixed_precision.global_policy().name == 'float32'
 
 
@@ -190,12 +190,12 @@ def test_auto_uses_this_machines_native_bfloat16(tmp_path, data):
     flags = next(line for line in f if line.startswith('flags')).split()
   native = {'avx512_bf16', 'amx_bf16'} & set(flags)
   result, _ = _managed_run(str(tmp_path), data, precision='auto')
-  assert result['precision']['policy'] == (
+  assert result.precision['policy'] == (
       'mixed_bfloat16' if native else 'float32')
-  assert result['precision']['source'] == 'auto'
-  assert not result['precision']['loss_scaling']
+  assert result.precision['source'] == 'auto'
+  assert not result.precision['loss_scaling']
   if native:
-    assert sorted(native)[0] in result['precision']['reason']
+    assert sorted(native)[0] in result.precision['reason']
 
 
 @pytest.mark.parametrize('hardware, supported, policy', [
@@ -341,14 +341,14 @@ def test_float16_kill_and_resume_is_bit_exact(tmp_path, data):
     assert code == -signal.SIGKILL
   assert tt.run_child(task, root) == 0, tt.child_log(root)
   result = tt.read_result(task)
-  assert [(e['event'], e['from_step']) for e in result['resume_events']] == [
+  assert [(e['event'], e['from_step']) for e in result.resume_events] == [
       ('resumed', 8), ('resumed', 12)]
   tensors = tt.final_tensors(task)
   assert sorted(tensors) == sorted(expected)
   for name, value in expected.items():
     np.testing.assert_array_equal(tensors[name], value, err_msg=name)
-  assert result['precision']['loss_scaling']
-  assert json.dumps(result['precision'])
+  assert result.loop.precision['loss_scaling']
+  assert json.dumps(result.loop.precision)
 
 
 @pytest.mark.slow
@@ -367,8 +367,8 @@ def test_parameter_servers_train_bfloat16_and_decline_the_modules_xla(
                           num_workers=2, num_ps=1, production=True)
   assert launch.attempts == 1
   result = tt.read_result(task)
-  assert result['steps'] == 20 and result['exported']
-  assert result['precision']['policy'] == 'mixed_bfloat16'
-  assert result['xla']['source'] == 'module'
-  assert not result['xla']['enabled']
-  assert 'parameter_server' in result['xla']['reason']
+  assert result.steps == 20 and result.loop.exported
+  assert result.loop.precision['policy'] == 'mixed_bfloat16'
+  assert result.loop.xla['source'] == 'module'
+  assert not result.loop.xla['enabled']
+  assert 'parameter_server' in result.loop.xla['reason']

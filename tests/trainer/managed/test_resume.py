@@ -68,7 +68,7 @@ def _steps_of(records, pid):
 def _assert_same_training(task, baseline):
   """Same final state bit for bit, exact step count, same ids per step."""
   result = tt.read_result(task)
-  assert result['steps'] == TRAIN_STEPS and not result['preempted']
+  assert result.steps == TRAIN_STEPS and not result.preempted
   tensors = tt.final_tensors(task)
   assert tensors[STEP] == TRAIN_STEPS and tensors[ITERATIONS] == TRAIN_STEPS
   assert sorted(tensors) == sorted(baseline['tensors'])
@@ -93,7 +93,7 @@ def test_sigkill_at_random_step_then_rerun_is_exact(tmp_path, data, baseline,
   assert tt.run_child(task, root) == 0, tt.child_log(root)
 
   result, records = _assert_same_training(task, baseline)
-  [event] = result['resume_events']
+  [event] = result.resume_events
   killed_steps = _steps_of(records, killed_pid)
   if event['event'] == 'restarted':  # Killed before its first checkpoint.
     assert event['from_step'] == 0 and killed_steps[-1] <= SAVE_EVERY
@@ -107,8 +107,8 @@ def test_sigkill_at_random_step_then_rerun_is_exact(tmp_path, data, baseline,
       f'*/{store_lib.MANIFEST_NAME}'))
   assert manifests and all(
       json.loads(m.read_text())['extra']['data_order'] ==
-      result['data_order'] for m in manifests)
-  assert result['data_order']['partitions'] == 1
+      result.loop.data_order for m in manifests)
+  assert result.loop.data_order['partitions'] == 1
   assert event['from_step'] <= killed_steps[-1] + 1
   # The progress marker is throttled, so it may undercount, never overcount.
   assert 0 <= event['steps_lost'] <= killed_steps[-1] + 1 - event['from_step']
@@ -134,17 +134,17 @@ def test_sigterm_checkpoints_at_the_next_step_and_loses_nothing(
   records = tt.read_id_log(task.hparams['id_log'])
   last_trained = _steps_of(records, preempted_pid)[-1]
   # Saved right after the step that was running: nothing lost.
-  assert preempted['preempted'] is True
-  assert preempted['steps'] == last_trained + 1 < TRAIN_STEPS
-  assert preempted['resume_events'][-1]['event'] == 'preempted'
-  assert preempted['resume_events'][-1]['at_step'] == last_trained + 1
+  assert preempted.preempted is True
+  assert preempted.steps == last_trained + 1 < TRAIN_STEPS
+  assert preempted.resume_events[-1]['event'] == 'preempted'
+  assert preempted.resume_events[-1]['at_step'] == last_trained + 1
   assert os.path.isdir(os.path.join(
       task.checkpoint_dir,
       store_lib.checkpoint_name(last_trained + 1)))
 
   assert tt.run_child(task, root) == 0, tt.child_log(root)
   result, records = _assert_same_training(task, baseline)
-  event = result['resume_events'][-1]
+  event = result.resume_events[-1]
   assert event['event'] == 'resumed'
   assert event['from_step'] == last_trained + 1 and event['steps_lost'] == 0
   # No step was trained twice.
@@ -204,8 +204,8 @@ def test_with_a_cell_in_the_loop_a_kill_and_a_lost_cell_change_nothing(
     if process.poll() is None:
       process.kill()
   result, _ = _assert_same_training(task, baseline)
-  assert result['resume_events'][-1]['event'] == 'resumed'
-  offload = result['offload']
+  assert result.resume_events[-1]['event'] == 'resumed'
+  offload = result.loop.offload
   assert [e['event'] for e in offload['events']] == [
       'started', 'lost', 'started', 'moved']
   assert offload['lost'] == {'cell-0': 'its process is gone (exit -9)'}
@@ -234,7 +234,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(
 
   assert tt.run_child(task, root) == 0, tt.child_log(root)
   result, _ = _assert_same_training(task, baseline)
-  [event] = result['resume_events']
+  [event] = result.resume_events
   assert event['checkpoint'] == previous
   # (A partial write cut by the kill, if any, is skipped too.)
   reasons = {s['path']: s['reason'] for s in event['skipped_checkpoints']}
@@ -271,7 +271,7 @@ def test_flaky_storage_while_resuming_and_saving_loses_nothing(
   assert tt.run_child(task, root, faults.to_json()) == 0, tt.child_log(root)
 
   result, _ = _assert_same_training(task, baseline)
-  resumed, retried = result['resume_events']
+  resumed, retried = result.resume_events
   assert resumed['event'] == 'resumed' and resumed['skipped_checkpoints'] == []
   assert resumed['from_step'] == max(kept)
   # One retry per injected error (the slow write is no error).
@@ -334,7 +334,7 @@ def test_a_run_into_a_folder_another_run_holds_fails_or_waits(
       holder.kill()
       holder.wait()
   result, _ = _assert_same_training(task, baseline)
-  lease, resumed = result['resume_events']
+  lease, resumed = result.resume_events
   assert lease['event'] == 'lease_taken_over' and 'is gone' in lease['reason']
   assert lease['previous_holder']['run_id'] == 'another-execution'
   assert resumed['event'] == 'resumed' and resumed['from_step'] == before[0]

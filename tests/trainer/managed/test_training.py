@@ -62,30 +62,31 @@ def test_one_device_trains_evaluates_exports_and_reports(tmp_path, data):
                       fault_tolerance={'save_every_steps': 5, 'keep_last': 2})
   result = train_here(task)
 
-  assert result['steps'] == 16 and result['steps_this_attempt'] == 16
-  assert result['preempted'] is False and result['exported'] is True
-  assert result['examples_per_step'] == 4
-  assert result['examples_per_sec'] > 0
-  assert np.isfinite(result['train_loss'])
-  assert set(result['eval']) == {'loss', 'binary_accuracy'}
-  assert result['resume_events'] == []
+  assert result.steps == 16 and result.steps_this_attempt == 16
+  assert result.preempted is False and result.exported is True
+  assert result.examples_per_step == 4
+  assert result.examples_per_sec > 0
+  assert np.isfinite(result.train_loss)
+  assert set(result.eval) == {'loss', 'binary_accuracy'}
+  assert result.resume_events == []
   # The fixed cost by part, and 'auto''s measurements: none complete in
   # calls capped at 5 steps, so no length is reported as chosen, only the
   # steps run at each and the comparison it was in.
-  assert set(result['timing']) == {
+  assert set(result.timing) == {
       'setup_s', 'build_model_s', 'restore_s', 'train_s', 'eval_s',
       'export_s', 'first_call_s'}
-  assert all(v >= 0 for v in result['timing'].values())
-  assert result['timing']['first_call_s'] <= result['timing']['train_s']
-  assert result['steps_per_execution'] is None
-  assert result['steps_per_execution_auto'] == []
-  assert result['steps_by_call_length'] == {'1': 4, '4': 12}
-  assert result['steps_per_execution_auto_pending']['comparing'] == [4]
+  assert all(v >= 0 for v in result.timing.values())
+  assert result.timing['first_call_s'] <= result.timing['train_s']
+  assert result.steps_per_execution is None
+  assert result.steps_per_execution_auto == []
+  assert result.steps_by_call_length == {'1': 4, '4': 12}
+  assert result.steps_per_execution_auto_pending['comparing'] == [4]
   # Checkpoints at 5, 10, 15 and the final 16; the last two are kept.
-  assert result['checkpoints_saved'] == 4
+  assert result.checkpoints_saved == 4
   assert sorted(os.listdir(task.checkpoint_dir))[:2] == [
       store_lib.checkpoint_name(15), store_lib.checkpoint_name(16)]
-  assert json.loads(json.dumps(result)) == result  # The worker writes it.
+  # The worker writes it as JSON.
+  assert json.loads(json.dumps(result.to_dict())) == result.to_dict()
 
   # Every example exactly once, 4 per optimizer step.
   by_step = tt.ids_by_step(tt.read_id_log(task.hparams['id_log']))
@@ -217,7 +218,7 @@ def test_delete_after_export_removes_the_checkpoints(tmp_path, data):
                       fault_tolerance={'save_every_steps': 1,
                                        'delete_after_export': True})
   result = train_here(task)
-  assert result['checkpoints_saved'] == 3
+  assert result.checkpoints_saved == 3
   assert os.path.isdir(task.serving_model_dir)
   assert not os.path.exists(task.checkpoint_dir)
 
@@ -231,8 +232,8 @@ def test_rerun_resumes_with_the_exact_data_order(tmp_path, data):
   split.train_steps = 12
   result = train_here(split)
 
-  assert result['start_step'] == 6 and result['steps_this_attempt'] == 6
-  event = result['resume_events'][-1]
+  assert result.start_step == 6 and result.steps_this_attempt == 6
+  event = result.resume_events[-1]
   assert event['event'] == 'resumed' and event['from_step'] == 6
   assert store_lib.step_of(event['checkpoint']) == 6
   assert event['steps_lost'] == 0
@@ -259,8 +260,8 @@ def test_changed_fingerprint_starts_fresh_and_says_so(tmp_path, data):
                           checkpoint_dir=old_dir))
   result = train_here(tt.make_task(str(tmp_path / 'new'), data, train_steps=2,
                                    checkpoint_dir=new_dir))
-  assert result['start_step'] == 0
-  [event] = result['resume_events']
+  assert result.start_step == 0
+  [event] = result.resume_events
   assert event['event'] == 'fresh_start'
   assert os.path.basename(old_dir) in event['reason']
   assert new_dir.endswith(new_fingerprint)
@@ -276,7 +277,7 @@ def test_time_based_checkpoints(tmp_path, data):
   result = train_here(task)
   steps = sorted(step for step in map(
       store_lib.step_of, os.listdir(task.checkpoint_dir)) if step is not None)
-  assert result['checkpoints_saved'] == len(steps) >= 2
+  assert result.checkpoints_saved == len(steps) >= 2
   assert steps[-1] == 12
   assert all(later - earlier >= 4 for earlier, later in zip(steps[:-2],
                                                             steps[1:-1]))
@@ -391,22 +392,24 @@ def test_progress_is_written_at_most_once_a_second(tmp_path, data,
                       fault_tolerance={'save_every_steps': None},
                       hparams={'id_log': None})
   task.distribution['steps_per_execution'] = 1
-  run = training.ManagedTraining(ProcessContext.of_strategy(
-      task, tf.distribute.OneDeviceStrategy('/cpu:0')))
-  run.build_model()
+  context = ProcessContext.of_strategy(
+      task, tf.distribute.OneDeviceStrategy('/cpu:0'))
+  clock = training.Stopwatch()
+  built = training.build(context, clock)
   writes, flushes = [], []
-  store, writer = run.checkpointer.records, run.progress_writer.writer
+  store, writer = built.checkpointer.records, built.progress_writer.writer
   write_progress, flush = store.write_progress, writer.flush
   monkeypatch.setattr(store, 'write_progress', lambda *args: (
       writes.append(args[0]), write_progress(*args)))
   monkeypatch.setattr(writer, 'flush', lambda: (flushes.append(1), flush()))
   caplog.set_level(logging.INFO, logger='tfx_hpm')
   began = time.monotonic()
-  summary = run.train(run.restore())
-  run.checkpointer.close()
+  trained = training.train(context, built, training.restore(context, built),
+                           clock)
+  built.checkpointer.close()
   elapsed = time.monotonic() - began
 
-  assert summary['steps'] == train_steps
+  assert trained.summary['steps'] == train_steps
   once_a_second = int(elapsed / 1.0) + 2  # The first write and the last.
   assert 1 <= len(writes) <= once_a_second, (len(writes), elapsed)
   assert writes[-1] == train_steps
@@ -431,7 +434,7 @@ def test_progress_is_written_at_most_once_a_second(tmp_path, data,
 def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):
   """k steps per traced call: the same updates on the same batches, and
   checkpoints exactly where one step per call puts them."""
-  results, weights = {}, {}
+  results, weights, ids = {}, {}, {}
   for setting in (1, 5, 'auto'):
     task = tt.make_task(str(tmp_path / str(setting)), data, train_steps=13,
                         fault_tolerance={'save_every_steps': 4,
@@ -444,15 +447,15 @@ def test_steps_per_call_change_nothing_but_the_calls(tmp_path, data):
     assert sorted(os.listdir(task.checkpoint_dir)) == [
         store_lib.checkpoint_name(s) for s in (4, 8, 12, 13)] + [
             'progress.json', f'shard_index-{split}.json']
-    results[setting]['ids'] = tt.ids_by_step(
+    ids[setting] = tt.ids_by_step(
         tt.read_id_log(task.hparams['id_log']))
-  assert results[5]['steps_per_execution'] == 5
-  assert results[5]['steps_by_call_length'] == {'1': 1, '4': 12}
+  assert results[5].steps_per_execution == 5
+  assert results[5].steps_by_call_length == {'1': 1, '4': 12}
   # 13 steps end before 'auto' has measured enough 4-step calls to choose.
-  assert results['auto']['steps_per_execution'] is None
-  assert results['auto']['steps_by_call_length'] == {'4': 12, '1': 1}
+  assert results['auto'].steps_per_execution is None
+  assert results['auto'].steps_by_call_length == {'4': 12, '1': 1}
   for setting in (5, 'auto'):
-    assert results[setting]['ids'] == results[1]['ids']
+    assert ids[setting] == ids[1]
     for name, value in weights[1].items():
       np.testing.assert_array_equal(weights[setting][name], value,
                                     err_msg=name)

@@ -104,8 +104,8 @@ def test_managed_training_warm_starts_once_then_resumes_its_own(tmp_path,
   result = training.run_managed_training(
       task, tf.distribute.OneDeviceStrategy('/cpu:0'))
 
-  assert result['warm_start']['base_model'] == base_task.serving_model_dir
-  assert result['warm_start']['weights'] > 0
+  assert result.warm_start['base_model'] == base_task.serving_model_dir
+  assert result.warm_start['weights'] > 0
   base = tf.saved_model.load(base_task.serving_model_dir)
   warm = tf.saved_model.load(task.serving_model_dir)
   for theirs, ours in zip(base.trainable_variables,
@@ -115,8 +115,8 @@ def test_managed_training_warm_starts_once_then_resumes_its_own(tmp_path,
   task.train_steps = 6
   resumed = training.run_managed_training(
       task, tf.distribute.OneDeviceStrategy('/cpu:0'))
-  assert resumed['warm_start'] is None
-  assert resumed['start_step'] == 4
+  assert resumed.warm_start is None
+  assert resumed.start_step == 4
 
 
 def test_run_fn_gets_the_base_model_as_from_the_stock_trainer(tmp_path,

@@ -30,8 +30,8 @@ def _run(root, data, train_steps=STEPS, id_log=False, **distribution):
 def test_on_and_off_train_alike(tmp_path, data):
   off, off_tensors = _run(str(tmp_path / 'off'), data, xla='off')
   on, on_tensors = _run(str(tmp_path / 'on'), data, xla='on')
-  assert not off['xla']['enabled'] and on['xla']['enabled']
-  assert on['xla']['source'] == 'config'
+  assert not off.xla['enabled'] and on.xla['enabled']
+  assert on.xla['source'] == 'config'
   for name, value in off_tensors.items():
     np.testing.assert_allclose(on_tensors[name], value, rtol=1e-5, atol=1e-6,
                                err_msg=name)
@@ -39,12 +39,12 @@ def test_on_and_off_train_alike(tmp_path, data):
 
 def test_auto_measures_without_training_and_keeps_the_faster(tmp_path, data):
   auto, auto_tensors = _run(str(tmp_path / 'auto'), data, xla='auto')
-  choice = auto['xla']
+  choice = auto.xla
   assert choice['source'] == 'auto'
   assert set(choice['seconds_per_step']) == {'on', 'off'}
   # Which one wins is the rule's, tested on a clock that cannot vary
   # (test_measure_keeps_the_faster_and_needs_every_worker).
-  assert auto['timing']['xla_probe_s'] > 0
+  assert auto.timing['xla_probe_s'] > 0
   # The probe's steps were undone: the run equals one that never measured.
   _, fixed_tensors = _run(str(tmp_path / 'fixed'), data,
                           xla='on' if choice['enabled'] else 'off')
@@ -54,17 +54,17 @@ def test_auto_measures_without_training_and_keeps_the_faster(tmp_path, data):
   # A resume keeps the saved choice instead of measuring again.
   resumed, _ = _run(str(tmp_path / 'auto'), data, train_steps=2 * STEPS,
                     xla='auto')
-  assert resumed['resume_events'][0]['from_step'] == STEPS
-  assert resumed['xla'] == {**choice, 'source': 'checkpoint'}
-  assert 'xla_probe_s' not in resumed['timing']
+  assert resumed.resume_events[0]['from_step'] == STEPS
+  assert resumed.xla == {**choice, 'source': 'checkpoint'}
+  assert 'xla_probe_s' not in resumed.timing
 
 
 def test_auto_falls_back_where_xla_cannot_compile(tmp_path, data):
   """The id-logging layer is a tf.py_function, which XLA cannot compile."""
   result, tensors = _run(str(tmp_path), data, id_log=True, xla='auto')
-  assert not result['xla']['enabled']
-  assert result['xla']['reason'].startswith('XLA cannot compile the step')
-  assert 'PyFunc' in result['xla']['reason']
+  assert not result.xla['enabled']
+  assert result.xla['reason'].startswith('XLA cannot compile the step')
+  assert 'PyFunc' in result.xla['reason']
   assert tensors['step/.ATTRIBUTES/VARIABLE_VALUE'] == STEPS
   # Every step trained once: the failed probe consumed none of its batches.
   ids = tt.ids_by_step(tt.read_id_log(str(tmp_path / 'ids.jsonl')))
@@ -74,12 +74,12 @@ def test_auto_falls_back_where_xla_cannot_compile(tmp_path, data):
 def test_the_modules_jit_compile_wins(tmp_path, data):
   result, _ = _run(str(tmp_path / 'module_on'), data, xla='off',
                    hparams={'jit_compile': True})
-  assert result['xla'] == {'enabled': True, 'source': 'module',
-                           'reason': 'compile(jit_compile=...) in the module',
-                           'seconds_per_step': None}
+  assert result.xla == {'enabled': True, 'source': 'module',
+                        'reason': 'compile(jit_compile=...) in the module',
+                        'seconds_per_step': None}
   result, _ = _run(str(tmp_path / 'module_off'), data, xla='auto',
                    hparams={'jit_compile': False})
-  assert not result['xla']['enabled'] and result['xla']['source'] == 'module'
+  assert not result.xla['enabled'] and result.xla['source'] == 'module'
 
 
 class _Clock:
@@ -141,16 +141,15 @@ def test_multi_worker_float16_with_auto_equals_its_choice(tmp_path, data):
                         per_replica_batch_size=4, hparams={'id_log': None},
                         fault_tolerance={'save_every_steps': 4})
     setting = 'auto' if name == 'auto' else (
-        'on' if runs['auto']['xla']['enabled'] else 'off')
+        'on' if runs['auto'][0].xla['enabled'] else 'off')
     task.distribution.update(precision='mixed_float16', xla=setting)
     assert tt.run_cluster(task, root).attempts == 1
-    runs[name] = {**tt.read_result(task), 'tensors': tt.final_tensors(task)}
-  auto = runs['auto']
-  assert auto['xla']['source'] == 'auto' and auto['precision'][
-      'loss_scaling']
-  assert set(auto['xla']['seconds_per_step']) == {'on', 'off'}
-  for name, value in runs['fixed']['tensors'].items():
-    np.testing.assert_array_equal(auto['tensors'][name], value, err_msg=name)
+    runs[name] = tt.read_result(task).loop, tt.final_tensors(task)
+  auto, auto_tensors = runs['auto']
+  assert auto.xla['source'] == 'auto' and auto.precision['loss_scaling']
+  assert set(auto.xla['seconds_per_step']) == {'on', 'off'}
+  for name, value in runs['fixed'][1].items():
+    np.testing.assert_array_equal(auto_tensors[name], value, err_msg=name)
 
 
 class _Runner:

@@ -82,10 +82,10 @@ def test_mirrored_same_seed_same_weights(tmp_path, data):
     assert tt.run_child(task, str(root), production=True) == 0, (
         tt.child_log(str(root)))
     result = tt.read_result(task)
-    assert result['deterministic'] is True
+    assert result.deterministic is True
     # A fresh CPU process: 'auto' left one core to the input pipeline.
     cores = cpu_threads.usable_cores()
-    assert result['intra_op_threads']['threads'] == max(1, cores - 1)
+    assert result.intra_op_threads['threads'] == max(1, cores - 1)
     runs[name] = _trained(task)
   _assert_same(runs['a'], runs['b'])
   _assert_different(runs['a'], runs['other'])
@@ -103,6 +103,6 @@ def test_multi_worker_mirrored_same_seed_same_weights(tmp_path, data,
                  num_workers=2, per_replica_batch_size=2, deterministic=True)
     assert tt.run_cluster(task, str(root), production=True).attempts == 1
     result = tt.read_result(task)
-    assert result['num_replicas'] == 2 and result['seed'] == 7
+    assert result.num_replicas == 2 and result.seed == 7
     runs[name] = _trained(task)
   _assert_same(runs['a'], runs['b'])
