@@ -3,12 +3,12 @@ a spare host (elastic).
 
     python -m benchmarks.bench_elastic
 
-Three test hosts (tests/support/netns_hosts.py: network namespaces, each
+Three test hosts (components/testing/netns_hosts.py: network namespaces, each
 its own address) run a Ray node each, the head at the bridge's address; data,
 checkpoints and outputs are on gs:// (a GCS emulator, relayed on the bridge,
-tests/support/gcs_emulator.py), as across real hosts. The same
+components/testing/gcs_emulator.py), as across real hosts. The same
 MultiWorkerMirrored training (2 workers through the Ray launcher, SPREAD, the
-id-recording model of tests/support/id_recording_module.py, which logs the
+id-recording model of components/testing/id_recording_module.py, which logs the
 example ids of every step) runs:
 
 - uninterrupted (fixed size, and elastic with `min_workers=1`: the elastic
@@ -29,7 +29,6 @@ lost or repeated: per update, the ids of the final trajectory against the
 uninterrupted run's.
 """
 
-import argparse
 import collections
 import os
 import random
@@ -42,12 +41,14 @@ from typing import Any, Callable, Dict, List
 
 import portpicker
 
+from benchmarks import harness
 from benchmarks import report
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.cluster import ray_backend
-from tests.support import gcs_emulator
-from tests.support import netns_hosts
-from tests.support import ray_cluster
-from tests.support import trainer_testing as tt
+from components.testing import gcs_emulator
+from components.testing import netns_hosts
+from components.testing import ray_cluster
+from components.testing import trainer_testing as tt
 
 EXAMPLES = 256
 WORKERS = 2
@@ -107,7 +108,7 @@ class _Watcher:
 
 
 def _launch(task, logs: str, act=lambda records: False) -> Dict[str, Any]:
-  argv = [ray_backend.PYTHON, '-m', 'tests.support.trainer_testing',
+  argv = [ray_backend.PYTHON, '-m', 'components.testing.trainer_testing',
           ray_backend.TASK_FILE]
   elastic = 'min_workers' in task.distribution
   began = time.time()
@@ -117,8 +118,9 @@ def _launch(task, logs: str, act=lambda records: False) -> Dict[str, Any]:
         task.to_json(), logs,
         placement_strategy='SPREAD',
         resources={'cpus': 1, 'gpus': 0, 'memory_mb': 0}, local_paths={},
-        timeout_s=TIMEOUT_S, max_restarts=2,
-        min_workers=1 if elastic else None, rescale_check_s=2)
+        min_workers=1 if elastic else None,
+        supervision=SupervisionConfig(timeout_s=TIMEOUT_S, max_restarts=2,
+                                      rescale_check_s=2))
   ended = time.time()
   records = tt.read_id_log(task.hparams['id_log'])
   for record in records:  # Any process that trained after the last poll.
@@ -308,6 +310,5 @@ def main(results_dir: str = 'benchmarks/results') -> str:
 
 
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_elastic')
-  parser.add_argument('--results-dir', default='benchmarks/results')
-  print(main(parser.parse_args().results_dir))
+  harness.entry(harness.parser('benchmarks.bench_elastic'),
+                lambda args: main(args.results_dir))

@@ -6,14 +6,13 @@ root; per-component wall times come from MLMD. Medians are reported, with
 every round beside them, because this machine's load moves single runs.
 """
 
-import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from benchmarks import harness
 from benchmarks import report
 from pipelines import summary
 
@@ -35,7 +34,7 @@ def _run(variant: str, root: str, extra_args):
 
 
 def _cell(values):
-  return f'{statistics.median(values):.1f}'
+  return f'{harness.median(values):.1f}'
 
 
 def main(results_dir: str, extra_args=(), rounds: int = ROUNDS) -> str:
@@ -59,21 +58,21 @@ def main(results_dir: str, extra_args=(), rounds: int = ROUNDS) -> str:
   rows = []
   for node, stock in steps['stock'].items():
     ours = steps['hpm'].get(node, [])
-    ratio = (statistics.median(stock) / statistics.median(ours)
+    ratio = (harness.median(stock) / harness.median(ours)
              if ours else float('nan'))
     rows.append([node, _cell(stock), _cell(ours) if ours else 'n/a',
-                 f'{ratio:.2f}' if ours and statistics.median(ours) >= 1
+                 f'{ratio:.2f}' if ours and harness.median(ours) >= 1
                  else 'n/a (< 1 s)',
                  ' / '.join(f'{s:.1f}' for s in stock) + ' ; ' +
                  ' / '.join(f'{s:.1f}' for s in ours)])
   pair_ratios = [s / o for s, o in zip(walls['stock'], walls['hpm'])]
-  whole = statistics.median(walls['stock']) / statistics.median(walls['hpm'])
+  whole = harness.median(walls['stock']) / harness.median(walls['hpm'])
   rows.append(['**whole run (process wall)**', _cell(walls['stock']),
                _cell(walls['hpm']), f'{whole:.2f}',
                ' / '.join(f'{s:.1f}' for s in walls['stock']) + ' ; ' +
                ' / '.join(f'{s:.1f}' for s in walls['hpm'])])
-  transform = (statistics.median(steps['hpm']['Transform']) /
-               statistics.median(steps['stock']['Transform']))
+  transform = (harness.median(steps['hpm']['Transform']) /
+               harness.median(steps['stock']['Transform']))
   ok = lambda met: 'yes' if met else '**no**'
   body = '\n\n'.join([
       f'Flags: `{" ".join(extra_args) or "(defaults)"}`. {rounds} rounds, '
@@ -88,24 +87,23 @@ def main(results_dir: str, extra_args=(), rounds: int = ROUNDS) -> str:
       report.table(['goal', 'measured', 'met'], [
           [f'whole pipeline >= {GOAL_WHOLE}x stock (ratio of medians; '
            'median of per-pair ratios)',
-           f'{whole:.2f}x; {statistics.median(pair_ratios):.2f}x',
+           f'{whole:.2f}x; {harness.median(pair_ratios):.2f}x',
            ok(whole >= GOAL_WHOLE) + '; ' +
-           ok(statistics.median(pair_ratios) >= GOAL_WHOLE)],
+           ok(harness.median(pair_ratios) >= GOAL_WHOLE)],
           [f'OptimizedTransform step at most '
            f'{GOAL_TRANSFORM_SLOWDOWN - 1:.0%} slower than stock Transform',
            f'{transform:.3f}x the stock time',
            ok(transform <= GOAL_TRANSFORM_SLOWDOWN)]]),
       'Eval binary accuracy (median): stock '
-      f'{statistics.median(accuracy["stock"]):.4f}, tfx-hpm '
-      f'{statistics.median(accuracy["hpm"]):.4f}.',
+      f'{harness.median(accuracy["stock"]):.4f}, tfx-hpm '
+      f'{harness.median(accuracy["hpm"]):.4f}.',
   ]) + '\n'
   return report.write(results_dir, 'pipeline', 'Taxi pipeline end to end',
                       body)
 
 
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser()
-  parser.add_argument('--results-dir', default='benchmarks/results')
+  parser = harness.parser('benchmarks.bench_pipeline')
   parser.add_argument('--rounds', type=int, default=ROUNDS)
   args, rest = parser.parse_known_args()
   print(main(args.results_dir, rest, args.rounds))

@@ -5,7 +5,7 @@
 The same MultiWorkerMirrored training (2 workers, the taxi model on
 synthetic transformed taxi data, batch 32 per replica) through the local
 launcher (processes on this machine) and through the Ray launcher on a
-two-node Ray cluster on localhost (tests/support/ray_cluster.py:
+two-node Ray cluster on localhost (components/testing/ray_cluster.py:
 `ray start --head` plus a second `ray start --address` node, started once
 before the runs; its start is not counted, as a Ray cluster exists before a
 pipeline runs).
@@ -15,21 +15,21 @@ start and TensorFlow's cluster set-up for Ray), and the steady examples/s
 after the first step. Runs alternate local / Ray; medians.
 """
 
-import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
 from typing import Dict, List
 
 from benchmarks import bench_resume
+from benchmarks import harness
 from benchmarks import report
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.cluster import local_backend
 from components.trainer.cluster import ray_backend
 from components.trainer.cluster import tf_cluster
-from tests.support import ray_cluster
-from tests.support import trainer_testing as tt
+from components.testing import ray_cluster
+from components.testing import trainer_testing as tt
 
 WORKERS = 2
 BATCH = 32
@@ -59,7 +59,7 @@ def _local(task, root: str) -> float:
   local_backend.run_supervised(
       lambda attempt: tf_cluster.cluster_processes(
           'multi_worker_mirrored', WORKERS, 0, lambda role: argv),
-      os.path.join(root, 'logs'), timeout_s=TIMEOUT_S)
+      os.path.join(root, 'logs'), SupervisionConfig(timeout_s=TIMEOUT_S))
   return began
 
 
@@ -71,7 +71,7 @@ def _ray(task, root: str) -> float:
       'multi_worker_mirrored', WORKERS, 0, lambda role: argv, task.to_json(),
       os.path.join(root, 'logs'), placement_strategy='SPREAD',
       resources={'cpus': 1, 'gpus': 0, 'memory_mb': 0}, local_paths={},
-      timeout_s=TIMEOUT_S)
+      supervision=SupervisionConfig(timeout_s=TIMEOUT_S))
   return began
 
 
@@ -82,9 +82,9 @@ def measure(work: str, data) -> Dict[str, List[Dict[str, float]]]:
       root = os.path.join(work, f'{name}-{pair}')
       task = _task(root, data)
       began = run(task, root)
-      result = tt.read_result(task)
-      runs[name].append({'startup_s': result['first_step_time'] - began,
-                         'examples_per_sec': result['examples_per_sec']})
+      result = harness.read_training_result(task.model_run_dir)
+      runs[name].append({'startup_s': result.loop.first_step_time - began,
+                         'examples_per_sec': result.loop.examples_per_sec})
       print(f'[bench_ray] {name} {pair}: {runs[name][-1]}', flush=True)
   return runs
 
@@ -97,7 +97,7 @@ def main(results_dir: str = 'benchmarks/results') -> str:
     with ray_cluster.local_ray_cluster(work, env) as cluster:
       with ray_cluster.connected(cluster):
         runs = measure(work, data)
-  median = {name: {key: statistics.median(r[key] for r in rs)
+  median = {name: {key: harness.median(r[key] for r in rs)
                    for key in ('startup_s', 'examples_per_sec')}
             for name, rs in runs.items()}
   extra_s = median['ray']['startup_s'] - median['local']['startup_s']
@@ -124,6 +124,5 @@ def main(results_dir: str = 'benchmarks/results') -> str:
 
 
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_ray')
-  parser.add_argument('--results-dir', default='benchmarks/results')
-  print(main(parser.parse_args().results_dir))
+  harness.entry(harness.parser('benchmarks.bench_ray'),
+                lambda args: main(args.results_dir))

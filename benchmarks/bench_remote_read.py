@@ -5,7 +5,7 @@
 The same split (gzipped TFRecords of tf.Examples holding an id and a text
 payload of 1 KB or 100 KB, gzip about 2.6:1) is read by the trainer's reader
 (`ordered_pipeline`, the data order of one partition, as one_device reads
-it) from local disk and from two GCS emulators (tests/support/gcs_emulator)
+it) from local disk and from two GCS emulators (components/testing/gcs_emulator)
 reached through TensorFlow's own GCS filesystem: one throttled (each
 request's first byte FIRST_BYTE_S after it, then at most a per-stream rate
 of 1/STREAM_SHARE of the reader's local byte rate, so one stream is the
@@ -20,19 +20,18 @@ Goal: the tuned reader from the throttled store >= GOAL of its local rate
 where K = 1 is stream-bound.
 """
 
-import argparse
 import os
-import statistics
 import sys
 import tempfile
 import uuid
 
 import portpicker
 
+from benchmarks import harness
 from benchmarks import report
-from tests.support import gcs_emulator
-from tests.support import text_records
-from tests.support.text_records import copy_split, write_split
+from components.testing import gcs_emulator
+from components.testing import text_records
+from components.testing.text_records import copy_split, write_split
 
 FIRST_BYTE_S = 0.05
 # The per-stream cap is the local byte rate over this: K = 1 reads at about
@@ -73,11 +72,11 @@ def tuned_read_ahead(pattern: str, batch: int) -> dict:
   from components.transform import tuner
   from components.transform.config import TuningConfig
   # pylint: enable=g-import-not-at-top
-  result = tuner.tune(
+  result = tuner.tune(tuner.TuningInputs(
       TuningConfig(time_budget_s=TUNING_BUDGET_S, trainer_batch_size=batch,
                    early_stop=False, cache='none', reuse=False,
                    measure_seconds=1.0),
-      text_records.feature_spec(), materialized_patterns=[pattern])
+      text_records.feature_spec(), materialized_patterns=[pattern]))
   return {'read_ahead_shards': result.config.read_ahead_shards,
           'candidates': [(m.name, m.examples_per_sec)
                          for m in result.candidates]}
@@ -119,7 +118,7 @@ def measure(work: str, port: int, server_cpus) -> dict:
       results[record_bytes] = {
           'batch': batch, 'shards': shards, 'per_shard': per_shard,
           'cap_bytes_per_s': cap, 'tuned': tuned, 'k': k,
-          'rates': {name: statistics.median(values)
+          'rates': {name: harness.median(values)
                     for name, values in rounds.items()},
           'all': rounds}
   finally:
@@ -201,6 +200,6 @@ def main(results_dir: str = 'benchmarks/results') -> str:
 
 
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  parser.add_argument('--results-dir', default='benchmarks/results')
+  parser = harness.parser('benchmarks.bench_remote_read',
+                          description=__doc__.split('\n\n')[0])
   print(main(parser.parse_args().results_dir), file=sys.stderr)

@@ -9,7 +9,7 @@ processes killed with SIGKILL:
    our loop saving every 5 / 25 / 100 (default) steps, and `model.fit` with
    `tf.keras.callbacks.BackupAndRestore` at its defaults (a backup per epoch,
    epochs of 100 steps), three seeded kill points each, same model and data.
-   The model (tests/support/id_recording_module.py) logs the example ids of
+   The model (components/testing/id_recording_module.py) logs the example ids of
    every step, so the redone steps are counted exactly, and so are the
    examples the surviving trajectory trained on twice or never (the data
    position).
@@ -30,7 +30,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,9 +38,10 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+from benchmarks import harness
 from benchmarks import report
 from components.trainer.checkpoint import store as checkpoint_store
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 # Part 1: lost work.
 # A multiple of the input pipeline's shuffle window (8 batches): the first
@@ -230,7 +230,7 @@ def measure_lost_work(work_dir: str) -> List[List[Any]]:
     rows.append([
         name,
         ', '.join(f'{t["killed_at"]}->{t["resumed_from"]}' for t in trials),
-        statistics.mean(t['redone'] for t in trials),
+        harness.mean(t['redone'] for t in trials),
         max(t['redone'] for t in trials),
         sum(t['twice'] for t in trials), sum(t['never'] for t in trials)])
   return rows
@@ -323,22 +323,23 @@ def _run(start, progress=None, kill_at_step=None) -> float:
 
 
 def _ours(work_dir: str, data) -> Dict[str, float]:
-  step_ms = lambda r: 1000 * r['examples_per_step'] / r['examples_per_sec']
+  step_ms = lambda r: 1000 * r.loop.examples_per_step / r.loop.examples_per_sec
   off, on = [], []
   for pair in range(OVERHEAD_PAIRS):
     for every, runs in ((None, off), (TAXI_SAVE_EVERY, on)):
       root = os.path.join(work_dir, f'taxi-ours-{every}-{pair}')
       task = _taxi_task(root, data, every)
       spawned = _run(lambda task=task, root=root: _start_ours(task, root))
-      runs.append((tt.read_result(task), spawned, task))
+      runs.append((harness.read_training_result(task.model_run_dir), spawned,
+                   task))
   measured = {
-      'step_off_ms': statistics.median(step_ms(r) for r, _, _ in off),
-      'step_on_ms': statistics.median(step_ms(r) for r, _, _ in on),
-      'wait_ms': statistics.median(
-          1000 * r['checkpoint_s'] / r['checkpoints_saved']
+      'step_off_ms': harness.median(step_ms(r) for r, _, _ in off),
+      'step_on_ms': harness.median(step_ms(r) for r, _, _ in on),
+      'wait_ms': harness.median(
+          1000 * r.loop.checkpoint_s / r.loop.checkpoints_saved
           for r, _, _ in on),
-      'fresh_s': statistics.median(r['first_step_time'] - spawned
-                                   for r, spawned, _ in on)}
+      'fresh_s': harness.median(r.loop.first_step_time - spawned
+                                for r, spawned, _ in on)}
   task = on[0][2]
   newest = max(n for n in os.listdir(task.checkpoint_dir)
                if checkpoint_store.is_checkpoint_name(n))
@@ -352,9 +353,9 @@ def _ours(work_dir: str, data) -> Dict[str, float]:
   _run(lambda: _start_ours(task, root), lambda: _read_number(progress, 'step'),
        TAXI_KILL_AFTER_STEPS)
   spawned = _run(lambda: _start_ours(task, root))
-  result = tt.read_result(task)
-  measured['restart_s'] = result['first_step_time'] - spawned
-  measured['resumed_from'] = result['start_step']
+  result = harness.read_training_result(task.model_run_dir)
+  measured['restart_s'] = result.loop.first_step_time - spawned
+  measured['resumed_from'] = result.loop.start_step
   return measured
 
 
@@ -370,13 +371,13 @@ def _keras(work_dir: str, data) -> Dict[str, float]:
       with open(os.path.join(root, 'stats.json')) as f:
         runs.append((json.load(f), spawned))
   measured = {
-      'step_off_ms': statistics.median(1000 * s['step_seconds']
-                                       for s, _ in off),
-      'step_on_ms': statistics.median(1000 * s['step_seconds'] for s, _ in on),
-      'wait_ms': statistics.median(1000 * s['backup_seconds'] / s['backups']
-                                   for s, _ in on),
-      'fresh_s': statistics.median(s['first_step_time'] - spawned
-                                   for s, spawned in on)}
+      'step_off_ms': harness.median(1000 * s['step_seconds']
+                                    for s, _ in off),
+      'step_on_ms': harness.median(1000 * s['step_seconds'] for s, _ in on),
+      'wait_ms': harness.median(1000 * s['backup_seconds'] / s['backups']
+                                for s, _ in on),
+      'fresh_s': harness.median(s['first_step_time'] - spawned
+                                for s, spawned in on)}
 
   root = os.path.join(work_dir, 'taxi-keras-killed')
   config = _keras_config(root, data, 'pipelines.taxi_module', {}, TAXI_BATCH,
@@ -455,9 +456,9 @@ def main(results_dir: str = 'benchmarks/results') -> str:
 
 
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_resume')
+  parser = harness.parser('benchmarks.bench_resume')
+  # A Keras run in this process (`_start_keras`, killed on purpose).
   parser.add_argument('--keras-child', help=argparse.SUPPRESS)
-  parser.add_argument('--results-dir', default='benchmarks/results')
   args = parser.parse_args()
   if args.keras_child:
     from components import patches  # pylint: disable=g-import-not-at-top

@@ -17,19 +17,18 @@ user does), which reads and discards every earlier batch. The cost against
 the rows, not the steps: `bench_scale`.
 """
 
-import argparse
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from typing import Dict, List
 
 from benchmarks import bench_resume
+from benchmarks import harness
 from benchmarks import report
 from components.trainer.checkpoint import records as records_lib
 from components.trainer.checkpoint import store as checkpoint_store
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 BATCH = bench_resume.TAXI_BATCH
 SAVE_EVERY = 100
@@ -57,7 +56,8 @@ def _fresh_start_seconds(task, root: str) -> float:
   spawned = time.time()
   if tt.start_child(task, root).wait(timeout=CHILD_TIMEOUT_S) != 0:
     raise RuntimeError(f'training failed:\n{tt.child_log(root)[-4000:]}')
-  return tt.read_result(task)['first_step_time'] - spawned
+  result = harness.read_training_result(task.model_run_dir)
+  return result.loop.first_step_time - spawned
 
 
 def _restart_seconds(task, root: str, position: int) -> float:
@@ -132,7 +132,7 @@ def main(results_dir: str = 'benchmarks/results') -> str:
     dataset = measure_dataset(data)
     trainer = measure_trainer(work, data)
   base = POSITIONS[0]
-  median = statistics.median
+  median = harness.median
   seconds = {p: median(trainer[p]) for p in POSITIONS}
   ratio = max(seconds[p] for p in POSITIONS[1:]) / seconds[base]
   rows = [['fresh start', '-', f'{trainer["fresh"][0]:.2f}', '-',
@@ -170,7 +170,5 @@ def main(results_dir: str = 'benchmarks/results') -> str:
 
 
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser(
-      prog='python -m benchmarks.bench_resume_position')
-  parser.add_argument('--results-dir', default='benchmarks/results')
-  print(main(parser.parse_args().results_dir))
+  harness.entry(harness.parser('benchmarks.bench_resume_position'),
+                lambda args: main(args.results_dir))

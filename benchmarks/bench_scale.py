@@ -25,19 +25,16 @@ folder between runs).
 - The restart at 10^9 rows on gs://, on paper, from the measured costs.
 """
 
-import argparse
 import json
 import math
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Dict, List
 
 import numpy as np
 
+from benchmarks import harness
 from benchmarks import report
 
 ROWS = (100_000, 1_000_000, 10_000_000)
@@ -52,6 +49,7 @@ THROUGHPUT_READ = 200_000
 GOAL_RESTART_SPREAD = 1.5
 GOAL_THROUGHPUT = 0.95
 CHILD_TIMEOUT_S = 1800
+MODULE = 'benchmarks.bench_scale'
 # An object store's single-stream read rate and latency to the first byte
 # (assumed for the 10^9-row estimate, not measured here).
 GCS_STREAM_MB_S = 100.0
@@ -242,16 +240,11 @@ def child_restart(pattern: str, pipeline: str, position: int,
 
 
 def _run_child(pattern: str, pipeline: str, position: int) -> Dict[str, Any]:
-  spawned = time.time()
-  env = {**os.environ, 'TF_USE_LEGACY_KERAS': '1', 'TF_CPP_MIN_LOG_LEVEL': '3'}
-  out = subprocess.run(
-      [sys.executable, '-m', 'benchmarks.bench_scale', '--child', json.dumps(
-          [pattern, pipeline, position, spawned])],
-      env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
-      check=False)
-  if out.returncode:
-    raise RuntimeError(f'restart child failed:\n{out.stderr[-4000:]}')
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  with tempfile.TemporaryDirectory() as scratch:
+    return harness.run_mode(
+        MODULE, scratch, 'restart', [pattern, pipeline, position, time.time()],
+        env={'TF_CPP_MIN_LOG_LEVEL': '3'}, capture=True,
+        timeout=CHILD_TIMEOUT_S)
 
 
 def positions(rows: int) -> Dict[str, int]:
@@ -308,7 +301,7 @@ def billion_rows_estimate(raw: List[Dict[str, Any]]) -> List[List[Any]]:
   skipped = [r for r in at if r['skip'] is not None and r['skip_records']]
   if not skipped:
     return []
-  per_record = statistics.median(
+  per_record = harness.median(
       (r['skip']['restart_s'] - r['ours']['restart_s']) / r['skip_records']
       for r in skipped)
   start = next(r for r in at if r['position'] == 0)
@@ -316,7 +309,7 @@ def billion_rows_estimate(raw: List[Dict[str, Any]]) -> List[List[Any]]:
   ours_per_record = max(0.0, (worst['ours']['first_batch_s'] -
                               start['ours']['first_batch_s']) /
                         worst['ours']['records_needed'])
-  fixed_s = statistics.median(r['ours']['restart_s'] for r in at)
+  fixed_s = harness.median(r['ours']['restart_s'] for r in at)
   rows = 10**9
   shard_rows = largest // start['shards']  # Shards stay at the bound.
   shard_mb = start['bytes'] / start['shards'] / 2**20
@@ -433,7 +426,7 @@ def throughput(pattern: str, rounds: int = 3) -> List[List[Any]]:
         for _ in range(steps):
           next(iterator)
         rates[name].append(steps * batch / (time.monotonic() - began))
-    ours, skip = (statistics.median(rates[n]) for n in ('ours', 'skip'))
+    ours, skip = (harness.median(rates[n]) for n in ('ours', 'skip'))
     found.append([batch, f'{ours:,.0f}', f'{skip:,.0f}', f'{ours / skip:.2f}',
                   'yes' if ours / skip >= GOAL_THROUGHPUT else 'NO'])
   return found
@@ -491,15 +484,13 @@ def main(results_dir: str, rows=ROWS, work_dir=None) -> str:
   return report.write(results_dir, 'scale', 'Data at any size', body)
 
 
+MODES = {'restart': lambda root, spec: child_restart(*spec)}
+
+
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_scale')
+  parser = harness.parser(MODULE)
   parser.add_argument('--rows', default=','.join(str(n) for n in ROWS))
-  parser.add_argument('--results-dir', default='benchmarks/results')
   parser.add_argument('--work-dir', default=None)
-  parser.add_argument('--child', default=None)
-  args = parser.parse_args()
-  if args.child:
-    print(json.dumps(child_restart(*json.loads(args.child))))
-  else:
-    print(main(args.results_dir, [int(n) for n in args.rows.split(',')],
-               args.work_dir))
+  harness.entry(parser, lambda args: main(
+      args.results_dir, [int(n) for n in args.rows.split(',')],
+      args.work_dir), MODES)

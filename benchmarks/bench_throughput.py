@@ -15,14 +15,12 @@ Steady examples/s excludes the first call (tracing); the Trainer wall time is
 the component's execution in MLMD. Writes benchmarks/results/throughput.md.
 """
 
-import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
-from typing import Any, Dict, List
+from typing import Any, Dict
 
+from benchmarks import harness
 from benchmarks import report
 
 TRAIN_STEPS = 20000
@@ -32,6 +30,7 @@ EVAL_STEPS = 50
 BATCH = 32
 ROUNDS = 1
 FIT_RUN_FN = 'benchmarks.fit_run_fn.run_fn'
+MODULE = 'benchmarks.bench_throughput'
 
 
 def _run_variant(root: str, variant: Dict[str, Any], train_steps: int,
@@ -80,12 +79,11 @@ def _run_variant(root: str, variant: Dict[str, Any], train_steps: int,
       steady = json.load(f)['steady_steps_per_sec'] * BATCH
     chosen = variant['steps_per_execution']
   else:
-    with open(os.path.join(model_run, 'training_result.json')) as f:
-      result = json.load(f)
-    assert result['steps'] == train_steps, result
-    steady = result['examples_per_sec']
+    result = harness.read_training_result(model_run)
+    assert result.steps == train_steps, result
+    steady = result.loop.examples_per_sec
     # None where training ended before 'auto' chose a length.
-    chosen = result['steps_per_execution'] or 'none yet'
+    chosen = result.loop.steps_per_execution or 'none yet'
   return {'steady_examples_per_sec': steady,
           'trainer_wall_s': {e.node_id: e.wall_s
                              for e in run.executions}['Trainer'],
@@ -96,19 +94,12 @@ def _run_variant(root: str, variant: Dict[str, Any], train_steps: int,
 def _in_process(root: str, variant: Dict[str, Any], train_steps: int,
                 round_index: int) -> Dict[str, Any]:
   """`_run_variant` in a fresh Python process, as a pipeline run would be."""
-  name = ''.join(c if c.isalnum() else '_' for c in variant['label'])
-  out = os.path.join(root, f'{name}-{train_steps}-{round_index}.json')
-  subprocess.run(
-      [sys.executable, '-m', 'benchmarks.bench_throughput', '--root', root,
-       '--variant', json.dumps(variant), '--round', str(round_index),
-       '--out', out, '--train-steps', str(train_steps)],
-      check=True, env=dict(os.environ, TF_USE_LEGACY_KERAS='1'))
-  with open(out) as f:
-    return json.load(f)
+  return harness.run_mode(MODULE, root, 'variant', {
+      'variant': variant, 'train_steps': train_steps, 'round': round_index})
 
 
-def _mean(values: List[float]) -> float:
-  return sum(values) / len(values)
+MODES = {'variant': lambda root, spec: _run_variant(
+    root, spec['variant'], spec['train_steps'], spec['round'])}
 
 
 def main(results_dir: str = 'benchmarks/results',
@@ -130,8 +121,7 @@ def main(results_dir: str = 'benchmarks/results',
       {'label': 'HighPerfTrainer, steps_per_execution=auto', 'kind': 'ours'},
   ]
   measured = {v['label']: [] for v in variants}
-  for round_index in range(rounds):
-    order = variants if round_index % 2 == 0 else variants[::-1]
+  for round_index, order in harness.interleaved_rounds(variants, rounds):
     for variant in order:
       measured[variant['label']].append(
           _in_process(root, variant, train_steps, round_index))
@@ -139,16 +129,15 @@ def main(results_dir: str = 'benchmarks/results',
             f'{measured[variant["label"]][-1]}', flush=True)
   with open(os.path.join(root, 'results.json'), 'w') as f:
     json.dump({'tuning': tuning, 'measured': measured}, f, indent=1)
-  rate = {v['label']: _mean([r['steady_examples_per_sec']
-                             for r in measured[v['label']]])
+  rate = {v['label']: harness.mean(r['steady_examples_per_sec']
+                                   for r in measured[v['label']])
           for v in variants}
   rows = [[v['label'], f'{rate[v["label"]]:.0f}',
            f'{rate[v["label"]] / rate[variants[0]["label"]]:.2f}',
-           f'{_mean([r["trainer_wall_s"] for r in measured[v["label"]]]):.1f}',
-           ', '.join(str(r['steps_per_execution'])
-                     for r in measured[v['label']]),
-           f'{_mean([r["accuracy"] for r in measured[v["label"]]]):.4f}']
-          for v in variants]
+           f'{harness.mean(r["trainer_wall_s"] for r in runs):.1f}',
+           ', '.join(str(r['steps_per_execution']) for r in runs),
+           f'{harness.mean(r["accuracy"] for r in runs):.4f}']
+          for v in variants for runs in [measured[v['label']]]]
   ours_rate = rate[variants[2]['label']]
   body = (
       f'Full Chicago taxi data, stock Transform shared by all variants (MLMD '
@@ -173,19 +162,8 @@ def main(results_dir: str = 'benchmarks/results',
 
 
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_throughput')
-  parser.add_argument('--results-dir', default='benchmarks/results')
+  parser = harness.parser(MODULE)
   parser.add_argument('--train-steps', type=int, default=TRAIN_STEPS)
   parser.add_argument('--rounds', type=int, default=ROUNDS)
-  # One variant in this process (used by `main` for each measurement).
-  parser.add_argument('--variant', help=argparse.SUPPRESS)
-  parser.add_argument('--root', help=argparse.SUPPRESS)
-  parser.add_argument('--round', type=int, help=argparse.SUPPRESS)
-  parser.add_argument('--out', help=argparse.SUPPRESS)
-  args = parser.parse_args()
-  if args.variant is None:
-    print(main(args.results_dir, args.train_steps, args.rounds))
-  else:
-    with open(args.out, 'w') as f:
-      json.dump(_run_variant(args.root, json.loads(args.variant),
-                             args.train_steps, args.round), f)
+  harness.entry(parser, lambda args: main(
+      args.results_dir, args.train_steps, args.rounds), MODES)

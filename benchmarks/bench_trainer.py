@@ -14,20 +14,19 @@ wall), the managed loop's own steady-state examples/s, and the Evaluator's
 binary accuracy on the raw eval split. Writes benchmarks/results/trainer.md.
 """
 
-import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from typing import Any, Dict, List, Optional
 
+from benchmarks import harness
 from benchmarks import report
 
 TRAIN_STEPS = 1000
 EVAL_STEPS = 150
 GLOBAL_BATCH = 64
 ROUNDS = 2
+MODULE = 'benchmarks.bench_trainer'
 STOCK = 'stock Trainer (stock run_fn)'
 # (label, distribution) of the HighPerfTrainer variants; the first is the
 # single-device baseline, the others compete for "best local strategy".
@@ -88,17 +87,11 @@ def _run_variant(root: str, distribution: Optional[Dict[str, Any]],
       'loop_examples_per_sec': None,
   }
   if distribution is not None:
-    with open(os.path.join(report.latest_model_run_uri(root),
-                           'training_result.json')) as f:
-      result = json.load(f)
-    assert result['steps'] == train_steps, result
-    assert result['global_batch_size'] == GLOBAL_BATCH, result
-    measured['loop_examples_per_sec'] = result.get('examples_per_sec')
+    result = harness.read_training_result(report.latest_model_run_uri(root))
+    assert result.steps == train_steps, result
+    assert result.global_batch_size == GLOBAL_BATCH, result
+    measured['loop_examples_per_sec'] = result.loop.examples_per_sec
   return measured
-
-
-def _mean(values: List[float]) -> float:
-  return sum(values) / len(values)
 
 
 def aggregate(rounds: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -107,14 +100,14 @@ def aggregate(rounds: List[Dict[str, Any]]) -> Dict[str, Any]:
   accuracies = [r['accuracy'] for r in rounds]
   loop_rates = [r['loop_examples_per_sec'] for r in rounds
                 if r['loop_examples_per_sec']]
-  wall = _mean([r['trainer_wall_s'] for r in rounds])
+  wall = harness.mean([r['trainer_wall_s'] for r in rounds])
   examples = rounds[0]['examples_per_sec'] * rounds[0]['trainer_wall_s']
   return {
       'trainer_wall_s': wall,
       'examples_per_sec': examples / wall,
-      'accuracy': _mean(accuracies),
+      'accuracy': harness.mean(accuracies),
       'accuracy_range': (min(accuracies), max(accuracies)),
-      'loop_examples_per_sec': _mean(loop_rates) if loop_rates else None,
+      'loop_examples_per_sec': harness.mean(loop_rates) if loop_rates else None,
   }
 
 
@@ -178,14 +171,14 @@ def _run_variant_process(root: str, index: int, train_steps: int,
   orchestrator's process, would find TensorFlow and Keras warm from the
   previous rounds; ours always trains in fresh processes.
   """
-  out = os.path.join(root, f'variant-{index}-round-{round_index}.json')
-  subprocess.run(
-      [sys.executable, '-m', 'benchmarks.bench_trainer', '--root', root,
-       '--variant', str(index), '--round', str(round_index), '--out', out,
-       '--train-steps', str(train_steps), '--eval-steps', str(eval_steps)],
-      check=True, env=dict(os.environ, TF_USE_LEGACY_KERAS='1'))
-  with open(out) as f:
-    return json.load(f)
+  return harness.run_mode(MODULE, root, 'variant', {
+      'variant': index, 'train_steps': train_steps, 'eval_steps': eval_steps,
+      'round': round_index})
+
+
+MODES = {'variant': lambda root, spec: _run_variant(
+    root, VARIANTS[spec['variant']][1], spec['train_steps'],
+    spec['eval_steps'], spec['round'])}
 
 
 def main(results_dir: str = 'benchmarks/results',
@@ -194,10 +187,8 @@ def main(results_dir: str = 'benchmarks/results',
   root = tempfile.mkdtemp(prefix='bench_trainer_')
   load_before = os.getloadavg()[0]
   measured = {label: [] for label, _ in VARIANTS}
-  for round_index in range(rounds):
-    order = list(enumerate(VARIANTS))
-    if round_index % 2:
-      order.reverse()
+  for round_index, order in harness.interleaved_rounds(
+      list(enumerate(VARIANTS)), rounds):
     for index, (label, _) in order:
       measured[label].append(_run_variant_process(
           root, index, train_steps, eval_steps, round_index))
@@ -213,22 +204,10 @@ def main(results_dir: str = 'benchmarks/results',
 
 
 if __name__ == '__main__':
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.bench_trainer')
-  parser.add_argument('--results-dir', default='benchmarks/results')
+  parser = harness.parser(MODULE)
   parser.add_argument('--train-steps', type=int, default=TRAIN_STEPS)
   parser.add_argument('--eval-steps', type=int, default=EVAL_STEPS)
   parser.add_argument('--rounds', type=int, default=ROUNDS)
-  # One variant in this process (used by `main` for each measurement).
-  parser.add_argument('--variant', type=int, help=argparse.SUPPRESS)
-  parser.add_argument('--root', help=argparse.SUPPRESS)
-  parser.add_argument('--round', type=int, help=argparse.SUPPRESS)
-  parser.add_argument('--out', help=argparse.SUPPRESS)
-  args = parser.parse_args()
-  if args.variant is None:
-    print(main(args.results_dir, args.train_steps, args.eval_steps,
-               args.rounds))
-  else:
-    with open(args.out, 'w') as f:
-      json.dump(_run_variant(args.root, VARIANTS[args.variant][1],
-                             args.train_steps, args.eval_steps, args.round),
-                f)
+  harness.entry(parser, lambda args: main(
+      args.results_dir, args.train_steps, args.eval_steps, args.rounds),
+                MODES)

@@ -13,7 +13,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
 
 import portpicker  # pylint: disable=g-import-not-at-top
 
-from tests.support import gcs_emulator  # pylint: disable=g-import-not-at-top
+from components.testing import gcs_emulator  # pylint: disable=g-import-not-at-top
 
 # gs:// goes to a local emulator, in this process and in every process the
 # tests start (pipeline runners, trainer workers inherit os.environ). TF reads
@@ -82,7 +82,7 @@ def id_data(tmp_path_factory):
   """tests/support/trainer_testing's dataset of NUM_EXAMPLES examples with
   an `id` feature (read only: one for the session)."""
   # pylint: disable-next=g-import-not-at-top
-  from tests.support import trainer_testing  # TensorFlow: on first use only.
+  from components.testing import trainer_testing  # TF on first use only.
   return trainer_testing.write_id_dataset(
       str(tmp_path_factory.mktemp('ids')), trainer_testing.NUM_EXAMPLES)
 
@@ -91,7 +91,7 @@ def id_data(tmp_path_factory):
 def child_env(monkeypatch):
   """The launcher starts processes with this process's environment."""
   # pylint: disable-next=g-import-not-at-top
-  from tests.support import trainer_testing
+  from components.testing import trainer_testing
   for key, value in trainer_testing.child_env().items():
     monkeypatch.setenv(key, value)
 
@@ -102,7 +102,7 @@ def taxi_upstream(run_dir, taxi_sample_dir) -> str:
   Transform (stock) on the taxi sample, run once a run for every worker.
   `taxi_runs.start_from` copies its MLMD file into a root, where a pipeline
   of the same name with caching on then reuses those executions."""
-  from tests.support import taxi_runs  # pylint: disable=g-import-not-at-top
+  from components.testing import taxi_runs  # pylint: disable=g-import-not-at-top
   upstream = run_dir / 'taxi_upstream'
   with filelock.FileLock(f'{upstream}.lock'):
     if not (upstream / taxi_runs.METADATA).exists():
@@ -116,7 +116,7 @@ def shared_taxi_root(tmp_path_factory, taxi_upstream) -> str:
   pipeline runs of this worker (`tests.support.taxi_runs.run`): it starts
   from `taxi_upstream`, so each run there executes only its Trainer,
   Evaluator and Pusher (reading the upstream artifacts where they are)."""
-  from tests.support import taxi_runs  # pylint: disable=g-import-not-at-top
+  from components.testing import taxi_runs  # pylint: disable=g-import-not-at-top
   root = str(tmp_path_factory.mktemp('shared_taxi_root'))
   taxi_runs.start_from(taxi_upstream, root)
   return root

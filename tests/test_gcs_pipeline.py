@@ -41,7 +41,7 @@ from components.trainer.common import tf_config as tf_config_lib
 from pipelines import data
 from pipelines import summary
 from tests.support import console_report
-from tests.support import gcs_emulator
+from components.testing import gcs_emulator
 from tests.support import mlmd
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.support import netns_hosts
+from components.testing import netns_hosts
 
 pytestmark = pytest.mark.skipif(
     bool(netns_hosts.unavailable_reason()),
@@ -88,7 +88,7 @@ def test_hosts_reach_each_other_only_and_die_whole():
 
 
 def test_hosts_of_a_killed_run_are_removed_by_the_next():
-  code = ('import time; from tests.support import netns_hosts\n'
+  code = ('import time; from components.testing import netns_hosts\n'
           'with netns_hosts.netns_hosts(1) as h:\n'
           ' print(h.hosts[0].name, h.bridge, flush=True); time.sleep(600)')
   run = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE,

@@ -46,15 +46,18 @@ from components.trainer.launchers import backends
 from components.trainer import model_run as trainer_model_run
 from components.trainer import spec_keys as trainer_keys
 from components.trainer.config import DistributionConfig
+from components.transform import artifact as transform_artifact
 from components.transform.config import TuningConfig
 from components.transform import executor as transform_executor
 from components.transform import spec_keys as transform_keys
 from components.transform import tuner
+from components.transform import tuning_inputs
+from components.transform import tuning_step
 from components import types as hpm_types
-from tests.support import id_recording_module
-from tests.support import trainer_testing as tt
+from components.testing import id_recording_module
+from components.testing import trainer_testing as tt
 
-ID_MODULE_FILE = os.path.join(tt.REPO_ROOT, 'tests', 'support',
+ID_MODULE_FILE = os.path.join(tt.REPO_ROOT, 'components/testing',
                               'id_recording_module.py')
 
 
@@ -538,15 +541,16 @@ def test_transform_tuning_runs_with_every_input_and_output_on_ram(
     storage.upload_tree(graph_dir, graph.uri)
     executor_utils.SetSplitNames(['train', 'eval'], [transformed])
     counts = _write_transformed_examples(graph.uri, examples, transformed)
-    executor = transform_executor.Executor()
     inputs = {standard_component_specs.EXAMPLES_KEY: [examples]}
-    plan = executor._plan(  # pylint: disable=protected-access
-        inputs, outputs, properties)
-    executor._tune_after_transform(  # pylint: disable=protected-access
-        plan, inputs, outputs, properties,
-        transform_seconds=1.0, examples_written=counts)
-
     (tuned,) = outputs[transform_keys.TUNED_INPUT_PIPELINE_KEY]
+    plan = tuning_inputs.plan(
+        TuningConfig.from_json(properties[transform_keys.TUNING_KEY]),
+        tuned.uri, inputs, outputs, properties, None)
+    transform_artifact.write(tuned, tuning_step.tune(
+        plan, tuning_step.StockTransform(1.0, counts, time.monotonic()),
+        tuning_inputs.transformed_data(plan.tuning, inputs, outputs,
+                                       properties, counts)))
+
     tuned_uris.append(tuned.uri)
     assert sorted(tf.io.gfile.listdir(tuned.uri)) == [
         'candidates.png', tuned_input_pipeline.CONFIG_FILE, 'fingerprint.json',

@@ -8,9 +8,10 @@
   process-wide for a subclass whose `_EncodeAndWrite` writes sharded; the
   shard count is per thread, so a stock Transform running in another thread
   of the same process meanwhile writes as stock.
-- `TransformExecutorHooks`: the stock executor with its private
-  `_GetPreprocessingFn` and `_make_beam_pipeline` turned into two public
-  hooks (`TRANSFORM_EXECUTOR_HOOKS`).
+- `TransformExecutorHooks`: the stock executor, whose `run_stock` runs the
+  stock `Do` calling a `StockHooks` object from its private
+  `_GetPreprocessingFn` and `_make_beam_pipeline`
+  (`TRANSFORM_EXECUTOR_HOOKS`).
 """
 
 import contextlib
@@ -101,8 +102,9 @@ def _EncodeAndWriteSharded(pcoll: beam.PCollection, schema: schema_pb2.Schema,  
               output_path, file_name_suffix='.gz', num_shards=num_shards))
 
 
-class TransformExecutorHooks(transform_executor.Executor):
-  """The stock Transform executor with two hooks for a subclass."""
+class StockHooks:
+  """What the stock executor calls in `TransformExecutorHooks.run_stock`;
+  these do nothing."""
 
   def on_preprocessing_fn(self, fn: Callable[..., Any]) -> None:
     """Called with the module's preprocessing_fn once the stock executor
@@ -111,12 +113,29 @@ class TransformExecutorHooks(transform_executor.Executor):
   def on_beam_pipeline(self, pipeline: beam.Pipeline) -> None:
     """Called with each Beam pipeline the stock executor makes."""
 
+
+class TransformExecutorHooks(transform_executor.Executor):
+  """The stock Transform executor, run with hooks by `run_stock`."""
+
+  # The hooks of the running `run_stock`; outside it (the stock `Do`), none.
+  _hooks = StockHooks()
+
+  def run_stock(self, hooks: StockHooks,
+                input_dict: Dict[str, Any], output_dict: Dict[str, Any],
+                exec_properties: Dict[str, Any]) -> None:
+    """The stock `Do`, calling `hooks`."""
+    self._hooks = hooks
+    try:
+      super().Do(input_dict, output_dict, exec_properties)
+    finally:
+      del self._hooks
+
   def _GetPreprocessingFn(self, inputs, unused_outputs):  # pylint: disable=invalid-name
     fn = super()._GetPreprocessingFn(inputs, unused_outputs)
-    self.on_preprocessing_fn(fn)
+    self._hooks.on_preprocessing_fn(fn)
     return fn
 
   def _make_beam_pipeline(self):
     pipeline = super()._make_beam_pipeline()
-    self.on_beam_pipeline(pipeline)
+    self._hooks.on_beam_pipeline(pipeline)
     return pipeline

@@ -30,6 +30,7 @@ from components.records import training_result
 from components.records import tuned_input_pipeline
 from components import storage
 from components.trainer.checkpoint.config import FaultToleranceConfig
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.checkpoint import location
 from components.trainer.cluster import tf_cluster
 from components.trainer import config as config_lib
@@ -174,7 +175,7 @@ class Executor(base_executor.BaseExecutor):
         task.save(os.path.join(task.model_run_dir,
                                tf_cluster.TASK_FILE_NAME))
         launch, result = self._launch(backend, task, config,
-                                      fault_tolerance, began)
+                                      fault_tolerance.supervision(), began)
       finally:
         backend.close()
     self._record_outputs(model_run, task, launch, result)
@@ -214,11 +215,11 @@ class Executor(base_executor.BaseExecutor):
   @staticmethod
   def _launch(backend: backends.Backend, task: TrainingTask,
               config: config_lib.DistributionConfig,
-              fault_tolerance: FaultToleranceConfig, began: float
+              supervision: SupervisionConfig, began: float
              ) -> Tuple[Dict[str, Any], training_result.TrainingResult]:
     """Trains; (the launch record, the result the chief wrote)."""
     prepared = time.monotonic()
-    launch = backend.run(task, config, fault_tolerance)
+    launch = backend.run(task, config, supervision)
     # The component's fixed cost around the training processes.
     launch['timing'] = {
         'executor_before_launch_s': round(prepared - began, 3),

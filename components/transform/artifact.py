@@ -1,9 +1,11 @@
 """The TunedInputPipeline artifact OptimizedTransform writes: the chosen
-config (`records.tuned_input_pipeline`), the report and chart, and the key
-numbers as custom properties (what MLMD queries and notebooks read)."""
+config (`records.tuned_input_pipeline`), the report and chart, what it was
+tuned on (`history`), and the key numbers as custom properties (what MLMD
+queries and notebooks read)."""
 
 import os
-from typing import Dict, Optional
+import time
+from typing import Optional
 
 from absl import logging
 import tensorflow as tf
@@ -11,8 +13,10 @@ from tfx import types
 
 from components.data.config import InputPipelineConfig
 from components.records import tuned_input_pipeline
+from components.transform import history
 from components.transform import report
-from components.transform.results import Measurement, TuningResult
+from components.transform.results import Measurement
+from components.transform.tuning_step import Tuned
 
 # The reference the tuned reader is compared with (speedup_vs_stock).
 STOCK_READER = 'stock TFX reader (tfx_bsl TFExampleRecord)'
@@ -20,11 +24,17 @@ STOCK_READER = 'stock TFX reader (tfx_bsl TFExampleRecord)'
 NOT_TUNED = 'not tuned'
 
 
-def write(artifact: types.Artifact, result: TuningResult,
-          extra: Dict[str, str]) -> None:
-  """config.json, the report and the key numbers as custom properties."""
+def write(artifact: types.Artifact, tuned: Tuned) -> None:
+  """config.json, the report, fingerprint.json (what it was tuned on, for
+  the next run) and the key numbers as custom properties."""
+  result = tuned.result
+  artifact.set_float_custom_property('transform_seconds',
+                                     tuned.transform_seconds)
+  history.write_fingerprint(artifact.uri, tuned.key, {
+      'examples_per_sec': result.chosen.examples_per_sec,
+      'decision': result.decision})
   tuned_input_pipeline.write(artifact.uri, result.config)
-  report.write_report(result, artifact.uri, extra)
+  report.write_report(result, artifact.uri, tuned.report_rows)
   stock: Optional[Measurement] = next(
       (r for r in result.references if r.name == STOCK_READER), None)
   artifact.set_float_custom_property('examples_per_sec',
@@ -57,6 +67,11 @@ def write(artifact: types.Artifact, result: TuningResult,
   artifact.set_int_custom_property('num_examples', result.num_examples)
   artifact.set_int_custom_property('cache_bytes', result.cache_bytes)
   artifact.set_float_custom_property('tuning_seconds', result.seconds)
+  after = time.monotonic() - tuned.started
+  artifact.set_float_custom_property('after_transform_seconds', after)
+  logging.info('OptimizedTransform: Transform %.1f s, then %.1f s (%s); '
+               'chosen %s', tuned.transform_seconds, after, result.decision,
+               result.config.to_json())
 
 
 def write_not_tuned(artifact: types.Artifact, reason: str,

@@ -22,7 +22,7 @@ again.
 
 import dataclasses
 import os
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from components.data.config import DEFAULT_COMPRESSION
 from components.data import memory_fit
@@ -38,22 +38,46 @@ from components.transform import sources as sources_lib
 from components.transform.sources import Source
 
 
-def tune(tuning: TuningConfig,
-         feature_spec: Dict[str, Any],
-         *,
-         materialized_patterns: Optional[List[str]] = None,
-         transform_graph_uri: Optional[str] = None,
-         raw_file_patterns: Optional[Dict[str, List[str]]] = None,
-         num_examples: Optional[int] = None,
-         references: Optional[Dict[str, DatasetFn]] = None,
-         consumer: Union[None, ConsumerRate, ConsumerFn] = None,
-         previous: Optional[Previous] = None,
-         notes: Optional[List[str]] = None,
-         batch_mismatches: Optional[List[str]] = None,
-         compression_type: str = DEFAULT_COMPRESSION,
-         raw_compression_type: str = DEFAULT_COMPRESSION,
-         cores: Optional[int] = None,
-         clock_start: Optional[float] = None) -> TuningResult:
+@dataclasses.dataclass(frozen=True)
+class TuningInputs:
+  """What `tune` measures on, and what it starts from."""
+  tuning: TuningConfig
+  # Transformed feature spec (parsing spec of the materialized examples, and
+  # the outputs kept on the fly).
+  feature_spec: Dict[str, Any]
+  # Globs of the tune split's transformed examples, or None when Transform
+  # did not materialize.
+  materialized_patterns: Optional[List[str]] = None
+  # Transform graph for the on-the-fly path, or None.
+  transform_graph_uri: Optional[str] = None
+  # Split -> globs of the raw tf.Examples (on the fly).
+  raw_file_patterns: Optional[Dict[str, List[str]]] = None
+  # Examples in the tune split, if known (else estimated).
+  num_examples: Optional[int] = None
+  # Name -> dataset factory measured for comparison only (e.g. the stock TFX
+  # reader).
+  references: Optional[Dict[str, DatasetFn]] = None
+  # What training consumes: a known rate (e.g. the previous run's), or a
+  # function measuring it on a sample batch (features with the label, parsed
+  # by the default pipeline), or None (not known: search).
+  consumer: Union[None, ConsumerRate, ConsumerFn] = None
+  # A previous tuning of the same data to verify and reuse.
+  previous: Optional[Previous] = None
+  # Notes to start the report's list with.
+  notes: Sequence[str] = ()
+  # Other evidence that the measured batch is not the trainer's (e.g. the
+  # batch the previous training read), for the flag.
+  batch_mismatches: Sequence[str] = ()
+  # Compression of the materialized and of the raw files.
+  compression_type: str = DEFAULT_COMPRESSION
+  raw_compression_type: str = DEFAULT_COMPRESSION
+  # CPU cores for the search space; None: os.cpu_count().
+  cores: Optional[int] = None
+  # `time.monotonic()` at which the time budget started, if before `tune`.
+  clock_start: Optional[float] = None
+
+
+def tune(inputs: TuningInputs) -> TuningResult:
   """Measures candidates within `tuning.time_budget_s` and picks one.
 
   Order, most informative first: the default pipeline (materialized unless
@@ -68,41 +92,18 @@ def tune(tuning: TuningConfig,
   transform graph); the references; a greedy search over the knobs at the
   best config so far; then, with time left, the chosen path's stage rates,
   the other path's and the later-epoch rate from the cache.
-
-  Args:
-    tuning: The tuning config.
-    feature_spec: Transformed feature spec (parsing spec of the materialized
-      examples, and the outputs kept on the fly).
-    materialized_patterns: Globs of the tune split's transformed examples, or
-      None when Transform did not materialize.
-    transform_graph_uri: Transform graph for the on-the-fly path, or None.
-    raw_file_patterns: Split -> globs of the raw tf.Examples (on the fly).
-    num_examples: Examples in the tune split, if known (else estimated).
-    references: Name -> dataset factory measured for comparison only (e.g.
-      the stock TFX reader).
-    consumer: What training consumes: a known rate (e.g. the previous run's),
-      or a function measuring it on a sample batch (features with the label,
-      parsed by the default pipeline), or None (not known: search).
-    previous: A previous tuning of the same data to verify and reuse.
-    notes: Notes to start the report's list with.
-    batch_mismatches: Other evidence that the measured batch is not the
-      trainer's (e.g. the batch the previous training read), for the flag.
-    compression_type: Compression of the materialized files.
-    raw_compression_type: Compression of the raw files.
-    cores: CPU cores for the search space; defaults to os.cpu_count().
-    clock_start: `time.monotonic()` at which the time budget started, if
-      before this call.
   """
-  tuning = tuning.validate()
+  tuning = inputs.tuning.validate()
   search = _Search(tuning, Clock(tuning.time_budget_s,
-                                 tuning.measure_seconds, clock_start),
+                                 tuning.measure_seconds, inputs.clock_start),
                    sources_lib.make_sources(
-                       tuning, feature_spec, materialized_patterns,
-                       transform_graph_uri, raw_file_patterns,
-                       compression_type, raw_compression_type),
-                   cores or os.cpu_count() or 1, list(notes or []),
+                       tuning, inputs.feature_spec,
+                       inputs.materialized_patterns,
+                       inputs.transform_graph_uri, inputs.raw_file_patterns,
+                       inputs.compression_type, inputs.raw_compression_type),
+                   inputs.cores or os.cpu_count() or 1, list(inputs.notes),
                    [m for m in [tuning.batch_mismatch(),
-                                *(batch_mismatches or [])] if m])
+                                *inputs.batch_mismatches] if m])
   sources, clock, notes = search.sources, search.clock, search.notes
 
   # 1. The default pipeline of the first path, keeping its first batch.
@@ -116,6 +117,7 @@ def tune(tuning: TuningConfig,
   # 2. Dataset size, then the cache decision (no measurement needed).
   bytes_per_example = measurement.dense_bytes(probe) / max(
       measurement.rows(probe), 1)
+  num_examples = inputs.num_examples
   if num_examples is None:
     num_examples = measurement.estimate_num_examples(
         sources[first].files, sources[first].compression)
@@ -128,7 +130,7 @@ def tune(tuning: TuningConfig,
                          'itself)')
 
   # 4. The consumer, and whether training is input-bound at all.
-  search.weigh_consumer(consumer, probe, defaults[first])
+  search.weigh_consumer(inputs.consumer, probe, defaults[first])
 
   if tuning.early_stop and search.input_bound is False:
     notes.append('Stopped early with the default pipeline: training is not '
@@ -142,20 +144,20 @@ def tune(tuning: TuningConfig,
   defaults[first] = search.run(sources[first], {})
 
   # 5. A previous tuning of the same data: one measurement to verify it.
-  if previous is not None:
-    reused = _verify_previous(previous, sources, defaults, search.run, clock,
-                              notes)
+  if inputs.previous is not None:
+    reused = _verify_previous(inputs.previous, sources, defaults, search.run,
+                              clock, notes)
     if reused is not None:
       return search.result(
           sources[reused.placement], reused, REUSED,
-          f'{reused.placement}: as in {previous.description}')
+          f'{reused.placement}: as in {inputs.previous.description}')
 
   # 6. The other placement, then where the transform runs.
   placement, placement_reason = search.choose_placement(defaults)
   source = sources[placement]
 
   # 7. References, for the report.
-  reference_results = search.references(references or {})
+  reference_results = search.references(inputs.references or {})
 
   # 8. Greedy search over the knobs, each trial at the best config so far.
   best = search.greedy(source, defaults[placement])

@@ -8,7 +8,7 @@ import pytest
 
 from components.data import shard_index
 from tests.support import gzip_cuts
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 
 @pytest.fixture

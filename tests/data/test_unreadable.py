@@ -11,7 +11,7 @@ from components.data import shard_check
 from components.data import shard_index
 from components.data import unreadable
 from components.trainer.managed import training
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 NUM_EXAMPLES = 256
 TRAIN_STEPS = 12

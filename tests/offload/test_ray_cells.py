@@ -21,9 +21,9 @@ from components.offload import served
 from components.offload import stream
 from components.offload.config import OffloadConfig
 from components.trainer.cluster import ray_backend
-from tests.support import netns_hosts
-from tests.support import ray_cluster as ray_cluster_lib
-from tests.support import trainer_testing as tt
+from components.testing import netns_hosts
+from components.testing import ray_cluster as ray_cluster_lib
+from components.testing import trainer_testing as tt
 from tests.support.partition_rows import BATCH, PARTITIONS
 from tests.support.partition_rows import served_rows, update_rows
 

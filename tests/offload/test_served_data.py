@@ -7,7 +7,7 @@ from components.trainer.config import DistributionConfig
 from components.trainer.managed import served_data
 from components.trainer.process.context import ProcessContext
 from components.trainer.strategies import registry
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 
 def _context(root, offload, workers=2):
@@ -28,8 +28,7 @@ def test_auto_sizes_for_the_pipelines_published_rate_shared_by_workers(
   # No training published a rate yet.
   assert served_data._consumer_rate(context) is None  # pylint: disable=protected-access
   training_result.publish_steady_rate(
-      root, {'examples_per_sec': 900.0, 'global_batch_size': 64},
-      'model_run/3')
+      root, training_result.SteadyRate(900.0, 64, 'model_run/3'))
   assert served_data._consumer_rate(context) == 450.0  # pylint: disable=protected-access
   # A fixed cell count asks for no rate.
   assert served_data._consumer_rate(  # pylint: disable=protected-access

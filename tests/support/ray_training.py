@@ -12,29 +12,35 @@ import json
 import os
 import socket
 import sys
+from typing import Optional
 import urllib.parse
 
 from components.trainer.checkpoint import records as run_records
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.cluster import ray_backend
 from components.trainer.common.task import TrainingTask
 
 CLUSTER_TIMEOUT_S = 400
 
 
-def run_on_ray(task: TrainingTask, root: str, cpus: int = 1, **options):
+def run_on_ray(task: TrainingTask, root: str, cpus: int = 1,
+               min_workers: Optional[int] = None, hang_timeout_s: float = 0,
+               rescale_check_s: float = 0):
   """The task's cluster on Ray; its logs under the local folder `root`;
   the chief's progress read as the executor reads it (for hang_timeout_s)."""
-  argv = [ray_backend.PYTHON, '-m', 'tests.support.trainer_testing',
+  argv = [ray_backend.PYTHON, '-m', 'components.testing.trainer_testing',
           ray_backend.TASK_FILE]
   return ray_backend.run_on_ray(
       'multi_worker_mirrored', 2, 0, lambda role: argv, task.to_json(),
       os.path.join(root, 'logs'), placement_strategy='SPREAD',
       resources={'cpus': cpus, 'gpus': 0, 'memory_mb': 0},
       local_paths=task.local_output_dirs(),  # As the executor passes.
-      timeout_s=CLUSTER_TIMEOUT_S,
-      max_restarts=task.fault_tolerance['max_restarts'],
-      read_progress=lambda: run_records.read_progress(task.checkpoint_dir),
-      progress_every_s=0.5, **options)
+      min_workers=min_workers,
+      supervision=SupervisionConfig(
+          max_restarts=task.fault_tolerance['max_restarts'],
+          timeout_s=CLUSTER_TIMEOUT_S, hang_timeout_s=hang_timeout_s,
+          rescale_check_s=rescale_check_s, progress_every_s=0.5),
+      read_progress=lambda: run_records.read_progress(task.checkpoint_dir))
 
 
 def _own_address(address: str) -> str:

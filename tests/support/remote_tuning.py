@@ -10,8 +10,8 @@ import argparse
 import json
 import os
 
-from tests.support import gcs_emulator
-from tests.support import text_records
+from components.testing import gcs_emulator
+from components.testing import text_records
 
 
 def main() -> None:
@@ -31,11 +31,11 @@ def main() -> None:
   local = text_records.write_split(args.work, 2_000, 16, 128)
   remote = text_records.copy_split(local, f'{args.bucket}/data')
   gcs_emulator.throttle(args.port, args.first_byte_s, args.stream_bytes_per_s)
-  result = tuner.tune(
+  result = tuner.tune(tuner.TuningInputs(
       TuningConfig(time_budget_s=60, trainer_batch_size=32, early_stop=False,
                    cache='none', reuse=False, measure_seconds=0.5,
                    max_candidates=5),
-      text_records.feature_spec(), materialized_patterns=[remote])
+      text_records.feature_spec(), materialized_patterns=[remote]))
   chosen = result.config.read_ahead_shards
   source = sources.Source('materialized', [remote], 'GZIP',
                           InputPipelineConfig(), text_records.feature_spec(),

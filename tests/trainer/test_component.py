@@ -1,5 +1,6 @@
 """HighPerfTrainer construction: the stock contract, and early, clear errors."""
 
+import dataclasses
 import json
 import os
 import textwrap
@@ -12,6 +13,7 @@ from tfx.types import standard_artifacts
 from tfx.types import standard_component_specs
 
 from components import HighPerfTrainer
+from components.records import training_result
 from components.partitioner import spec_keys as partitioner_keys
 from components.trainer.config import DistributionConfig
 from components.trainer import executor
@@ -353,6 +355,18 @@ def test_seed_and_determinism_are_recorded_on_model_run(tmp_path):
   assert unseeded.get_int_custom_property('deterministic') == 0
 
 
+def _managed_result(**loop_facts) -> training_result.TrainingResult:
+  """A managed training's result whose loop reports only `loop_facts`."""
+  loop = {f.name: None for f in dataclasses.fields(training_result.LoopReport)}
+  return training_result.TrainingResult(
+      mode='managed', strategy='one_device', steps=1500, num_replicas=1,
+      num_workers=1, per_replica_batch_size=4, global_batch_size=4,
+      train_steps=1500, eval_steps=2, seed=None, deterministic=False,
+      intra_op_threads={}, train_wall_s=1.5, worker_imports_s=2.0,
+      worker_setup_s=0.1, loop=training_result.LoopReport(
+          **{**loop, 'resume_events': [], **loop_facts}))
+
+
 def test_a_result_without_a_loss_is_stored_in_mlmd(tmp_path):
   """An attempt resumed at the last step trains none: its loss is NaN,
   which MLMD's SQLite refuses (the run failed); the other numbers go in."""
@@ -361,9 +375,8 @@ def test_a_result_without_a_loss_is_stored_in_mlmd(tmp_path):
   from ml_metadata.proto import metadata_store_pb2  # pylint: disable=g-import-not-at-top
   model_run = standard_artifacts.ModelRun()
   model_run.uri = str(tmp_path)
-  model_run_lib.record_result(model_run, {
-      'num_replicas': 1, 'train_steps': 1500, 'train_loss': float('nan'),
-      'examples_per_sec': 0.0, 'train_wall_s': 1.5, 'mode': 'managed'}, {})
+  result = _managed_result(train_loss=float('nan'), examples_per_sec=0.0)
+  model_run_lib.record_result(model_run, result, {})
   config = metadata_store_pb2.ConnectionConfig()
   config.sqlite.filename_uri = str(tmp_path / 'metadata.db')
   store = metadata_store.MetadataStore(config)
@@ -383,8 +396,8 @@ def test_the_offload_record_is_on_model_run(tmp_path):
              'lost': {'cell-0': 'its process is gone'},
              'partitions': {'0': 'cell-1'},
              'events': [{'event': 'lost', 'cell': 'cell-0', 'position': 7}]}
-  model_run_lib.record_result(model_run, {'mode': 'managed',
-                                          'offload': offload}, {})
+  model_run_lib.record_result(model_run, _managed_result(offload=offload),
+                              {})
   assert json.loads(model_run.get_string_custom_property(
       'offload')) == offload
 
@@ -395,6 +408,6 @@ def test_skipped_unreadable_records_are_on_model_run(tmp_path):
   skipped = [{'path': '/d/train-03.gz', 'position': 40, 'skipped': None,
               'error': 'incorrect data check'}]
   model_run_lib.record_result(
-      model_run, {'mode': 'managed', 'unreadable_records': skipped}, {})
+      model_run, _managed_result(unreadable_records=skipped), {})
   assert json.loads(model_run.get_string_custom_property(
       'unreadable_records')) == skipped

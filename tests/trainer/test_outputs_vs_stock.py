@@ -28,7 +28,7 @@ from components.records import training_result
 from pipelines import taxi_pipeline
 from tests.support import mlmd
 from tests.support import output_conformance
-from tests.support import taxi_runs
+from components.testing import taxi_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 

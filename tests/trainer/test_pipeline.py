@@ -21,7 +21,7 @@ from components.records import training_result
 from components.trainer.common.task import TrainingTask
 from pipelines import data
 from pipelines import taxi_pipeline
-from tests.support import taxi_runs
+from components.testing import taxi_runs
 from tests.support import mlmd
 
 pytestmark = pytest.mark.slow

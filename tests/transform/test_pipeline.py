@@ -36,7 +36,7 @@ from pipelines import taxi_module
 from pipelines import taxi_pipeline
 from tests.support import mlmd
 from tests.support import output_conformance
-from tests.support import taxi_runs
+from components.testing import taxi_runs
 
 # Extended: the core set proves OptimizedTransform end to end in the gs://
 # GPipe pipeline (tests/test_gcs_pipeline.py); this module adds its identity

@@ -10,7 +10,7 @@ import uuid
 import portpicker
 import pytest
 
-from tests.support import gcs_emulator
+from components.testing import gcs_emulator
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))

@@ -32,10 +32,11 @@ def patterns(tmp_path_factory):
 
 def _tune(patterns, consumer=None, previous=None, batch_mismatches=None,
           **changes):
-  return tuner.tune(TuningConfig(**{**QUICK, **changes}),
-                    transform_data.DENSE_SPEC, materialized_patterns=patterns,
-                    num_examples=NUM_EXAMPLES, consumer=consumer,
-                    previous=previous, batch_mismatches=batch_mismatches)
+  return tuner.tune(tuner.TuningInputs(
+      TuningConfig(**{**QUICK, **changes}), transform_data.DENSE_SPEC,
+      materialized_patterns=patterns, num_examples=NUM_EXAMPLES,
+      consumer=consumer, previous=previous,
+      batch_mismatches=batch_mismatches or ()))
 
 
 def test_ram_budget_smaller_than_data_forbids_memory_cache(patterns, tmp_path):
@@ -117,10 +118,10 @@ def test_stage_rates_and_report(patterns, tmp_path):
           lambda s: tf.io.parse_example(s, transform_data.DENSE_SPEC))
   # A budget no machine runs out of (the tuner skips, and reports, stages
   # it has no time for); one candidate keeps the search itself short.
-  result = tuner.tune(
+  result = tuner.tune(tuner.TuningInputs(
       TuningConfig(**{**QUICK, 'time_budget_s': 600.0, 'max_candidates': 1}),
       transform_data.DENSE_SPEC, materialized_patterns=patterns,
-      references={'plain reader': stock})
+      references={'plain reader': stock}))
   # Estimated from file sizes when not given.
   assert abs(result.num_examples - NUM_EXAMPLES) < NUM_EXAMPLES * 0.1
   assert [s.stage for s in result.stages] == ['read', 'parse', 'batch']
@@ -141,7 +142,8 @@ def test_on_the_fly_needs_raw_examples(patterns):
   with pytest.raises(ValueError, match="materialize='on_the_fly' needs raw"):
     _tune(patterns, materialize='on_the_fly')
   with pytest.raises(ValueError, match='Nothing to tune on'):
-    tuner.tune(TuningConfig(**QUICK), transform_data.DENSE_SPEC)
+    tuner.tune(tuner.TuningInputs(TuningConfig(**QUICK),
+                                  transform_data.DENSE_SPEC))
 
 
 def test_placement_rules():
@@ -198,12 +200,12 @@ def test_slow_consumer_stops_early_with_the_defaults(patterns, tmp_path):
 
   stock = lambda: tf.data.TFRecordDataset(  # pylint: disable=g-long-lambda
       tf.io.gfile.glob(patterns[0]), 'GZIP').batch(64)
-  result = tuner.tune(
+  result = tuner.tune(tuner.TuningInputs(
       TuningConfig(**{**QUICK, 'batch_size': None, 'trainer_batch_size': 64,
                       'time_budget_s': 30.0}),
       transform_data.DENSE_SPEC, materialized_patterns=patterns,
       num_examples=NUM_EXAMPLES, consumer=measure,
-      references={'plain reader': stock})
+      references={'plain reader': stock}))
   # The consumer got a real batch of the trainer's size.
   assert seen == [64]
   assert result.consumer.examples_per_sec <= 64 / 0.02

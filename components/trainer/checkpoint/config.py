@@ -1,15 +1,17 @@
 """When and how HighPerfTrainer checkpoints, and its `fault_tolerance` option.
 
-`CheckpointConfig` is what the training loop's checkpointing uses;
+`CheckpointConfig` is what the training loop's checkpointing uses,
+`SupervisionConfig` what the cluster's supervisor uses;
 `FaultToleranceConfig` is the component's `fault_tolerance` exec property:
-the same keys in one flat JSON object, plus the supervisor's
-`max_restarts`. Pure Python: the component validates it at construction.
+the keys of both in one flat JSON object. Pure Python: the component
+validates it at construction.
 """
 
 import dataclasses
 from typing import Optional
 
 from components.json_config import JsonConfig, is_int, is_number
+from components.trainer.common import progress
 
 LEASE_MODES = ('fail', 'wait')
 
@@ -83,6 +85,39 @@ class CheckpointConfig(JsonConfig):
     return self
 
 
+@dataclasses.dataclass(frozen=True)
+class SupervisionConfig:
+  """What the cluster's supervisor (`cluster.supervisor.supervise`) allows
+  and watches for, under either launcher. The defaults turn every limit
+  off; FaultToleranceConfig.supervision() gives the component's.
+  """
+  # Relaunches of a failed cluster allowed; a relaunch after a task was
+  # preempted (it stopped at a checkpoint) or to regrow an elastic cluster
+  # is not counted.
+  max_restarts: int = 0
+  # Wall-clock limit of the whole training (all attempts); the cluster is
+  # killed and the training fails past it. 0: no limit.
+  timeout_s: float = 0
+  # Seconds without a new training step, as the chief's progress record
+  # shows (after the attempt's first step, outside checkpoint saves), after
+  # which the attempt is judged hung (a collective waiting on a stopped or
+  # cut-off peer blocks without failing), killed and relaunched, as one
+  # restart. It must exceed the longest call (`steps_per_execution` steps)
+  # and the longest pause between calls; 0: no hang detection.
+  hang_timeout_s: float = 0
+  # While an elastic cluster (distribution min_workers) runs below
+  # num_workers, how often it is asked whether the full size fits again;
+  # when it does, the workers checkpoint and stop and the cluster is
+  # relaunched at full size (not a restart). 0: never.
+  rescale_check_s: float = 0
+  # A stopped cluster's processes get this long to exit after SIGTERM
+  # (to checkpoint) before SIGKILL.
+  grace_s: float = 10.0
+  # How often the chief's progress record is read, logged and checked for
+  # a hang.
+  progress_every_s: float = progress.LINE_EVERY_SECONDS
+
+
 @dataclasses.dataclass
 class FaultToleranceConfig(CheckpointConfig):
   """The `fault_tolerance` exec property: checkpoints and supervision.
@@ -92,26 +127,14 @@ class FaultToleranceConfig(CheckpointConfig):
   rescaling).
 
   Attributes:
-    timeout_s: Wall-clock limit of the whole training (all restarts); the
-      cluster is killed and the component fails past it. 0: no limit.
     skip_unreadable_records: Train on past damaged data files, reading each
       only up to its first unreadable record (`components.data.unreadable`):
       the files are read through once per training first, and every
       skipped file, position and count is logged and recorded on
       `model_run`. Off: a damaged file fails the training naming it.
-    max_restarts: Relaunches of a failed cluster the supervisor allows (a
-      relaunch after a task was preempted is not counted).
-    hang_timeout_s: Seconds without a new training step, as the chief's
-      progress record shows (after the attempt's first step, outside
-      checkpoint saves), after which the supervisor judges the attempt hung
-      (a collective waiting on a stopped or cut-off peer blocks without
-      failing), kills it and relaunches it, as one restart. It must exceed
-      the longest call (`steps_per_execution` steps) and the longest pause
-      between calls; 0 = no hang detection.
-    rescale_check_s: While an elastic cluster (distribution
-      min_workers) runs below num_workers, how often the supervisor checks
-      whether the full size fits again; when it does, the workers checkpoint
-      and stop and the cluster is relaunched at full size (not a restart).
+    max_restarts, timeout_s, hang_timeout_s, rescale_check_s: The
+      supervisor's, as SupervisionConfig's fields say; `supervision()`
+      hands them to the launcher.
   """
   OPTIONS_NAME = 'fault_tolerance'
   RENAMED = {'save_every_seconds': 'save_every_s',
@@ -150,3 +173,11 @@ class FaultToleranceConfig(CheckpointConfig):
     """The checkpoint settings alone (what the training processes use)."""
     return CheckpointConfig(**{f.name: getattr(self, f.name)
                                for f in dataclasses.fields(CheckpointConfig)})
+
+  def supervision(self) -> SupervisionConfig:
+    """The supervisor's settings alone (what the launcher's supervisor
+    uses); how it stops processes and relays progress keeps its defaults."""
+    return SupervisionConfig(max_restarts=self.max_restarts,
+                             timeout_s=self.timeout_s,
+                             hang_timeout_s=self.hang_timeout_s,
+                             rescale_check_s=self.rescale_check_s)

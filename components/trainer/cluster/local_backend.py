@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
 
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.cluster import supervisor
 from components.trainer.cluster.tf_cluster import ProcessSpec
 
@@ -152,17 +153,18 @@ class LocalAttempt:
 
 
 def run_supervised(make_processes: Callable[[int], List[ProcessSpec]],
-                   log_dir: str, **supervision) -> supervisor.LaunchResult:
+                   log_dir: str,
+                   supervision: SupervisionConfig = SupervisionConfig(), *,
+                   read_progress: Optional[supervisor.ReadProgress] = None
+                  ) -> supervisor.LaunchResult:
   """Runs a cluster of child processes under `supervisor.supervise`.
 
   Args:
     make_processes: Builds the cluster for attempt 0, 1, ... (fresh ports).
     log_dir: Gets `attempt-<k>/<process>.log` per process.
-    **supervision: supervisor.supervise's options (timeout_s, max_restarts,
-      hang_timeout_s, poll_interval_s, grace_s, read_progress,
-      progress_every_s).
+    supervision, read_progress: As for supervisor.supervise.
   """
   return supervisor.supervise(
       lambda attempt, attempt_dir: LocalAttempt(
           make_processes(attempt), attempt, attempt_dir),
-      log_dir, **supervision)
+      log_dir, supervision, read_progress=read_progress)

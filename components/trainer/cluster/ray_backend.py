@@ -39,6 +39,7 @@ import ray
 import ray.util.client
 from ray.util import scheduling_strategies
 
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.cluster import local_backend
 from components.trainer.common import membership
 from components.trainer.cluster.ray_actor import PYTHON
@@ -321,8 +322,9 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
                local_paths: Dict[str, str],
                min_workers: Optional[int] = None,
                poll_interval_s: float = 0.5,
-               grace_s: float = supervisor.DEFAULT_GRACE_S,
-               **supervision) -> supervisor.LaunchResult:
+               supervision: SupervisionConfig = SupervisionConfig(),
+               read_progress: Optional[supervisor.ReadProgress] = None
+              ) -> supervisor.LaunchResult:
   """Runs the cluster on the connected Ray cluster, under the supervisor.
 
   Args:
@@ -336,9 +338,7 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
     min_workers: Below num_workers: an elastic cluster, placed with as many
       workers as fit down to this many (`membership`).
     poll_interval_s: How often logs are pulled while waiting.
-    grace_s: Time between SIGTERM and SIGKILL when stopping processes.
-    **supervision: supervisor.supervise's other options (timeout_s,
-      max_restarts, hang_timeout_s, rescale_check_s, read_progress).
+    supervision, read_progress: As for supervisor.supervise.
 
   Raises:
     What supervisor.supervise raises, and
@@ -382,7 +382,7 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
         spec.env = {**forwarded, **spec.env}
       attempt.start(specs, task_json, local_task_path)
     except BaseException:
-      attempt.stop(grace_s)
+      attempt.stop(supervision.grace_s)
       raise
     return attempt
 
@@ -390,6 +390,6 @@ def run_on_ray(strategy: str, num_workers: int, num_ps: int,
     local_task_path = os.path.join(local_dir, tf_cluster.TASK_FILE_NAME)
     with open(local_task_path, 'w') as f:
       f.write(task_json)
-    return supervisor.supervise(start, log_dir,
-                                poll_interval_s=poll_interval_s,
-                                grace_s=grace_s, **supervision)
+    return supervisor.supervise(start, log_dir, supervision,
+                                read_progress=read_progress,
+                                poll_interval_s=poll_interval_s)

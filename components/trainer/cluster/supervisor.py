@@ -34,17 +34,13 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 from absl import logging
 
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.common.exit_codes import NOT_RETRYABLE_EXIT_CODE
 from components.trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from components.trainer.common import failures
 from components.trainer.cluster import log_tail
 from components.trainer.common import membership as membership_lib
 from components.trainer.cluster import progress_relay
-from components.trainer.common import progress
-
-# A killed cluster's processes get this long to exit after SIGTERM before
-# SIGKILL.
-DEFAULT_GRACE_S = 10.0
 
 
 class Outcome(enum.Enum):
@@ -101,6 +97,9 @@ class Attempt(Protocol):
 
 # Starts attempt k (0, 1, ...) logging into the given folder.
 StartAttempt = Callable[[int, str], Attempt]
+# The chief's progress record (progress.json); None while there is none or
+# it cannot be read.
+ReadProgress = Callable[[], Optional[Dict[str, Any]]]
 
 
 # Why an attempt ended in a relaunch: a failure (a restart, counted against
@@ -233,14 +232,16 @@ def judge(tasks: List[TaskStatus], notified: bool
   return Outcome.DONE, trainers[0]
 
 
-def _watch(attempt: Attempt, start: float, timeout_s: float,
+def _watch(attempt: Attempt, start: float, supervision: SupervisionConfig,
            poll_interval_s: float, forwarder: SigtermForwarder,
-           relay: progress_relay.ProgressRelay, hang_timeout_s: float,
-           rescale_check_s: float
+           relay: progress_relay.ProgressRelay
           ) -> Tuple[Outcome, TaskStatus, List[TaskStatus]]:
   """Polls until the attempt is done, fails, times out, hangs, was
   preempted or stopped to grow; returns the outcome, the task it is about
   and every task's last state."""
+  timeout_s = supervision.timeout_s
+  hang_timeout_s = supervision.hang_timeout_s
+  rescale_check_s = supervision.rescale_check_s
   notified = rescaling = False
   smaller = 0 < attempt.workers < attempt.full_workers
   next_check = time.monotonic() + rescale_check_s
@@ -297,39 +298,22 @@ def _describe(failure: ProcessExit, tasks: List[TaskStatus], hung: bool,
   return f'{record[1]}\n{described}' if record else described
 
 
-def supervise(start_attempt: StartAttempt, log_dir: str, *,
-              timeout_s: float = 0, max_restarts: int = 0,
-              hang_timeout_s: float = 0,
-              rescale_check_s: float = 0,
-              poll_interval_s: float = 0.2,
-              grace_s: float = DEFAULT_GRACE_S,
-              read_progress: Optional[
-                  Callable[[], Optional[Dict[str, Any]]]] = None,
-              progress_every_s: float = progress.LINE_EVERY_SECONDS
-             ) -> LaunchResult:
+def supervise(start_attempt: StartAttempt, log_dir: str,
+              supervision: SupervisionConfig = SupervisionConfig(), *,
+              read_progress: Optional[ReadProgress] = None,
+              poll_interval_s: float = 0.2) -> LaunchResult:
   """Runs a cluster to completion, relaunching it where that can help.
 
   Args:
     start_attempt: Starts attempt k of the cluster (fresh ports, placement)
       logging into `log_dir/attempt-<k>/<task>.log`.
     log_dir: The attempts' log folders go here.
-    timeout_s: Limit for all attempts together; 0 = none.
-    max_restarts: Relaunches allowed after failures; relaunches after a
-      task exited PREEMPTED_EXIT_CODE are not counted.
-    hang_timeout_s: An attempt whose chief's progress record (read every
-      `progress_every_s`) shows no new step for this long, after its first
-      record and outside checkpoint saves, is killed and relaunched like a
-      failed one (a restart); 0 = never. It must exceed the longest call
-      and the longest pause between calls.
-    rescale_check_s: How often an attempt running below its full worker
-      count is asked whether the full size fits again; 0 = never.
+    supervision: The limits and periods (its fields say each).
+    read_progress: Reads the chief's progress record, which is logged every
+      `supervision.progress_every_s` through `progress.LOGGER` while the
+      cluster runs, and once more at the end. Without it, hangs are not
+      detected.
     poll_interval_s: How often the tasks are polled.
-    grace_s: Time between SIGTERM and SIGKILL when stopping processes.
-    read_progress: Returns the chief's progress record (progress.json; None
-      while there is none or it cannot be read); it is logged every
-      `progress_every_s` through `progress.LOGGER` while the cluster runs,
-      and once more at the end. Without it, hangs are not detected.
-    progress_every_s: How often the progress record is read.
 
   Returns:
     Attempts made, the failures that caused relaunches, wall time.
@@ -356,19 +340,18 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
       try:
         forwarder.tasks = attempt.names
         relay = progress_relay.ProgressRelay(
-            read_progress, progress_every_s,
+            read_progress, supervision.progress_every_s,
             count_by_cause(relaunches)[FAILURE],
             (attempt.workers, attempt.full_workers)
             if attempt.workers != attempt.full_workers else None)
         try:
-          outcome, task, tasks = _watch(attempt, start, timeout_s,
-                                        poll_interval_s, forwarder, relay,
-                                        hang_timeout_s, rescale_check_s)
+          outcome, task, tasks = _watch(attempt, start, supervision,
+                                        poll_interval_s, forwarder, relay)
         finally:
           relay.stop()
       finally:
         # Hung processes would not checkpoint in any grace period.
-        attempt.stop(0 if outcome is Outcome.HUNG else grace_s)
+        attempt.stop(0 if outcome is Outcome.HUNG else supervision.grace_s)
       if outcome is Outcome.DONE:
         return LaunchResult(index + 1, relaunches, time.monotonic() - start,
                             log_dir, attempt.placement, membership)
@@ -384,7 +367,7 @@ def supervise(start_attempt: StartAttempt, log_dir: str, *,
       _raise_or_log_relaunch(
           outcome, failure,
           _describe(failure, tasks, outcome is Outcome.HUNG, record),
-          relaunches, max_restarts, timeout_s)
+          relaunches, supervision)
       relaunches.append(failure)
       index += 1
 
@@ -399,12 +382,13 @@ def _cause(outcome: Outcome, exit_code: Optional[int]) -> str:
 
 def _raise_or_log_relaunch(outcome: Outcome, failure: ProcessExit,
                            message: str, relaunches: List[ProcessExit],
-                           max_restarts: int, timeout_s: float) -> None:
+                           supervision: SupervisionConfig) -> None:
   """The one mapping from an attempt's end to an error, else a relaunch."""
+  max_restarts = supervision.max_restarts
   if outcome is Outcome.TIMEOUT:
     raise ClusterTimeoutError(
-        f'Training exceeded timeout_s={timeout_s} and was killed. Last '
-        f'lines of {failure.process} ({failure.log_path}):\n'
+        f'Training exceeded timeout_s={supervision.timeout_s} and was '
+        f'killed. Last lines of {failure.process} ({failure.log_path}):\n'
         f'{failure.log_tail}', failure, relaunches)
   if outcome is Outcome.RESCALED:
     logging.warning('Relaunching at full size; it resumes from its '

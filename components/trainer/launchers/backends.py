@@ -8,13 +8,13 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable, Dict, List, Optional, Type
+from typing import Any, Callable, Dict, List, Type
 
 from absl import logging
 import tensorflow as tf
 
 from components import storage
-from components.trainer.checkpoint.config import FaultToleranceConfig
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.checkpoint import records
 from components.trainer.cluster import local_backend
 from components.trainer.cluster import supervisor
@@ -26,7 +26,6 @@ from components.trainer import model_run as model_run_lib
 from components.trainer.process import entry
 
 CLUSTER_LOG_DIR = 'cluster_logs'
-ReadProgress = Callable[[], Optional[Dict[str, Any]]]
 
 
 class Backend:
@@ -35,8 +34,9 @@ class Backend:
   spec: registry.LauncherSpec
 
   def run(self, task: TrainingTask, config: config_lib.DistributionConfig,
-          fault_tolerance: FaultToleranceConfig) -> Dict[str, Any]:
-    """Trains `task` with the resolved `config`; the launch record."""
+          supervision: SupervisionConfig) -> Dict[str, Any]:
+    """Trains `task` with the resolved `config`, its processes (if it starts
+    any) supervised as `supervision` says; the launch record."""
     raise NotImplementedError
 
   def close(self) -> None:
@@ -49,7 +49,7 @@ class InProcess(Backend):
 
   spec = registry.IN_PROCESS
 
-  def run(self, task, config, fault_tolerance):
+  def run(self, task, config, supervision):
     entry.run_in_process(task, config)
     return {'launcher': self.spec.name}
 
@@ -59,7 +59,7 @@ class _ChildProcesses(Backend):
   their logs locally (a log being written cannot live on an object store);
   the logs go to model_run when the cluster stops, also when it failed."""
 
-  def run(self, task, config, fault_tolerance):
+  def run(self, task, config, supervision):
     unshared = {k: v for k, v in task.output_dirs().items()
                 if storage.is_process_local(v)}
     if unshared:
@@ -80,7 +80,7 @@ class _ChildProcesses(Backend):
       return records.read_progress(task.checkpoint_dir)
 
     try:
-      launch = self._supervise(task, config, fault_tolerance, task_path,
+      launch = self._supervise(task, config, supervision, task_path,
                                local_logs, read_progress)
     except supervisor.ClusterFailedError as e:
       # The same error, naming the uploaded logs instead of the local ones.
@@ -96,9 +96,9 @@ class _ChildProcesses(Backend):
 
   def _supervise(self, task: TrainingTask,
                  config: config_lib.DistributionConfig,
-                 fault_tolerance: FaultToleranceConfig, task_path: str,
-                 local_logs: str,
-                 read_progress: ReadProgress) -> supervisor.LaunchResult:
+                 supervision: SupervisionConfig, task_path: str,
+                 local_logs: str, read_progress: supervisor.ReadProgress
+                ) -> supervisor.LaunchResult:
     raise NotImplementedError
 
 
@@ -107,18 +107,14 @@ class Local(_ChildProcesses):
 
   spec = registry.LOCAL
 
-  def _supervise(self, task, config, fault_tolerance, task_path, local_logs,
+  def _supervise(self, task, config, supervision, task_path, local_logs,
                  read_progress):
     argv_for_role = _entry_argv(sys.executable, task_path)
     return local_backend.run_supervised(
         lambda attempt: tf_cluster.cluster_processes(
             config.strategy, config.num_workers, config.num_ps,
             argv_for_role),
-        local_logs,
-        timeout_s=fault_tolerance.timeout_s,
-        max_restarts=fault_tolerance.max_restarts,
-        hang_timeout_s=fault_tolerance.hang_timeout_s,
-        read_progress=read_progress)
+        local_logs, supervision, read_progress=read_progress)
 
 
 class Ray(_ChildProcesses):
@@ -126,7 +122,7 @@ class Ray(_ChildProcesses):
 
   spec = registry.RAY
 
-  def _supervise(self, task, config, fault_tolerance, task_path, local_logs,
+  def _supervise(self, task, config, supervision, task_path, local_logs,
                  read_progress):
     from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top
     return ray_backend.run_on_ray(
@@ -137,11 +133,7 @@ class Ray(_ChildProcesses):
         resources=config.ray.task_resources(),
         local_paths=task.local_output_dirs(),
         min_workers=config.min_workers,
-        timeout_s=fault_tolerance.timeout_s,
-        max_restarts=fault_tolerance.max_restarts,
-        hang_timeout_s=fault_tolerance.hang_timeout_s,
-        rescale_check_s=fault_tolerance.rescale_check_s,
-        read_progress=read_progress)
+        supervision=supervision, read_progress=read_progress)
 
   def close(self) -> None:
     from components.trainer.cluster import ray_backend  # pylint: disable=g-import-not-at-top

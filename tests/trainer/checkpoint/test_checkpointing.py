@@ -20,14 +20,15 @@ from components import storage
 from components.trainer.checkpoint.checkpointer import Checkpointer
 from components.trainer.checkpoint.config import CheckpointConfig
 from components.trainer.checkpoint.config import FaultToleranceConfig
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.checkpoint import lease as lease_lib
 from components.trainer.checkpoint import location as location_lib
 from components.trainer.checkpoint import records as records_lib
 from components.trainer.checkpoint import store as store_lib
 from components.trainer.checkpoint.store import CheckpointStore
-from tests.support import faulty_storage
-from tests.support.faulty_storage import Fault
-from tests.support.faulty_storage import FaultyStorage
+from components.testing import faulty_storage
+from components.testing.faulty_storage import Fault
+from components.testing.faulty_storage import FaultyStorage
 
 # Retries without waiting: the tests count them, they do not time them.
 NO_WAIT = storage.RetryPolicy(first_delay_s=0.0)
@@ -88,14 +89,17 @@ def test_unknown_config_key_is_rejected_with_allowed_keys():
     FaultToleranceConfig.from_dict({'save_every_step': 10})
 
 
-def test_fault_tolerance_splits_checkpoints_from_restarts():
+def test_fault_tolerance_splits_checkpoints_from_supervision():
   """The exec property's one flat object: the training processes get the
-  checkpoint settings, the supervisor max_restarts."""
-  config = FaultToleranceConfig.from_dict({'max_restarts': 0, 'keep_last': 5})
+  checkpoint settings, the supervisor its own."""
+  config = FaultToleranceConfig.from_dict({
+      'max_restarts': 0, 'keep_last': 5, 'timeout_s': 100,
+      'hang_timeout_s': 7, 'rescale_check_s': 3})
   checkpoint = config.checkpoint()
   assert type(checkpoint) is CheckpointConfig  # pylint: disable=unidiomatic-typecheck
   assert checkpoint.keep_last == 5 and not hasattr(checkpoint, 'max_restarts')
-  assert config.max_restarts == 0
+  assert config.supervision() == SupervisionConfig(
+      max_restarts=0, timeout_s=100, hang_timeout_s=7, rescale_check_s=3)
   with pytest.raises(ValueError, match=r"\['max_restarts'\]"):
     CheckpointConfig.from_dict({'max_restarts': 1})
 

@@ -23,13 +23,14 @@ import tensorflow as tf
 from components.data import shard_check
 from components.data import shard_index
 from components.trainer.checkpoint import store as store_lib
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.common import failures
 from components.trainer.cluster import local_backend
 from components.trainer.cluster.local_backend import ProcessSpec
 from components.trainer.cluster import supervisor
 from tests.support import small_disk
 from tests.support import gzip_cuts
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 TRAIN_STEPS = 80  # More than an epoch (64 steps): every file is read.
 NUM_EXAMPLES = 256
@@ -101,7 +102,7 @@ def test_the_failure_record_leads_the_error_and_stops_relaunches(tmp_path):
       f'import sys; print({line!r}); sys.exit(78)')])]
   with pytest.raises(supervisor.ClusterFailedError) as error:
     local_backend.run_supervised(lambda attempt: failing, str(tmp_path / 'a'),
-                            max_restarts=2)
+                            SupervisionConfig(max_restarts=2))
   assert str(error.value).startswith('The file x is bad.\n'), error.value
   assert error.value.relaunches == []
   assert error.value.failure.failure_class == 'corrupt_data'
@@ -112,7 +113,7 @@ def test_the_failure_record_leads_the_error_and_stops_relaunches(tmp_path):
     return [ProcessSpec('worker-0', [sys.executable, '-c', code])]
 
   result = local_backend.run_supervised(crash_once, str(tmp_path / 'b'),
-                                   max_restarts=2)
+                                   SupervisionConfig(max_restarts=2))
   [restart] = result.relaunches
   assert (restart.cause, restart.failure_class) == ('failure', 'transient')
 

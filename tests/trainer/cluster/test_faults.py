@@ -26,7 +26,7 @@ import pytest
 
 from components.trainer.cluster import tf_cluster
 from components.trainer.managed import preemption
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 pytestmark = pytest.mark.slow
 

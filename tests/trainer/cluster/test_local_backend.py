@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.common import exit_codes
 from components.trainer.cluster import local_backend
 from components.trainer.cluster import supervisor
@@ -144,7 +145,7 @@ def test_timeout_kills_and_fails(tmp_path):
   specs = [ProcessSpec('trainer', _sleeper(pid_file))]
   with pytest.raises(supervisor.ClusterTimeoutError, match='timeout_s=2'):
     local_backend.run_supervised(lambda attempt: specs, str(tmp_path),
-                                 timeout_s=2)
+                                 SupervisionConfig(timeout_s=2))
   _assert_killed(pid_file)
 
 
@@ -159,7 +160,7 @@ def test_sigterm_ignoring_process_is_sigkilled_after_grace(tmp_path):
            ProcessSpec('worker-1', _sleeper(pid_file, ignore_term=True))]
   with pytest.raises(supervisor.ClusterFailedError):
     local_backend.run_supervised(lambda attempt: specs, str(tmp_path),
-                                 grace_s=1)
+                                 SupervisionConfig(grace_s=1))
   # It ignored SIGTERM: only the SIGKILL after the grace period ended it.
   _assert_killed(pid_file)
 
@@ -188,7 +189,8 @@ def test_restart_relaunches_the_whole_cluster(tmp_path):
     return [ProcessSpec('worker-0', _python(code)),
             ProcessSpec('worker-1', _python('print("ok")'))]
 
-  result = local_backend.run_supervised(make, str(tmp_path), max_restarts=2)
+  result = local_backend.run_supervised(make, str(tmp_path),
+                                        SupervisionConfig(max_restarts=2))
   assert attempts == [0, 1]
   assert result.attempts == 2
   assert [(r.process, r.exit_code, r.attempt) for r in result.relaunches] == [
@@ -199,7 +201,7 @@ def test_restarts_run_out(tmp_path):
   specs = [ProcessSpec('worker-0', _python('import sys; sys.exit(4)'))]
   with pytest.raises(supervisor.ClusterFailedError, match='attempt 2') as error:
     local_backend.run_supervised(lambda attempt: specs, str(tmp_path),
-                            max_restarts=2)
+                            SupervisionConfig(max_restarts=2))
   assert len(error.value.relaunches) == 2
 
 
@@ -210,7 +212,7 @@ def test_a_not_retryable_failure_is_not_relaunched(tmp_path):
   with pytest.raises(supervisor.ClusterFailedError,
                      match='exited with code 78 .attempt 0') as error:
     local_backend.run_supervised(lambda attempt: specs, str(tmp_path),
-                            max_restarts=2)
+                            SupervisionConfig(max_restarts=2))
   assert error.value.relaunches == []
   assert not (tmp_path / 'attempt-1').exists()
 
@@ -227,11 +229,12 @@ def test_a_preempted_exit_relaunches_without_using_a_restart(tmp_path):
 
   with pytest.raises(supervisor.ClusterFailedError,
                      match='exited with code 4 .attempt 2') as error:
-    local_backend.run_supervised(make, str(tmp_path), max_restarts=0)
+    local_backend.run_supervised(make, str(tmp_path),
+                                 SupervisionConfig(max_restarts=0))
   assert [r.exit_code for r in error.value.relaunches] == [75, 75]
 
   result = local_backend.run_supervised(make, str(tmp_path / 'again'),
-                                   max_restarts=1)
+                                   SupervisionConfig(max_restarts=1))
   assert result.attempts == 4
   assert [(r.exit_code, r.attempt, r.cause) for r in result.relaunches] == [
       (75, 0, 'preemption'), (75, 1, 'preemption'), (4, 2, 'failure')]
@@ -292,13 +295,14 @@ def test_sigterm_is_forwarded_and_fails_as_preempted(tmp_path):
       """)
   server = _sleeper(str(tmp_path / 'server.pid'))
   supervisor = subprocess.Popen(_python(f"""
+      from components.trainer.checkpoint.config import SupervisionConfig
       from components.trainer.cluster import local_backend
       from components.trainer.cluster import supervisor, tf_cluster
       specs = [tf_cluster.ProcessSpec('ps-0', {server!r}, server=True),
                tf_cluster.ProcessSpec('chief', {trainer!r})]
       try:
         local_backend.run_supervised(lambda attempt: specs, {str(tmp_path)!r},
-                                max_restarts=3)
+                                SupervisionConfig(max_restarts=3))
       except supervisor.ClusterPreemptedError as e:
         print('PREEMPTED', e.failure.process, e.failure.exit_code,
               len(e.relaunches))
@@ -349,9 +353,9 @@ def test_progress_is_logged_through_the_component_logger(tmp_path, caplog):
 
   caplog.set_level(logging.INFO, logger='tfx_hpm')
   result = local_backend.run_supervised(
-      make, str(tmp_path / 'logs'), max_restarts=1,
-      read_progress=lambda: json.loads(progress_file.read_text()),
-      progress_every_s=0.1)
+      make, str(tmp_path / 'logs'),
+      SupervisionConfig(max_restarts=1, progress_every_s=0.1),
+      read_progress=lambda: json.loads(progress_file.read_text()))
   assert result.attempts == 2
   lines = [r.getMessage() for r in caplog.records
            if r.name == progress.LOGGER.name]
@@ -438,8 +442,9 @@ def test_a_chief_recording_no_new_step_is_hung_killed_and_relaunched(
     return json.loads(progress_file.read_text())
 
   result = local_backend.run_supervised(
-      make, str(tmp_path / 'logs'), max_restarts=1, hang_timeout_s=hang_s,
-      read_progress=read, progress_every_s=0.1)
+      make, str(tmp_path / 'logs'),
+      SupervisionConfig(max_restarts=1, hang_timeout_s=hang_s,
+                        progress_every_s=0.1), read_progress=read)
   assert result.attempts == 2
   [hung] = result.relaunches
   assert (hung.process, hung.exit_code, hung.attempt) == ('chief', None, 0)
@@ -453,8 +458,9 @@ def test_a_chief_recording_no_new_step_is_hung_killed_and_relaunched(
     local_backend.run_supervised(
         lambda attempt: [ProcessSpec('chief', _chief_with_pauses(
             str(progress_file), str(unreadable), [('step', 1), ('hang',)]))],
-        str(tmp_path / 'logs-2'), hang_timeout_s=hang_s, read_progress=read,
-        progress_every_s=0.1)
+        str(tmp_path / 'logs-2'),
+        SupervisionConfig(hang_timeout_s=hang_s, progress_every_s=0.1),
+        read_progress=read)
 
 
 class _ElasticAttempt(local_backend.LocalAttempt):
@@ -506,10 +512,11 @@ def test_a_smaller_attempt_grows_back_at_a_checkpoint(tmp_path, caplog):
 
   caplog.set_level(logging.INFO, logger='tfx_hpm')
   result = supervisor.supervise(
-      start, str(tmp_path / 'logs'), max_restarts=0, rescale_check_s=0.5,
+      start, str(tmp_path / 'logs'),
+      SupervisionConfig(max_restarts=0, rescale_check_s=0.5,
+                        progress_every_s=0.1),
       read_progress=lambda: (json.loads(progress_file.read_text())
-                             if progress_file.exists() else None),
-      progress_every_s=0.1)
+                             if progress_file.exists() else None))
   assert result.attempts == 2 and attempts[0].checks == 2
   assert os.path.exists(stopped)  # It got the notice.
   [rescaled] = result.relaunches

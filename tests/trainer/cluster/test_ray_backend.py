@@ -52,6 +52,7 @@ import pytest
 import tensorflow as tf
 
 from components import storage
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.cluster import ray_backend
 from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
@@ -59,10 +60,10 @@ from components.trainer.config import DistributionConfig
 from components.trainer.strategies import choice as strategy_lib
 from tests.support import lanes
 from tests.support import mlmd
-from tests.support import netns_hosts
-from tests.support import ray_cluster as ray_cluster_lib
+from components.testing import netns_hosts
+from components.testing import ray_cluster as ray_cluster_lib
 from tests.support import ray_training
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 NUM_EXAMPLES = tt.NUM_EXAMPLES  # in the `data` fixture
 STEP = 'step/.ATTRIBUTES/VARIABLE_VALUE'
@@ -342,7 +343,7 @@ def _training_processes(cluster):
     for pid in host.pids():
       try:
         with open(f'/proc/{pid}/cmdline', 'rb') as f:
-          if b'tests.support.trainer_testing' in f.read():
+          if b'components.testing.trainer_testing' in f.read():
             found.append(pid)
       except OSError:
         pass
@@ -656,7 +657,7 @@ def test_taxi_pipeline_on_gcs_spreads_over_the_ray_hosts_and_is_blessed(
   from tfx import v1 as tfx
   from components import HighPerfTrainer
   from pipelines import taxi_pipeline
-  from tests.support import taxi_runs
+  from components.testing import taxi_runs
   # pylint: enable=g-import-not-at-top
   cluster = ray_hosts_cluster
   _driver_env(monkeypatch, cluster)
@@ -725,7 +726,8 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
   task = tt.make_task(root, data, strategy='parameter_server', num_workers=2,
                       num_ps=1, train_steps=30, per_replica_batch_size=2,
                       fault_tolerance={'save_every_steps': 10})
-  argv = {'trainer': [ray_backend.PYTHON, '-m', 'tests.support.trainer_testing',
+  argv = {'trainer': [ray_backend.PYTHON, '-m',
+                      'components.testing.trainer_testing',
                       ray_backend.TASK_FILE],
           'server': [ray_backend.PYTHON, '-m',
                      'components.trainer.process.entry',
@@ -735,7 +737,7 @@ def test_parameter_server_over_ray_trains_the_exact_steps(
       'parameter_server', 2, 1, argv.get, task.to_json(),
       os.path.join(root, 'logs'), placement_strategy='SPREAD',
       resources={'cpus': 0.5, 'gpus': 0, 'memory_mb': 0}, local_paths={},
-      timeout_s=CLUSTER_TIMEOUT_S)
+      supervision=SupervisionConfig(timeout_s=CLUSTER_TIMEOUT_S))
 
   assert launch.attempts == 1
   assert sorted(launch.placement) == ['chief', 'ps-0', 'worker-0', 'worker-1']

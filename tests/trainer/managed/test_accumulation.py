@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from components.trainer.managed import training
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 TRAIN_STEPS = 6
 # Float32 sums in a different order: equal up to rounding.

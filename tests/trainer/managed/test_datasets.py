@@ -7,7 +7,7 @@ from components.data import input_pipeline
 from components.data.config import InputPipelineConfig
 from components.trainer.common import split_source
 from components.trainer.managed import datasets
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 from tests.support import transform_data
 
 

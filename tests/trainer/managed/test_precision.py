@@ -19,7 +19,7 @@ from components.trainer.managed import step_runners
 from components.trainer.managed import training
 from components.trainer.common import cpu_threads
 from components.trainer import user_module
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 BATCH = 16
 STEPS = 12
@@ -236,7 +236,7 @@ def test_auto_keeps_float32_for_a_cpu_model_bound_by_its_input():
 
 
 def test_the_executor_counts_the_models_weights():
-  from tests.support import id_recording_module  # pylint: disable=g-import-not-at-top
+  from components.testing import id_recording_module  # pylint: disable=g-import-not-at-top
   hidden = id_recording_module.DEFAULT_HPARAMS['hidden_units']
   features = id_recording_module.NUM_FEATURES
   assert user_module.count_weights(id_recording_module, {'id_log': None}) == (
@@ -256,7 +256,7 @@ def test_the_executor_counts_only_where_an_auto_option_reads_it():
   from components.trainer import executor  # pylint: disable=g-import-not-at-top
   from components.trainer.config import DistributionConfig  # pylint: disable=g-import-not-at-top
   count = lambda mode, **options: executor.Executor._model_weights(  # pylint: disable=protected-access
-      None, 'tests.support.id_recording_module',
+      None, 'components.testing.id_recording_module',
       DistributionConfig.from_dict(options), mode, {'id_log': None})
   assert count('managed') == 49  # intra_op_threads='auto' by default.
   assert count('managed', intra_op_threads=1, precision='auto') == 49

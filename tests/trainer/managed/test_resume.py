@@ -27,10 +27,10 @@ import pytest
 from components.trainer.checkpoint import store as store_lib
 from components.trainer.common import exit_codes
 from components.trainer.managed import preemption
-from tests.support import trainer_testing as tt
-from tests.support import faulty_storage
-from tests.support.faulty_storage import Fault
-from tests.support.faulty_storage import FaultyStorage
+from components.testing import trainer_testing as tt
+from components.testing import faulty_storage
+from components.testing.faulty_storage import Fault
+from components.testing.faulty_storage import FaultyStorage
 
 NUM_EXAMPLES = tt.NUM_EXAMPLES  # in the `data` fixture
 TRAIN_STEPS = 32  # 2 examples per step: one pass over the data.

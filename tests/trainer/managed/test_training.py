@@ -29,7 +29,7 @@ from components.trainer.common import progress
 from components.trainer.managed import step_runners
 from components.trainer.managed import training
 from components.trainer.process.context import ProcessContext
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 # Two windows of the input pipeline's shuffle (8 batches of 4), so the first
 # 64 examples read are exactly one pass over the data.
@@ -285,7 +285,7 @@ def test_time_based_checkpoints(tmp_path, data):
 
 def test_module_without_build_model_is_rejected(tmp_path, data):
   task = tt.make_task(str(tmp_path), data)
-  task.module_path = 'tests.support.trainer_testing'
+  task.module_path = 'components.testing.trainer_testing'
   with pytest.raises(ValueError, match='needs `build_model`'):
     train_here(task)
 

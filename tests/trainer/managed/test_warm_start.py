@@ -17,7 +17,7 @@ from components.trainer import fn_args as fn_args_lib
 from components.trainer.managed import training
 from components.trainer.managed import warm_start
 from components.trainer.process.context import ProcessContext
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 
 def _model(units: int = 3) -> tf.keras.Model:

@@ -9,7 +9,7 @@ import tensorflow as tf
 from components.trainer.common import failures
 from components.trainer.managed import training
 from components.trainer.managed import xla
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 STEPS = 6
 

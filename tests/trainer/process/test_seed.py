@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from components.trainer.common import cpu_threads
 from components.trainer.process import entry
-from tests.support import trainer_testing as tt
+from components.testing import trainer_testing as tt
 
 RANDOM_MODEL = {'seeded_initializers': False, 'dropout': 0.5}
 KERNEL = 'model/layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE'

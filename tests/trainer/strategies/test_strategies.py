@@ -259,7 +259,7 @@ def test_a_new_strategy_is_one_registry_entry(tmp_path, data, monkeypatch):
   entry, and that process validates its config once."""
   from components.trainer.cluster import tf_cluster  # pylint: disable=g-import-not-at-top
   from components.trainer.process import entry  # pylint: disable=g-import-not-at-top
-  from tests.support import trainer_testing as tt  # pylint: disable=g-import-not-at-top
+  from components.testing import trainer_testing as tt  # pylint: disable=g-import-not-at-top
   toy = registry.StrategySpec(
       'toy_cpu', registry.ONE_PROCESS,
       lambda config: tf.distribute.OneDeviceStrategy('/cpu:0'),

@@ -6,8 +6,8 @@ second node, each in its own process with 1 CPU and its own custom resource
 ended by its pid on exit (the `ray start --block` processes, then whatever
 still names the temp dir).
 
-On test hosts (`hosts=`, tests/support/netns_hosts.py): the head runs at the
-bridge's address (no CPUs: training never lands there, as on a cluster's
+On test hosts (`hosts=`, components/testing/netns_hosts.py): the head runs
+at the bridge's address (no CPUs: training never lands there, as on a cluster's
 head pod), the driver's host runs no node, and each HOST_RESOURCES node runs
 on its own host, with its own address and temp dir; a host's death
 (`Host.kill_all`) takes its raylet and every worker with it. The nodes keep
@@ -32,7 +32,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import portpicker
 
-from tests.support import netns_hosts
+from components.testing import netns_hosts
 
 NODE_RESOURCES = ('node_a', 'node_b')
 # On test hosts: one label per host (the third a spare).

@@ -1,10 +1,10 @@
 """Shared helpers for the managed-loop, resume and fault tests.
 
 Builds a tiny synthetic problem (examples with an `id` feature, read by
-`tests/support/id_recording_module.py`), writes `TrainingTask`s for it, runs
-training in real child processes
-(`python -m tests.support.trainer_testing TASK_JSON`) and reads back which ids
-every optimizer step consumed.
+`components/testing/id_recording_module.py`), writes `TrainingTask`s for it,
+runs training in real child processes
+(`python -m components.testing.trainer_testing TASK_JSON`) and reads back
+which ids every optimizer step consumed.
 """
 
 import json
@@ -20,17 +20,18 @@ import tensorflow as tf
 
 from components.records import training_result
 from components.trainer.checkpoint import records as run_records
+from components.trainer.checkpoint.config import SupervisionConfig
 from components.trainer.checkpoint import store as checkpoint_store
 from components.trainer.cluster import local_backend
 from components.trainer.cluster import supervisor
 from components.trainer.cluster import tf_cluster
 from components.trainer.common.task import TrainingTask
-from tests.support import faulty_storage
-from tests.support import id_recording_module
+from components.testing import faulty_storage
+from components.testing import id_recording_module
 
 REPO_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODULE_PATH = 'tests.support.id_recording_module'
+MODULE_PATH = 'components.testing.id_recording_module'
 CHILD_TIMEOUT_SECONDS = 300
 CLUSTER_TIMEOUT_S = 500
 # Examples in the id dataset of the `data` fixture (tests/conftest.py).
@@ -142,7 +143,8 @@ def worker_argv(task_path: str) -> List[str]:
 
 def _trainer_argv(task_path: str, production: bool) -> List[str]:
   return (worker_argv(task_path) if production else
-          [sys.executable, '-m', 'tests.support.trainer_testing', task_path])
+          [sys.executable, '-m', 'components.testing.trainer_testing',
+           task_path])
 
 
 def start_child(task: TrainingTask, root: str, faults: Optional[str] = None,
@@ -151,8 +153,8 @@ def start_child(task: TrainingTask, root: str, faults: Optional[str] = None,
 
   By default through `main` below (op determinism always on); `production`
   runs the executor's worker, which does only what the task configures.
-  `faults`: a `tests.support.faulty_storage.FaultyStorage` as JSON, installed in
-  the child before training.
+  `faults`: a `components.testing.faulty_storage.FaultyStorage` as JSON,
+  installed in the child before training.
   """
   task_path = os.path.join(root, 'task.json')
   task.save(task_path)
@@ -209,10 +211,10 @@ def run_cluster(task: TrainingTask, root: str, *,
   return local_backend.run_supervised(
       lambda attempt: tf_cluster.cluster_processes(
           strategy, sizes[min(attempt, len(sizes) - 1)], num_ps, argv),
-      os.path.join(root, 'logs'), timeout_s=timeout_s,
-      max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
-      read_progress=lambda: run_records.read_progress(task.checkpoint_dir),
-      progress_every_s=0.5)
+      os.path.join(root, 'logs'),
+      SupervisionConfig(max_restarts=max_restarts, timeout_s=timeout_s,
+                        hang_timeout_s=hang_timeout_s, progress_every_s=0.5),
+      read_progress=lambda: run_records.read_progress(task.checkpoint_dir))
 
 
 def child_log(root: str) -> str:

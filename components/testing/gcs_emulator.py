@@ -340,7 +340,7 @@ class GcsEmulator:
   @contextlib.contextmanager
   def reachable_at(self, address: str) -> Iterator[Dict[str, str]]:
     """The emulator also at `address` (this machine's end of the test hosts'
-    bridge, tests/support/netns_hosts.py), by a relay process, for as long
+    bridge, components/testing/netns_hosts.py), by a relay process, for as long
     as the context lasts; yields the environment that points there."""
     relay = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, os.path.abspath(__file__), '--host', address,
@@ -374,7 +374,7 @@ class GcsEmulator:
 
 # ----------------------------------------------------- the server process
 #
-# `python tests/support/gcs_emulator.py --port P --cert C --key K` (what
+# `python components/testing/gcs_emulator.py --port P --cert C --key K` (what
 # GcsEmulator runs): the emulator on an internal port, behind a threaded front
 # on P that relays plain HTTP and terminates CONNECT tunnels to
 # *.googleapis.com.

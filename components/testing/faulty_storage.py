@@ -14,7 +14,7 @@ crash can after the fact.
 
 Installed in this process (`with FaultyStorage(...)`) or, for a training
 child process, through the HPM_TEST_STORAGE_FAULTS environment variable
-(`to_json`), which `tests.support.trainer_testing` reads.
+(`to_json`), which `components.testing.trainer_testing` reads.
 """
 
 import dataclasses
